@@ -1,0 +1,48 @@
+"""The watermark contract: key material, the keyed PRF, labels and the repeated-context rule.
+
+The only home of keyed randomness in poissonmark (DESIGN §1-§2).
+"""
+
+from keyed.context import (
+    KeyedSource,
+    Label,
+    PlannedPosition,
+    SkipReason,
+    detection_plan,
+    label_at,
+)
+from keyed.prf import (
+    PRF_VERSION,
+    SECRET_BYTES,
+    SENTINEL,
+    Secret,
+    clock_uniforms,
+    exponential_clocks,
+    keys_tensor,
+    label_key,
+    nonce_key,
+    philox4x32_10,
+    pivots,
+    uniforms_from_keys,
+)
+
+__all__ = [
+    "PRF_VERSION",
+    "SECRET_BYTES",
+    "SENTINEL",
+    "KeyedSource",
+    "Label",
+    "PlannedPosition",
+    "Secret",
+    "SkipReason",
+    "clock_uniforms",
+    "detection_plan",
+    "exponential_clocks",
+    "keys_tensor",
+    "label_at",
+    "label_key",
+    "nonce_key",
+    "philox4x32_10",
+    "pivots",
+    "uniforms_from_keys",
+]

@@ -1,0 +1,246 @@
+"""The keyed PRF: secret x label x token x arrival -> uniform in (0, 1).
+
+This module is the only home of keyed randomness (DESIGN §2). The sampler (on any device)
+and the detector (on the CPU) call the same functions and get the same bits.
+
+Construction, fixed by ``PRF_VERSION = 1`` and pinned by ``tests/goldens/``:
+
+1. context key ``κ = BLAKE2b(key=secret, digest_size=8)(tag ‖ payload)``, read as two
+   little-endian uint32 words ``(κ0, κ1)``. For a label: ``tag = b"clock"``,
+   ``payload = m:uint32le ‖ label ids:uint32le``. For the per-request nonce stream used at
+   repeated contexts: ``tag = b"nonce-clock"``, ``payload = nonce:uint64le ‖ position:uint32le``.
+   Tags are length-prefixed so one tag can never be the prefix of another's payload.
+2. per (token u, arrival j): Philox4x32-10 (Salmon et al., SC'11, "Random123") keyed by
+   ``(κ0, κ1)`` at counter ``(u, j, 0, 0)``; output words ``(x0, x1)`` give 64 bits and
+   ``U = (top 53 bits + 0.5) / 2^53`` — strictly inside (0, 1), exact in float64.
+
+Philox is written in int64 tensor ops whose every intermediate stays below 2^63 (the 32x32-bit
+products are split into 16-bit halves), so there is no signed overflow and CPU and CUDA give
+identical bits. Arrival j is its own counter, so ``G_{u,1}`` does not depend on how many
+arrivals (drafts B) are requested.
+
+Shapes: any broadcastable integer tensors; dtype int64 inside, float64 uniforms out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Sequence
+from typing import Final
+
+import torch
+
+PRF_VERSION: Final = 1
+SECRET_BYTES: Final = 32
+SENTINEL: Final = 0xFFFFFFFF  # pads labels of positions with fewer than m tokens before them
+
+_MASK32: Final = 0xFFFFFFFF
+_MASK16: Final = 0xFFFF
+_PHILOX_M0: Final = 0xD2511F53
+_PHILOX_M1: Final = 0xCD9E8D57
+_PHILOX_W0: Final = 0x9E3779B9
+_PHILOX_W1: Final = 0xBB67AE85
+_PHILOX_ROUNDS: Final = 10
+_TWO_POW_53: Final = float(2**53)
+
+TAG_CLOCK: Final = b"clock"
+TAG_NONCE_CLOCK: Final = b"nonce-clock"
+
+
+class Secret:
+    """32 bytes of key material that never shows itself.
+
+    ``repr``/``str`` print a placeholder, so a secret cannot leak through a log line, a
+    traceback or an f-string. Raises ``ValueError`` when the material is not 32 bytes.
+    """
+
+    __slots__ = ("_material",)
+
+    def __init__(self, material: bytes) -> None:
+        if not isinstance(material, bytes | bytearray) or len(material) != SECRET_BYTES:
+            size = len(material) if isinstance(material, bytes | bytearray) else "non-bytes"
+            raise ValueError(f"expected a secret of {SECRET_BYTES} bytes, got {size}")
+        self._material = bytes(material)
+
+    def reveal(self) -> bytes:
+        """The raw 32 bytes, for the key store and the context-key derivation only."""
+        return self._material
+
+    def __repr__(self) -> str:
+        return "Secret(**********)"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        import hmac
+
+        return isinstance(other, Secret) and hmac.compare_digest(self._material, other._material)
+
+    def __hash__(self) -> int:
+        return hash(hashlib.blake2b(self._material, digest_size=8).digest())
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Allow pickling to worker processes (never to logs); keeps the placeholder repr.
+        return (Secret, (self._material,))
+
+
+def _derive(secret: Secret, tag: bytes, payload: bytes) -> tuple[int, int]:
+    h = hashlib.blake2b(key=secret.reveal(), digest_size=8)
+    h.update(struct.pack("<I", len(tag)))
+    h.update(tag)
+    h.update(payload)
+    k0, k1 = struct.unpack("<II", h.digest())
+    return k0, k1
+
+
+def label_key(secret: Secret, label: Sequence[int]) -> tuple[int, int]:
+    """Philox key ``(κ0, κ1)`` of a label (the m token ids before a position).
+
+    Args:
+        secret: the key's secret.
+        label: m token ids in [0, 2^32), oldest first; ``SENTINEL`` pads a short prefix.
+    Returns:
+        two uint32 words as Python ints.
+    Raises:
+        ValueError: a label id outside [0, 2^32).
+    """
+    ids = list(label)
+    for t in ids:
+        if not 0 <= t <= _MASK32:
+            raise ValueError(f"expected label ids in [0, 2^32), got {t}")
+    payload = struct.pack(f"<I{len(ids)}I", len(ids), *ids)
+    return _derive(secret, TAG_CLOCK, payload)
+
+
+def nonce_key(secret: Secret, nonce: int, position: int) -> tuple[int, int]:
+    """Philox key for the nonce stream at a response position (repeated-context rule).
+
+    Args:
+        nonce: the request nonce in [0, 2^64). position: 0-based index in the response.
+    Raises:
+        ValueError: nonce or position out of range.
+    """
+    if not 0 <= nonce < 2**64:
+        raise ValueError(f"expected a nonce in [0, 2^64), got {nonce}")
+    if not 0 <= position <= _MASK32:
+        raise ValueError(f"expected a position in [0, 2^32), got {position}")
+    return _derive(secret, TAG_NONCE_CLOCK, struct.pack("<QI", nonce, position))
+
+
+def _mulhilo(a: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hi, lo) 32-bit words of the 64-bit product a * m, a and m < 2^32, without overflow."""
+    p_lo = (a & _MASK16) * m  # < 2^48
+    p_hi = (a >> 16) * m  # < 2^48
+    t = p_lo + ((p_hi & _MASK16) << 16)  # < 2^49
+    lo = t & _MASK32
+    hi = (p_hi >> 16) + (t >> 32)  # < 2^32 exactly
+    return hi, lo
+
+
+def philox4x32_10(
+    counter: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    key: tuple[torch.Tensor, torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Philox4x32-10 block function (Random123), vectorised.
+
+    Args:
+        counter: four int64 tensors holding uint32 words c0..c3 (word 0 first), broadcastable.
+        key: two int64 tensors holding uint32 words k0, k1, broadcastable with the counter.
+    Returns:
+        four int64 tensors with the output words x0..x3 in [0, 2^32).
+    Source: Salmon, Moraes, Dror, Shaw, "Parallel random numbers: as easy as 1, 2, 3", SC'11;
+    checked against the published known-answer vectors (``tests/keyed/test_prf.py``).
+    """
+    c0, c1, c2, c3 = counter
+    k0, k1 = key
+    for r in range(_PHILOX_ROUNDS):
+        if r:
+            k0 = (k0 + _PHILOX_W0) & _MASK32
+            k1 = (k1 + _PHILOX_W1) & _MASK32
+        hi0, lo0 = _mulhilo(c0, _PHILOX_M0)
+        hi1, lo1 = _mulhilo(c2, _PHILOX_M1)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+    return c0, c1, c2, c3
+
+
+def uniforms_from_keys(
+    k0: torch.Tensor, k1: torch.Tensor, tokens: torch.Tensor, arrivals: torch.Tensor
+) -> torch.Tensor:
+    """Uniforms U(κ, u, j) for broadcastable tensors of context keys, tokens and arrivals.
+
+    Args:
+        k0, k1: int64 context-key words (from ``label_key``/``nonce_key``).
+        tokens: int64 token ids u >= 0. arrivals: int64 arrival indices j >= 1.
+    Returns:
+        float64 tensor of the broadcast shape, values in (0, 1) (never 0 or 1).
+    """
+    shape = torch.broadcast_shapes(k0.shape, k1.shape, tokens.shape, arrivals.shape)
+    device = tokens.device
+    zero = torch.zeros((), dtype=torch.int64, device=device)
+    c0 = tokens.to(torch.int64).expand(shape)
+    c1 = arrivals.to(torch.int64).expand(shape)
+    x0, x1, _, _ = philox4x32_10(
+        (c0, c1, zero.expand(shape), zero.expand(shape)),
+        (k0.to(device).expand(shape), k1.to(device).expand(shape)),
+    )
+    top53 = (x1 << 21) | (x0 >> 11)  # < 2^53
+    return (top53.to(torch.float64) + 0.5) / _TWO_POW_53
+
+
+def keys_tensor(keys: Sequence[tuple[int, int]], device: torch.device | str = "cpu") -> torch.Tensor:
+    """Stack context keys into an int64 tensor of shape (N, 2)."""
+    if not keys:
+        return torch.zeros((0, 2), dtype=torch.int64, device=device)
+    return torch.tensor(keys, dtype=torch.int64, device=device)
+
+
+def clock_uniforms(
+    keys: torch.Tensor, tokens: torch.Tensor, num_arrivals: int
+) -> torch.Tensor:
+    """Uniforms for the first ``num_arrivals`` arrivals of each token of each context.
+
+    Args:
+        keys: (N, 2) int64 context keys, one per context.
+        tokens: (N, K) int64 token ids per context (a top-k gather or the full vocabulary).
+        num_arrivals: B >= 1.
+    Returns:
+        (N, K, B) float64 uniforms U(κ_n, tokens[n, k], j) for j = 1..B.
+    Raises:
+        ValueError: mismatched shapes or num_arrivals < 1.
+    """
+    if keys.ndim != 2 or keys.shape[1] != 2:
+        raise ValueError(f"expected keys of shape (N, 2), got {tuple(keys.shape)}")
+    if tokens.ndim != 2 or tokens.shape[0] != keys.shape[0]:
+        raise ValueError(
+            f"expected tokens of shape ({keys.shape[0]}, K), got {tuple(tokens.shape)}"
+        )
+    if num_arrivals < 1:
+        raise ValueError(f"expected num_arrivals >= 1, got {num_arrivals}")
+    keys = keys.to(tokens.device)
+    j = torch.arange(1, num_arrivals + 1, dtype=torch.int64, device=tokens.device)
+    return uniforms_from_keys(
+        keys[:, 0, None, None], keys[:, 1, None, None], tokens[:, :, None], j[None, None, :]
+    )  # (N, K, B)
+
+
+def exponential_clocks(keys: torch.Tensor, tokens: torch.Tensor, num_arrivals: int) -> torch.Tensor:
+    """Exp(1) clock increments E_{u,j} = −ln U(κ, u, j); same shapes as ``clock_uniforms``."""
+    return -torch.log(clock_uniforms(keys, tokens, num_arrivals))
+
+
+def pivots(keys: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Pivots r_t = U(κ_t, w_t, 1) of observed tokens, for the detector.
+
+    Args:
+        keys: (T, 2) int64 context keys per scored position. tokens: (T,) int64 observed ids.
+    Returns:
+        (T,) float64 pivots in (0, 1).
+    """
+    if keys.ndim != 2 or keys.shape[1] != 2 or tokens.shape != (keys.shape[0],):
+        raise ValueError(
+            f"expected keys (T, 2) and tokens (T,), got {tuple(keys.shape)} and "
+            f"{tuple(tokens.shape)}"
+        )
+    one = torch.ones((), dtype=torch.int64)
+    return uniforms_from_keys(keys[:, 0], keys[:, 1], tokens.to(torch.int64), one)
