@@ -1,0 +1,214 @@
+"""Drafters: Q_k(·|c) for every context of one tree level, in one call (DESIGN §3).
+
+Specs: ``model:PATH`` (an autoregressive HF model sharing the tokenizer), ``self:N`` (the
+target's first N layers + its norm and head), ``ngram`` (prompt lookup over prompt + output),
+``fixed:TOKEN`` (always proposes one token; a test drafter for case C11). A drafter's logits may
+put -inf everywhere (no proposal): the tree simply stops growing there.
+
+Shapes: n contexts of a level, V target vocabulary.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Protocol
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from sampler.cached_lm import CachedLM
+from sampler.tree import DraftTree
+
+
+class Drafter(Protocol):
+    """What the decoder needs from a drafter."""
+
+    name: str
+    calls: int
+
+    def start(self, prompt: list[int]) -> None:
+        """Forget the previous request; ``prompt`` is the new committed prefix."""
+
+    def propose(self, tree: DraftTree, level: int, committed: list[int]) -> torch.Tensor:
+        """(n, V) logits of Q(·|c) for the n nodes of depth ``level - 1`` (in tree order)."""
+
+    def finish_step(self, tree: DraftTree, visited: list[int], committed: list[int]) -> None:
+        """The step emitted tokens through ``visited`` nodes; ``committed`` is the new prefix."""
+
+
+def _fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    v = logits.shape[-1]
+    if v == vocab_size:
+        return logits
+    if v > vocab_size:
+        return logits[:, :vocab_size]
+    pad = torch.full((logits.shape[0], vocab_size - v), -torch.inf, dtype=logits.dtype,
+                     device=logits.device)
+    return torch.cat([logits, pad], dim=1)
+
+
+class ModelDrafter:
+    """An autoregressive LM drafting over the tree with its own KV cache (reused across steps).
+
+    Level 1 feeds the committed tokens the cache lacks plus the root; level s feeds the nodes of
+    depth s−1 with a tree mask. After a step only the realised path stays in the cache.
+    """
+
+    def __init__(self, model: PreTrainedModel, vocab_size: int, name: str) -> None:
+        self.model = model
+        self.vocab_size = vocab_size
+        self.name = name
+        self.calls = 0
+        self.lm = CachedLM(model)
+        self.done = 0  # committed tokens held in the cache
+        self.slots: dict[int, int] = {}  # tree node -> cache position
+
+    def start(self, prompt: list[int]) -> None:
+        self.lm = CachedLM(self.model)
+        self.done = 0
+        self.slots = {}
+
+    def propose(self, tree: DraftTree, level: int, committed: list[int]) -> torch.Tensor:
+        self.calls += 1
+        base = len(committed) - 1  # cache position (and position id) of the root
+        if level == 1:
+            pending = committed[self.done : base]
+            logits = self.lm.extend([*pending, tree.nodes[0].token])[-1:]
+            self.slots = {0: base}
+            return _fit_vocab(logits, self.vocab_size)
+        new = tree.levels[level - 1]
+        anc = tree.ancestors(new[-1] + 1)
+        q = len(new)
+        visible = torch.zeros((q, self.lm.cached + q), dtype=torch.bool)
+        visible[:, :base] = True
+        for node, slot in self.slots.items():
+            visible[:, slot] = anc[new, node]
+        visible[:, self.lm.cached :] = torch.eye(q, dtype=torch.bool)
+        for i, node in enumerate(new):
+            self.slots[node] = self.lm.cached + i
+        depths = [tree.nodes[i].depth for i in new]
+        logits = self.lm.forward([tree.nodes[i].token for i in new], depths, visible, base)
+        return _fit_vocab(logits, self.vocab_size)
+
+    def finish_step(self, tree: DraftTree, visited: list[int], committed: list[int]) -> None:
+        base = min(self.slots.values()) if self.slots else self.done
+        kept = [self.slots[n] for n in visited if n in self.slots]
+        self.lm.keep(base, kept)
+        self.done = base + len(kept)
+        self.slots = {}
+
+
+def self_drafter(target: PreTrainedModel, layers: int) -> ModelDrafter:
+    """Early-exit drafter: the target's first ``layers`` layers + its final norm and LM head.
+
+    Shares the target's weights (no copy). Raises ValueError unless 1 <= layers < depth.
+    """
+    depth = target.config.num_hidden_layers
+    if not 1 <= layers < depth:
+        raise ValueError(f"self:N needs 1 <= N < {depth} (the target's depth), got {layers}")
+    config = copy.deepcopy(target.config)
+    config.num_hidden_layers = layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[:layers]
+    with torch.device("meta"):
+        shell = type(target)(config)
+    shell.model.embed_tokens = target.model.embed_tokens
+    shell.model.layers = nn.ModuleList(target.model.layers[:layers])
+    shell.model.norm = target.model.norm
+    shell.model.rotary_emb = target.model.rotary_emb
+    shell.lm_head = target.lm_head
+    shell.eval()
+    return ModelDrafter(shell, target.config.vocab_size, f"self:{layers}")
+
+
+def model_drafter(path: str, target: PreTrainedModel) -> ModelDrafter:
+    """An HF causal LM from a local directory, on the target's device and dtype."""
+    param = next(target.parameters())
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=param.dtype).to(param.device)
+    model.eval()
+    return ModelDrafter(model, target.config.vocab_size, f"model:{path}")
+
+
+class NgramDrafter:
+    """Prompt lookup: propose the token that followed the latest earlier occurrence of the
+    context's last n tokens (n = max_ngram..1) in prompt + output + path. Point-mass proposals."""
+
+    def __init__(self, vocab_size: int, max_ngram: int = 3) -> None:
+        self.vocab_size = vocab_size
+        self.max_ngram = max_ngram
+        self.name = "ngram"
+        self.calls = 0
+
+    def start(self, prompt: list[int]) -> None:
+        return None
+
+    def _lookup(self, seq: list[int]) -> int | None:
+        for n in range(min(self.max_ngram, len(seq) - 1), 0, -1):
+            tail = seq[-n:]
+            for start in range(len(seq) - n - 1, -1, -1):
+                if seq[start : start + n] == tail:
+                    return seq[start + n]
+        return None
+
+    def propose(self, tree: DraftTree, level: int, committed: list[int]) -> torch.Tensor:
+        self.calls += 1
+        nodes = tree.levels[level - 1]
+        logits = torch.full((len(nodes), self.vocab_size), -torch.inf, dtype=torch.float64)
+        for row, node in enumerate(nodes):
+            proposal = self._lookup(committed + tree.path_tokens(node))
+            if proposal is not None and proposal < self.vocab_size:
+                logits[row, proposal] = 0.0
+        return logits
+
+    def finish_step(self, tree: DraftTree, visited: list[int], committed: list[int]) -> None:
+        return None
+
+
+class FixedTokenDrafter:
+    """Always proposes ``token`` (case C11: the output must still equal keyed AR decoding)."""
+
+    def __init__(self, vocab_size: int, token: int) -> None:
+        if not 0 <= token < vocab_size:
+            raise ValueError(f"fixed:TOKEN needs 0 <= TOKEN < {vocab_size}, got {token}")
+        self.vocab_size = vocab_size
+        self.token = token
+        self.name = f"fixed:{token}"
+        self.calls = 0
+
+    def start(self, prompt: list[int]) -> None:
+        return None
+
+    def propose(self, tree: DraftTree, level: int, committed: list[int]) -> torch.Tensor:
+        self.calls += 1
+        n = len(tree.levels[level - 1])
+        logits = torch.full((n, self.vocab_size), -torch.inf, dtype=torch.float64)
+        logits[:, self.token] = 0.0
+        return logits
+
+    def finish_step(self, tree: DraftTree, visited: list[int], committed: list[int]) -> None:
+        return None
+
+
+def make_drafter(spec: str, target: PreTrainedModel) -> Drafter:
+    """Build a drafter from its spec: ``model:PATH``, ``self:N``, ``ngram``, ``fixed:TOKEN``.
+
+    Raises:
+        ValueError: an unknown spec, naming the accepted forms.
+    """
+    vocab = target.config.vocab_size
+    kind, _, arg = spec.partition(":")
+    try:
+        if kind == "self" and arg:
+            return self_drafter(target, int(arg))
+        if kind == "model" and arg:
+            return model_drafter(arg, target)
+        if kind == "ngram" and not arg:
+            return NgramDrafter(vocab)
+        if kind == "fixed" and arg:
+            return FixedTokenDrafter(vocab, int(arg))
+    except ValueError as exc:
+        raise ValueError(f"drafter {spec!r}: {exc}") from None
+    raise ValueError(
+        f"unknown drafter {spec!r}: expected model:PATH, self:N, ngram or fixed:TOKEN"
+    )

@@ -1,0 +1,83 @@
+"""Race primitives: the keyed Poisson functional representation (PFR) and its multi-sample
+version MPFR. Pure tensor functions, batch-first over contexts, never a model call.
+
+Glossary (MPFR paper §3-§5, App. A.3):
+- clock E_{u,j} ~ Exp(1): j-th arrival increment of token u; arrival time G_{u,j} = Σ_{i<=j} E_{u,i}.
+- race / PFR: winner = argmin_u E_{u,1} / P(u), computed as ln E − ln P.
+- MPFR(P, Π, n): the tokens of the n smallest scores G_{u,j} / P(u) over (u, j); they are n
+  i.i.d. samples of P (Alg. 6, Thm. A.5). A token contributes at most n arrivals, so
+  j = 1..n suffices.
+
+Shapes: N contexts, K support slots, B arrivals.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def race_winner(logp: torch.Tensor, tokens: torch.Tensor, clocks: torch.Tensor) -> torch.Tensor:
+    """Keyed race winner per context (PFR, MPFR paper Alg. 2/3).
+
+    Args:
+        logp: (N, K) float64 processed log-probabilities, -inf off the support.
+        tokens: (N, K) int64 token ids of the slots.
+        clocks: (N, K) float64 first-arrival clocks E_{u,1} of those tokens.
+    Returns:
+        (N,) int64 winning token ids. A row with empty support returns -1.
+    """
+    if not (logp.shape == tokens.shape == clocks.shape):
+        raise ValueError(
+            f"expected equal (N, K) shapes, got {tuple(logp.shape)}, {tuple(tokens.shape)}, "
+            f"{tuple(clocks.shape)}"
+        )
+    score = torch.log(clocks) - logp  # (N, K); +inf off the support
+    best = torch.argmin(score, dim=-1, keepdim=True)  # (N, 1)
+    won = tokens.gather(1, best).squeeze(1)  # (N,)
+    return torch.where(torch.isneginf(logp).all(dim=-1), torch.full_like(won, -1), won)
+
+
+def mpfr_scores(logp: torch.Tensor, clocks: torch.Tensor) -> torch.Tensor:
+    """Mapped-Poisson scores ln G_{u,j} − ln P(u).
+
+    Args:
+        logp: (N, K) float64. clocks: (N, K, B) float64 increments E_{u,j}.
+    Returns:
+        (N, K, B) float64 log-scores, +inf off the support.
+    """
+    if clocks.shape[:2] != logp.shape:
+        raise ValueError(
+            f"expected clocks of shape {tuple(logp.shape)} + (B,), got {tuple(clocks.shape)}"
+        )
+    arrivals = torch.cumsum(clocks, dim=-1)  # (N, K, B) arrival times G_{u,j}
+    return torch.log(arrivals) - logp[..., None]
+
+
+def mpfr_samples(
+    logp: torch.Tensor, tokens: torch.Tensor, clocks: torch.Tensor, counts: list[int]
+) -> list[list[int]]:
+    """The first ``counts[n]`` MPFR samples of each context, in arrival order (Alg. 6).
+
+    Args:
+        logp: (N, K) float64 processed log-probabilities (-inf off the support).
+        tokens: (N, K) int64 token ids.
+        clocks: (N, K, B) float64 increments with B >= max(counts).
+        counts: N sample counts (the multiplicities ν(c)).
+    Returns:
+        N lists of token ids; an empty list for a context with empty support.
+    """
+    n, k, b = clocks.shape
+    if len(counts) != n or (counts and max(counts) > b):
+        raise ValueError(f"expected {n} counts each <= {b}, got {counts}")
+    scores = mpfr_scores(logp, clocks).reshape(n, k * b)  # (N, K·B)
+    take = max(counts, default=0)
+    order = torch.topk(scores, min(take, k * b), dim=-1, largest=False)
+    slots = order.indices // b  # (N, take) slot of each arrival
+    finite = torch.isfinite(order.values)
+    drawn = tokens.gather(1, slots)  # (N, take)
+    drawn_list = drawn.tolist()
+    finite_list = finite.tolist()
+    return [
+        [t for t, ok in zip(drawn_list[i][: counts[i]], finite_list[i][: counts[i]], strict=True) if ok]
+        for i in range(n)
+    ]
