@@ -62,6 +62,8 @@ class KeyedSource:
     prf_version: int = PRF_VERSION
 
     def __post_init__(self) -> None:
+        if not isinstance(self.secret, Secret):
+            raise ValueError(f"expected secret to be a Secret, got {type(self.secret).__name__}")
         if not 1 <= self.context_width <= MAX_CONTEXT_WIDTH:
             raise ValueError(
                 f"expected context_width in [1, {MAX_CONTEXT_WIDTH}], got {self.context_width}"

@@ -12,7 +12,7 @@ Construction, fixed by ``PRF_VERSION = 1`` and pinned by ``tests/goldens/``:
    Tags are length-prefixed so one tag can never be the prefix of another's payload.
 2. per (token u, arrival j): Philox4x32-10 (Salmon et al., SC'11, "Random123") keyed by
    ``(κ0, κ1)`` at counter ``(u, j, 0, 0)``; output words ``(x0, x1)`` give 64 bits and
-   ``U = (top 53 bits + 0.5) / 2^53`` — strictly inside (0, 1), exact in float64.
+   ``U = min((top 53 bits + 0.5) / 2^53, 1 − 2^-53)`` in float64 — strictly inside (0, 1).
 
 Philox is written in int64 tensor ops whose every intermediate stays below 2^63 (the 32x32-bit
 products are split into 16-bit halves), so there is no signed overflow and CPU and CUDA give
@@ -43,6 +43,7 @@ _PHILOX_W0: Final = 0x9E3779B9
 _PHILOX_W1: Final = 0xBB67AE85
 _PHILOX_ROUNDS: Final = 10
 _TWO_POW_53: Final = float(2**53)
+_BELOW_ONE: Final = 1.0 - 2.0**-53
 
 TAG_CLOCK: Final = b"clock"
 TAG_NONCE_CLOCK: Final = b"nonce-clock"
@@ -179,13 +180,16 @@ def uniforms_from_keys(
     device = tokens.device
     zero = torch.zeros((), dtype=torch.int64, device=device)
     c0 = tokens.to(torch.int64).expand(shape)
-    c1 = arrivals.to(torch.int64).expand(shape)
+    c1 = arrivals.to(device=device, dtype=torch.int64).expand(shape)
     x0, x1, _, _ = philox4x32_10(
         (c0, c1, zero.expand(shape), zero.expand(shape)),
         (k0.to(device).expand(shape), k1.to(device).expand(shape)),
     )
     top53 = (x1 << 21) | (x0 >> 11)  # < 2^53
-    return (top53.to(torch.float64) + 0.5) / _TWO_POW_53
+    # top53 + 0.5 needs 54 bits: in the upper half it rounds (to even, identically on every IEEE
+    # device), and at top53 = 2^53 - 1 it would round to 2^53, i.e. U = 1. The clamp maps that
+    # single value to the largest double below 1, so U is always strictly inside (0, 1).
+    return torch.clamp((top53.to(torch.float64) + 0.5) / _TWO_POW_53, max=_BELOW_ONE)
 
 
 def keys_tensor(keys: Sequence[tuple[int, int]], device: torch.device | str = "cpu") -> torch.Tensor:
@@ -242,5 +246,5 @@ def pivots(keys: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
             f"expected keys (T, 2) and tokens (T,), got {tuple(keys.shape)} and "
             f"{tuple(tokens.shape)}"
         )
-    one = torch.ones((), dtype=torch.int64)
+    one = torch.ones((), dtype=torch.int64, device=tokens.device)
     return uniforms_from_keys(keys[:, 0], keys[:, 1], tokens.to(torch.int64), one)

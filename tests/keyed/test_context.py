@@ -1,0 +1,150 @@
+"""Labels and the repeated-context rule (``keyed/context.py``, DESIGN §2; case C4)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from keyed.context import PlannedPosition, SkipReason, detection_plan, label_at
+from keyed.prf import SENTINEL
+
+S = SENTINEL
+
+
+def scored(plan: list[PlannedPosition]) -> list[int]:
+    return [p.position for p in plan if p.skip is None]
+
+
+# ------------------------------------------------------------------------------ labels
+
+
+@pytest.mark.parametrize(
+    ("position", "width", "expected"),
+    [
+        pytest.param(0, 4, (S, S, S, S), id="start"),
+        pytest.param(1, 4, (S, S, S, 10), id="one_before"),
+        pytest.param(3, 4, (S, 10, 11, 12), id="three_before"),
+        pytest.param(4, 4, (10, 11, 12, 13), id="full_window"),
+        pytest.param(6, 4, (12, 13, 14, 15), id="end"),
+        pytest.param(0, 1, (S,), id="m1_start"),
+        pytest.param(6, 1, (15,), id="m1_end"),
+        pytest.param(2, 8, (S, S, S, S, S, S, 10, 11), id="m8"),
+    ],
+)
+def test_label_at_pads_with_sentinel(position, width, expected):
+    tokens = [10, 11, 12, 13, 14, 15]
+    assert label_at(tokens, position, width) == expected
+
+
+def test_label_at_is_plain_ints():
+    label = label_at(np.array([1, 2, 3, 4, 5]), 5, 4)
+    assert label == (2, 3, 4, 5)
+    assert all(type(t) is int for t in label)
+
+
+# ------------------------------------------------------------------------------- case C4
+
+
+@pytest.mark.parametrize("prompt_len", [0, 1, 3, 50])
+def test_case_c4_twelve_tokens_m4_scores_eight(prompt_len):
+    """Case C4: a 12-token completion with m = 4 has exactly 8 scored positions (those with a
+    full window inside the text); the first 4 are ``no_context``; nothing before the text
+    changes the count or the labels."""
+    rng = np.random.default_rng(prompt_len)
+    prompt = [int(t) for t in rng.integers(0, 49_152, size=prompt_len)]
+    text = list(range(1000, 1012))  # 12 distinct tokens
+    plan = detection_plan(text, width=4)
+    assert len(plan) == 12
+    assert [p.position for p in plan] == list(range(12))
+    assert [p.skip for p in plan[:4]] == [SkipReason.NO_CONTEXT] * 4
+    assert scored(plan) == list(range(4, 12))
+    # each scored label is the one the generator used at that position behind this prompt
+    for p in plan[4:]:
+        assert p.label == label_at(prompt + text, prompt_len + p.position, 4)
+        assert S not in p.label
+
+
+@pytest.mark.parametrize(
+    ("length", "width", "expected"),
+    [
+        pytest.param(0, 4, 0, id="empty"),
+        pytest.param(3, 4, 0, id="shorter_than_m"),
+        pytest.param(4, 4, 0, id="exactly_m"),
+        pytest.param(5, 4, 1, id="m_plus_1"),
+        pytest.param(12, 1, 11, id="m1"),
+        pytest.param(12, 8, 4, id="m8"),
+    ],
+)
+def test_scored_count_is_length_minus_width(length, width, expected):
+    plan = detection_plan(list(range(100, 100 + length)), width=width)
+    assert len(scored(plan)) == expected
+    assert all(p.skip is SkipReason.NO_CONTEXT for p in plan[: min(width, length)])
+
+
+# ---------------------------------------------------------------- repeated-context rule
+
+
+def test_repeated_label_skipped_with_masking():
+    tokens = [1, 2, 3, 4, 5, 1, 2, 3, 4, 9]
+    plan = detection_plan(tokens, width=4)
+    # position 9 has label (1, 2, 3, 4), already scored at position 4
+    assert scored(plan) == [4, 5, 6, 7, 8]
+    assert plan[9].skip is SkipReason.REPEATED_CONTEXT
+    assert plan[9].label == (1, 2, 3, 4)
+    assert plan[9].skip == "repeated_context"
+
+
+def test_repeated_label_scored_without_masking():
+    tokens = [1, 2, 3, 4, 5, 1, 2, 3, 4, 9]
+    plan = detection_plan(tokens, width=4, masking=False)
+    assert scored(plan) == [4, 5, 6, 7, 8, 9]
+    assert plan[9].label == plan[4].label == (1, 2, 3, 4)
+
+
+def test_same_label_different_token_is_still_repeated():
+    """The rule is about the context, not the (context, token) pair."""
+    plan = detection_plan([7, 7, 1, 7, 7, 2], width=2)
+    assert plan[2].label == plan[5].label == (7, 7)
+    assert plan[5].skip is SkipReason.REPEATED_CONTEXT
+
+
+def test_one_token_repeated_scores_once():
+    plan = detection_plan([42] * 300, width=4)
+    assert scored(plan) == [4]
+    assert sum(p.skip is SkipReason.REPEATED_CONTEXT for p in plan) == 295
+    assert len(scored(detection_plan([42] * 300, width=4, masking=False))) == 296
+
+
+def test_cycle_of_three_scores_three():
+    plan = detection_plan([5, 6, 7] * 100, width=4)
+    assert scored(plan) == [4, 5, 6]
+    assert {p.label for p in plan if p.skip is None} == {(6, 7, 5, 6), (7, 5, 6, 7), (5, 6, 7, 5)}
+
+
+# ------------------------------------------------------------------------ special tokens
+
+
+def test_special_tokens_skipped():
+    eos = 2
+    tokens = [10, 11, 12, 13, 14, eos, 15, 16, eos]
+    plan = detection_plan(tokens, width=4, special_ids=frozenset({eos}))
+    assert plan[5].skip is SkipReason.SPECIAL_TOKEN
+    assert plan[8].skip is SkipReason.SPECIAL_TOKEN
+    assert plan[5].skip == "special_token"
+    assert plan[5].label is None
+    assert scored(plan) == [4, 6, 7]
+    assert plan[6].label == (12, 13, 14, eos)  # special ids may sit inside a window
+
+
+def test_special_token_does_not_consume_its_label():
+    """A skipped special token leaves its label free for a later ordinary token."""
+    tokens = [1, 2, 3, 4, 0, 1, 2, 3, 4, 5]
+    plan = detection_plan(tokens, width=4, special_ids=frozenset({0}))
+    assert plan[4].skip is SkipReason.SPECIAL_TOKEN
+    assert plan[9].skip is None
+    assert plan[9].label == (1, 2, 3, 4)
+
+
+def test_no_context_takes_precedence_over_special():
+    plan = detection_plan([0, 1, 2, 3, 4], width=4, special_ids=frozenset({0}))
+    assert plan[0].skip is SkipReason.NO_CONTEXT
