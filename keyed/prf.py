@@ -29,6 +29,7 @@ import struct
 from collections.abc import Sequence
 from typing import Final
 
+import numpy as np
 import torch
 
 PRF_VERSION: Final = 1
@@ -165,6 +166,29 @@ def philox4x32_10(
     return c0, c1, c2, c3
 
 
+def _philox4x32_10_numpy(
+    c0: np.ndarray, c1: np.ndarray, k0: np.ndarray, k1: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Words (x0, x1) of Philox4x32-10 at counter (c0, c1, 0, 0): the CPU fast path.
+
+    uint64 arithmetic: a 32x32-bit product is below 2^64, so it is exact and needs no split.
+    Equal, bit for bit, to ``philox4x32_10`` (tested on random inputs and the KATs).
+    """
+    c2 = np.zeros_like(c0)
+    c3 = np.zeros_like(c0)
+    m0, m1 = np.uint64(_PHILOX_M0), np.uint64(_PHILOX_M1)
+    mask, w0, w1 = np.uint64(_MASK32), np.uint64(_PHILOX_W0), np.uint64(_PHILOX_W1)
+    shift = np.uint64(32)
+    for r in range(_PHILOX_ROUNDS):
+        if r:
+            k0 = (k0 + w0) & mask
+            k1 = (k1 + w1) & mask
+        p0 = c0 * m0
+        p1 = c2 * m1
+        c0, c1, c2, c3 = (p1 >> shift) ^ c1 ^ k0, p1 & mask, (p0 >> shift) ^ c3 ^ k1, p0 & mask
+    return c0, c1
+
+
 def uniforms_from_keys(
     k0: torch.Tensor, k1: torch.Tensor, tokens: torch.Tensor, arrivals: torch.Tensor
 ) -> torch.Tensor:
@@ -178,6 +202,14 @@ def uniforms_from_keys(
     """
     shape = torch.broadcast_shapes(k0.shape, k1.shape, tokens.shape, arrivals.shape)
     device = tokens.device
+    if device.type == "cpu":
+
+        def u64(t: torch.Tensor) -> np.ndarray:
+            return np.broadcast_to(t.numpy().astype(np.uint64), shape).reshape(-1)
+
+        x0, x1 = _philox4x32_10_numpy(u64(tokens), u64(arrivals), u64(k0), u64(k1))
+        top = ((x1 << np.uint64(21)) | (x0 >> np.uint64(11))).astype(np.int64)
+        return _to_unit_interval(torch.from_numpy(top).reshape(shape))
     zero = torch.zeros((), dtype=torch.int64, device=device)
     c0 = tokens.to(torch.int64).expand(shape)
     c1 = arrivals.to(device=device, dtype=torch.int64).expand(shape)
@@ -185,23 +217,27 @@ def uniforms_from_keys(
         (c0, c1, zero.expand(shape), zero.expand(shape)),
         (k0.to(device).expand(shape), k1.to(device).expand(shape)),
     )
-    top53 = (x1 << 21) | (x0 >> 11)  # < 2^53
+    return _to_unit_interval((x1 << 21) | (x0 >> 11))
+
+
+def _to_unit_interval(top53: torch.Tensor) -> torch.Tensor:
+    """(top 53 bits + 0.5) / 2^53 as float64, clamped below 1."""
     # top53 + 0.5 needs 54 bits: in the upper half it rounds (to even, identically on every IEEE
     # device), and at top53 = 2^53 - 1 it would round to 2^53, i.e. U = 1. The clamp maps that
     # single value to the largest double below 1, so U is always strictly inside (0, 1).
     return torch.clamp((top53.to(torch.float64) + 0.5) / _TWO_POW_53, max=_BELOW_ONE)
 
 
-def keys_tensor(keys: Sequence[tuple[int, int]], device: torch.device | str = "cpu") -> torch.Tensor:
+def keys_tensor(
+    keys: Sequence[tuple[int, int]], device: torch.device | str = "cpu"
+) -> torch.Tensor:
     """Stack context keys into an int64 tensor of shape (N, 2)."""
     if not keys:
         return torch.zeros((0, 2), dtype=torch.int64, device=device)
     return torch.tensor(keys, dtype=torch.int64, device=device)
 
 
-def clock_uniforms(
-    keys: torch.Tensor, tokens: torch.Tensor, num_arrivals: int
-) -> torch.Tensor:
+def clock_uniforms(keys: torch.Tensor, tokens: torch.Tensor, num_arrivals: int) -> torch.Tensor:
     """Uniforms for the first ``num_arrivals`` arrivals of each token of each context.
 
     Args:

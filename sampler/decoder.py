@@ -250,12 +250,13 @@ def generate(
                 finish = "eos"
                 break
             state.committed.append(token)
-            child = tree.nodes[node].children.get(token)
-            if state.emitted >= config.max_new_tokens or level == depth or child is None:
+            child = tree.nodes[node].children.get(token) if level < depth else None
+            if child is not None:  # the target winner was drafted: accepted at this level
+                while len(state.accepted) <= level:
+                    state.accepted.append(0)
+                state.accepted[level] += 1
+            if child is None or state.emitted >= config.max_new_tokens:
                 break
-            while len(state.accepted) <= level:
-                state.accepted.append(0)
-            state.accepted[level] += 1
             node = child
         # 4. KV cache: keep only the realised path (the last emitted token is the next root)
         # visited[k] holds token k of the path root, y1, ..., so the cache keeps exactly

@@ -81,3 +81,17 @@ def mpfr_samples(
         [t for t, ok in zip(drawn_list[i][: counts[i]], finite_list[i][: counts[i]], strict=True) if ok]
         for i in range(n)
     ]
+
+
+def acceptance_lower_bound(p: torch.Tensor, q: torch.Tensor, drafts: int) -> float:
+    """Theorem 5.1 (MPFR paper): P(accept) >= 1 − Σ_i P(i) · (P(i) / (P(i) + Q(i)))^B.
+
+    Args:
+        p, q: (V,) probability vectors of the processed target and drafter laws.
+        drafts: B >= 1.
+    Returns:
+        the bound as a float in [0, 1].
+    """
+    p64, q64 = p.to(torch.float64), q.to(torch.float64)
+    ratio = torch.where(p64 > 0, p64 / (p64 + q64), torch.zeros_like(p64))
+    return float(1.0 - (p64 * ratio**drafts).sum())

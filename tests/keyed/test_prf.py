@@ -192,19 +192,32 @@ def test_uniforms_strictly_inside_unit_interval():
     assert bool(((u > 0) & (u < 1)).all())
 
 
-def test_extreme_words_stay_below_one(monkeypatch):
-    """Words x0 = x1 = 2^32 - 1 are the largest 64-bit output; U must still be < 1 (the clamp)."""
-    import keyed.prf
+def test_extreme_words_stay_below_one():
+    """The largest 53-bit value would round (top53 + 0.5) / 2^53 up to 1; U must stay < 1."""
+    from keyed.prf import _to_unit_interval
 
-    def all_ones(counter, key):
-        full = torch.full(counter[0].shape, MASK32, dtype=torch.int64)
-        return full, full, full, full
+    u = _to_unit_interval(torch.tensor([0, 2**52, 2**53 - 2, 2**53 - 1]))
+    assert bool((u < 1.0).all()) and bool((u > 0.0).all())
+    assert -math.log1p(-u[-1].item()) < 40.0  # the Aaronson term stays finite
 
-    monkeypatch.setattr(keyed.prf, "philox4x32_10", all_ones)
-    z = torch.zeros(1, dtype=torch.int64)
-    u = uniforms_from_keys(z, z, z, z + 1).item()
-    assert u < 1.0
-    assert -math.log1p(-u) < 40.0  # the Aaronson term stays finite
+
+def test_numpy_fast_path_equals_tensor_philox():
+    """The CPU fast path (numpy uint64) and the device-generic int64 tensor path agree bit for
+    bit on 100,000 random (counter, key) words, including the extremes."""
+    import numpy as np
+
+    from keyed.prf import _philox4x32_10_numpy
+
+    rng = np.random.default_rng(123)
+    words = rng.integers(0, 2**32, size=(4, 100_000), dtype=np.uint64)
+    words[:, :4] = [[0, 2**32 - 1, 0, 2**32 - 1]] * 4
+    c0, c1, k0, k1 = words
+    x0n, x1n = _philox4x32_10_numpy(c0.copy(), c1.copy(), k0.copy(), k1.copy())
+    t = [torch.from_numpy(w.astype(np.int64)) for w in words]
+    zero = torch.zeros_like(t[0])
+    x0t, x1t, _, _ = philox4x32_10((t[0], t[1], zero, zero), (t[2], t[3]))
+    assert np.array_equal(x0n.astype(np.int64), x0t.numpy())
+    assert np.array_equal(x1n.astype(np.int64), x1t.numpy())
 
 
 # -------------------------------------------------------------- statistical quality

@@ -1,0 +1,220 @@
+"""The MPFR decoder on float64 tiny random Llamas (DESIGN §3; MPFR paper Alg. 10, Prop. 4.4,
+Thm. A.6): exact drafter invariance, the target law, tree verification, KV bookkeeping (C11)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from keyed import KeyedSource, Secret
+from sampler.cached_lm import CachedLM
+from sampler.decoder import SamplerConfig, generate
+from sampler.drafters import FixedTokenDrafter, ModelDrafter, NgramDrafter, self_drafter
+from sampler.processing import Processing, dense_logp, process
+from tests.sampler.conftest import VOCAB, tiny_llama
+
+
+def source(i: int, nonce: int = 0, width: int = 4) -> KeyedSource:
+    return KeyedSource(Secret(i.to_bytes(32, "little")), width, True, nonce)
+
+
+PROMPTS = [[(7 * i + 3 * j) % VOCAB for j in range(2 + i % 5)] for i in range(20)]
+
+
+def drafters(target, other):
+    return {
+        "other_model": lambda: ModelDrafter(other, VOCAB, "other"),
+        "self1": lambda: self_drafter(target, 1),
+        "fixed": lambda: FixedTokenDrafter(VOCAB, 5),
+    }
+
+
+def test_drafter_invariance_exact(target, other_drafter_model):
+    """Prop. 4.4 (stopping-time drafter invariance): mpfr output == basic-uwm output, token for
+    token, for 20 (prompt, key) pairs x B in {1,2,4,8} x L in {1,2,4} x three drafters."""
+    makers = drafters(target, other_drafter_model)
+    mismatches = []
+    accepted_any = 0
+    for i, prompt in enumerate(PROMPTS):
+        src = source(i, nonce=i)
+        ref = generate(target, prompt, SamplerConfig("basic-uwm", max_new_tokens=12), src)
+        for (name, make), b, lookahead in itertools.product(makers.items(), [1, 2, 4, 8],
+                                                            [1, 2, 4]):
+            out = generate(target, prompt, SamplerConfig("mpfr", b, lookahead, 12), src, make())
+            accepted_any += sum(out.stats.accepted_per_level)
+            if out.token_ids != ref.token_ids:
+                mismatches.append((i, name, b, lookahead))
+    assert mismatches == []
+    assert accepted_any > 0  # speculation actually happened, or the test would be vacuous
+
+
+def test_drafter_equal_to_target_accepts_everything(target):
+    """C11: drafter = target weights -> acceptance >= 99 % at every level."""
+    for lookahead in [1, 2, 4]:
+        accepted = drafted = 0
+        for i in range(5):
+            out = generate(target, PROMPTS[i], SamplerConfig("mpfr", 4, lookahead, 24), source(i),
+                           ModelDrafter(target, VOCAB, "self"))
+            accepted += sum(out.stats.accepted_per_level)
+            drafted += sum(out.stats.drafted_per_level)
+        assert drafted > 0
+        assert accepted / drafted >= 0.99, (lookahead, accepted, drafted)
+
+
+def test_fixed_token_and_ngram_drafters_keep_output(target):
+    """C11 second half: a drafter that always proposes one token changes nothing."""
+    for i in range(5):
+        src = source(100 + i)
+        ref = generate(target, PROMPTS[i], SamplerConfig("basic-uwm", max_new_tokens=30), src)
+        for drafter in (FixedTokenDrafter(VOCAB, ref.token_ids[3]), NgramDrafter(VOCAB)):
+            out = generate(target, PROMPTS[i], SamplerConfig("mpfr", 4, 3, 30), src, drafter)
+            assert out.token_ids == ref.token_ids
+
+
+def test_decoder_law_of_first_two_tokens(target):
+    """Thm. A.6: the first two emitted tokens of mpfr (B = 4, L = 2, self:1 drafter) over 10,000
+    keys follow the enumerated target law P(y1) P(y2 | y1). Chi-square at α = 0.001 (fixed keys:
+    deterministic; a correct decoder fails with probability 0.1 %)."""
+    processing = Processing(1.0, 6, 1.0)  # 36 outcomes: enough keys per cell for chi-square
+    prompt = [3, 14, 15, 9, 26]
+    lm = CachedLM(target)
+    first = dense_logp(process(lm.extend(prompt)[-1:], processing), VOCAB).exp()[0]  # (V,)
+    law = {}
+    for y1 in torch.nonzero(first).flatten().tolist():
+        second = dense_logp(process(CachedLM(target).extend([*prompt, y1])[-1:], processing),
+                            VOCAB).exp()[0]
+        for y2 in torch.nonzero(second).flatten().tolist():
+            law[(y1, y2)] = float(first[y1] * second[y2])
+    drafter = self_drafter(target, 1)
+    config = SamplerConfig("mpfr", 4, 2, 2, processing)
+    counts = dict.fromkeys(law, 0)
+    for i in range(10_000):
+        out = generate(target, prompt, config, source(10_000 + i), drafter)
+        counts[out.token_ids] += 1  # KeyError = an impossible pair was emitted
+    cells = list(law)
+    observed = np.array([counts[c] for c in cells])
+    expected = np.array([law[c] for c in cells]) * observed.sum()
+    assert stats.chisquare(observed, expected).pvalue > 1e-3
+
+
+def test_tree_attention_matches_path_by_path():
+    """Tree verification: one tree forward (4D mask, position ids = prefix + depth) gives the
+    same logits as causal forwards of every root-to-node path (float32, max abs diff <= 1e-5)."""
+    model = tiny_llama(7, layers=2, dtype=torch.float32)
+    prefix = [4, 8, 15, 16, 23]
+    #        root  a   b   a.c  a.d  b.e  a.c.f
+    tokens = [42, 1, 2, 3, 4, 5, 6]
+    parents = [-1, 0, 0, 1, 1, 2, 3]
+    depths = [0, 1, 1, 2, 2, 2, 3]
+    n = len(tokens)
+    anc = torch.zeros((n, n), dtype=torch.bool)
+    for i in range(n):
+        if parents[i] >= 0:
+            anc[i] = anc[parents[i]]
+        anc[i, i] = True
+    lm = CachedLM(model)
+    lm.extend(prefix)
+    visible = torch.cat([torch.ones((n, len(prefix)), dtype=torch.bool), anc], dim=1)
+    tree_logits = lm.forward(tokens, depths, visible, len(prefix))
+    for i in range(n):
+        path = [tokens[j] for j in range(n) if anc[i, j]]
+        ref = CachedLM(model).extend(prefix + path)[-1]
+        assert (tree_logits[i] - ref).abs().max().item() <= 1e-5, i
+
+
+def test_kv_cache_after_steps_equals_fresh_forward(target):
+    """After speculative steps the cache holds exactly committed[:-1]: the next logits equal a
+    fresh causal forward (guards KV rollback bookkeeping, case C11)."""
+    src = source(5)
+    out = generate(target, PROMPTS[3], SamplerConfig("mpfr", 4, 4, 20), src,
+                   self_drafter(target, 1))
+    ref = generate(target, PROMPTS[3], SamplerConfig("basic-uwm", max_new_tokens=20), src)
+    assert out.token_ids == ref.token_ids
+    assert out.stats.target_forward_passes < ref.stats.target_forward_passes
+
+
+def test_stats_count_one_target_call_per_step_and_one_drafter_call_per_level(target):
+    out = generate(target, PROMPTS[2], SamplerConfig("mpfr", 2, 3, 25), source(9),
+                   ModelDrafter(target, VOCAB, "same"))
+    s = out.stats
+    assert s.emitted_tokens == len(out.token_ids) == 25
+    # drafter = target: every level accepted, so each step but the last emits L + 1 = 4 tokens
+    assert s.target_forward_passes == 7  # ceil(25 / 4)
+    assert s.drafter_calls == sum(s.drafted_per_level) == 6 * 3 + 1  # last step: budget 1
+    assert s.aatps == pytest.approx(25 / 7)
+
+
+def test_eos_stops_and_is_not_returned(target):
+    src = source(11)
+    ref = generate(target, PROMPTS[1], SamplerConfig("basic-uwm", max_new_tokens=20), src)
+    eos = ref.token_ids[6]
+    stop_at = ref.token_ids.index(eos)
+    for config, drafter in [(SamplerConfig("basic-uwm", max_new_tokens=20), None),
+                            (SamplerConfig("mpfr", 4, 4, 20), self_drafter(target, 2))]:
+        out = generate(target, PROMPTS[1], config, src, drafter, eos_ids=frozenset({eos}))
+        assert out.finish_reason == "eos"
+        assert out.token_ids == ref.token_ids[:stop_at]
+
+
+def test_prompt_is_not_returned(target):
+    """C3: the completion comes back on its own."""
+    out = generate(target, [1, 2, 3, 4, 5, 6], SamplerConfig("basic-uwm", max_new_tokens=5),
+                   source(1))
+    assert len(out.token_ids) == 5
+
+
+def test_methods_and_flags(target):
+    src = source(12)
+    greedy = SamplerConfig("mpfr", 2, 2, 10, Processing(0.0, 50, 1.0))
+    g1 = generate(target, PROMPTS[0], greedy, src, self_drafter(target, 1))
+    g2 = generate(target, PROMPTS[0], greedy, source(13), self_drafter(target, 1))
+    assert g1.token_ids == g2.token_ids  # temperature 0: the key plays no role
+    assert g1.watermark_applied is False  # C5
+    keyed = generate(target, PROMPTS[0], SamplerConfig("mpfr", 2, 2, 10), src,
+                     self_drafter(target, 1))
+    assert keyed.watermark_applied is True
+    nowm = generate(target, PROMPTS[0], SamplerConfig("mpfr-nowm", 2, 2, 10), src,
+                    self_drafter(target, 1))
+    assert nowm.watermark_applied is False
+    ar1 = generate(target, PROMPTS[0], SamplerConfig("ar", max_new_tokens=10), source(1, 5))
+    ar2 = generate(target, PROMPTS[0], SamplerConfig("ar", max_new_tokens=10), source(2, 5))
+    assert ar1.token_ids == ar2.token_ids and ar1.watermark_applied is False  # seeded by nonce
+    pfr = generate(target, PROMPTS[0], SamplerConfig("pfr", 8, 3, 10), src,
+                   self_drafter(target, 1))
+    assert pfr.token_ids == keyed.token_ids
+    assert pfr.stats.drafted_per_level  # B forced to 1 but still speculative
+
+
+def test_nonce_changes_only_repeated_contexts(target):
+    """The nonce stream only feeds repeated contexts: with masking off, the nonce is irrelevant."""
+    a = KeyedSource(Secret(b"\x01" * 32), 1, False, 1)
+    b = KeyedSource(Secret(b"\x01" * 32), 1, False, 2)
+    cfg = SamplerConfig("basic-uwm", max_new_tokens=40)
+    assert generate(target, [5], cfg, a).token_ids == generate(target, [5], cfg, b).token_ids
+    # with width 1 and 40 tokens from a 64-token vocab, labels repeat: the nonce matters
+    am = KeyedSource(Secret(b"\x01" * 32), 1, True, 1)
+    bm = KeyedSource(Secret(b"\x01" * 32), 1, True, 2)
+    assert generate(target, [5], cfg, am).token_ids != generate(target, [5], cfg, bm).token_ids
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [({"method": "beam"}, "method"), ({"drafts": 0}, "drafts"), ({"lookahead": 0}, "lookahead"),
+     ({"max_new_tokens": 0}, "max_new_tokens"), ({"drafts": 65}, "drafts")],
+)
+def test_config_validation_names_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        SamplerConfig(**kwargs)
+
+
+def test_generate_rejects_bad_input(target):
+    with pytest.raises(ValueError, match="prompt"):
+        generate(target, [], SamplerConfig("basic-uwm"), source(1))
+    with pytest.raises(ValueError, match="prompt ids"):
+        generate(target, [VOCAB], SamplerConfig("basic-uwm"), source(1))
+    with pytest.raises(ValueError, match="drafter"):
+        generate(target, [1], SamplerConfig("mpfr"), source(1))
