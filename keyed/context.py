@@ -125,11 +125,11 @@ def detection_plan(
     seen: set[Label] = set()
     plan: list[PlannedPosition] = []
     for t, token in enumerate(tokens):
-        if t < width:
-            plan.append(PlannedPosition(t, None, SkipReason.NO_CONTEXT))
-            continue
         if int(token) in special_ids:
             plan.append(PlannedPosition(t, None, SkipReason.SPECIAL_TOKEN))
+            continue
+        if t < width:
+            plan.append(PlannedPosition(t, None, SkipReason.NO_CONTEXT))
             continue
         label = label_at(tokens, t, width)
         if masking and label in seen:

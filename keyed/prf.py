@@ -200,15 +200,15 @@ def uniforms_from_keys(
     Returns:
         float64 tensor of the broadcast shape, values in (0, 1) (never 0 or 1).
     """
-    shape = torch.broadcast_shapes(k0.shape, k1.shape, tokens.shape, arrivals.shape)
+    shape = torch.Size(np.broadcast_shapes(k0.shape, k1.shape, tokens.shape, arrivals.shape))
     device = tokens.device
     if device.type == "cpu":
 
         def u64(t: torch.Tensor) -> np.ndarray:
             return np.broadcast_to(t.numpy().astype(np.uint64), shape).reshape(-1)
 
-        x0, x1 = _philox4x32_10_numpy(u64(tokens), u64(arrivals), u64(k0), u64(k1))
-        top = ((x1 << np.uint64(21)) | (x0 >> np.uint64(11))).astype(np.int64)
+        n0, n1 = _philox4x32_10_numpy(u64(tokens), u64(arrivals), u64(k0), u64(k1))
+        top = ((n1 << np.uint64(21)) | (n0 >> np.uint64(11))).astype(np.int64)
         return _to_unit_interval(torch.from_numpy(top).reshape(shape))
     zero = torch.zeros((), dtype=torch.int64, device=device)
     c0 = tokens.to(torch.int64).expand(shape)

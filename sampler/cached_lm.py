@@ -54,8 +54,11 @@ class CachedLM:
         mask = torch.zeros((1, 1, q, self.cached + q), dtype=self.dtype, device=self.device)
         mask.masked_fill_(~visible.to(self.device)[None, None], torch.finfo(self.dtype).min)
         out = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=pos,
-            cache=self.cache, use_cache=True,
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            cache=self.cache,
+            use_cache=True,
         )
         self.cached += q
         self.forward_calls += 1
@@ -65,7 +68,7 @@ class CachedLM:
         """Causal forward of a token chain after the cache; returns (q, V) logits."""
         q = len(tokens)
         visible = torch.ones((q, self.cached + q), dtype=torch.bool)
-        visible[:, self.cached:] = torch.tril(torch.ones((q, q), dtype=torch.bool))
+        visible[:, self.cached :] = torch.tril(torch.ones((q, q), dtype=torch.bool))
         return self.forward(tokens, list(range(q)), visible, self.cached)
 
     def keep(self, prefix: int, slots: list[int]) -> None:

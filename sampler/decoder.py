@@ -154,8 +154,9 @@ def _grow_tree(
         q = process(logits, processing)
         counts = [tree.nodes[i].multiplicity for i in parents]
         clocks = exponential_clocks(tree.keys(parents, q.tokens.device), q.tokens, max(counts))
-        for parent, drafts in zip(parents, mpfr_samples(q.logp, q.tokens, clocks, counts),
-                                  strict=True):
+        for parent, drafts in zip(
+            parents, mpfr_samples(q.logp, q.tokens, clocks, counts), strict=True
+        ):
             tree.add_drafts(parent, drafts)
         while len(state.drafted) < level:
             state.drafted.append(0)
@@ -202,10 +203,13 @@ def generate(
         generator = torch.Generator().manual_seed(source.nonce)
         keyed = None
     elif config.method.endswith("-nowm"):
-        keyed = KeyedSource(Secret(secrets.token_bytes(32)), source.context_width,
-                            source.masking, source.nonce)
-    watermark = keyed is not None and config.method in ("basic-uwm", "pfr", "mpfr") and not (
-        config.processing.greedy
+        keyed = KeyedSource(
+            Secret(secrets.token_bytes(32)), source.context_width, source.masking, source.nonce
+        )
+    watermark = (
+        keyed is not None
+        and config.method in ("basic-uwm", "pfr", "mpfr")
+        and not (config.processing.greedy)
     )
     width = source.context_width
     drafts = config.effective_drafts
@@ -227,8 +231,9 @@ def generate(
         budget = config.max_new_tokens - state.emitted
         depth = min(lookahead, budget)
         root_label = label_at(state.committed, len(state.committed), width)
-        tree = DraftTree(state.committed[-1], root_label, state.emitted, state.history,
-                         keyed, drafts)
+        tree = DraftTree(
+            state.committed[-1], root_label, state.emitted, state.history, keyed, drafts
+        )
         # 1. draft tree: one drafter call per level
         if depth and drafter is not None:
             _grow_tree(tree, drafter, depth, state, config.processing)
@@ -237,8 +242,9 @@ def generate(
         anc = tree.ancestors()
         visible = torch.ones((len(tree), base + len(tree)), dtype=torch.bool)
         visible[:, base:] = anc
-        logits = lm.forward([n.token for n in tree.nodes], [n.depth for n in tree.nodes],
-                            visible, base)
+        logits = lm.forward(
+            [n.token for n in tree.nodes], [n.depth for n in tree.nodes], visible, base
+        )
         winners = _winners(process(logits, config.processing), tree, keyed, generator)
         # 3. walk the realised target path; emit target winners while they were drafted
         node, visited = 0, []
@@ -271,7 +277,8 @@ def generate(
         emitted_tokens=state.emitted + (1 if finish == "eos" else 0),
         target_forward_passes=lm.forward_calls - target_calls_before,
         drafter_calls=(drafter.calls - drafter_calls_before)
-        if drafter is not None and config.speculative else 0,
+        if drafter is not None and config.speculative
+        else 0,
         accepted_per_level=tuple(state.accepted),
         drafted_per_level=tuple(state.drafted),
         prefill_seconds=prefill,

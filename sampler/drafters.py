@@ -43,8 +43,9 @@ def _fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
         return logits
     if v > vocab_size:
         return logits[:, :vocab_size]
-    pad = torch.full((logits.shape[0], vocab_size - v), -torch.inf, dtype=logits.dtype,
-                     device=logits.device)
+    pad = torch.full(
+        (logits.shape[0], vocab_size - v), -torch.inf, dtype=logits.dtype, device=logits.device
+    )
     return torch.cat([logits, pad], dim=1)
 
 
@@ -209,6 +210,4 @@ def make_drafter(spec: str, target: PreTrainedModel) -> Drafter:
             return FixedTokenDrafter(vocab, int(arg))
     except ValueError as exc:
         raise ValueError(f"drafter {spec!r}: {exc}") from None
-    raise ValueError(
-        f"unknown drafter {spec!r}: expected model:PATH, self:N, ngram or fixed:TOKEN"
-    )
+    raise ValueError(f"unknown drafter {spec!r}: expected model:PATH, self:N, ngram or fixed:TOKEN")

@@ -72,7 +72,7 @@ def process(logits: torch.Tensor, processing: Processing) -> Support:
     if logits.ndim != 2:
         raise ValueError(f"expected logits of shape (N, V), got {tuple(logits.shape)}")
     x = logits.to(torch.float64)
-    n, v = x.shape
+    v = x.shape[1]
     k = v if processing.top_k == 0 else min(processing.top_k, v)
     if processing.greedy:
         k = 1
@@ -98,7 +98,9 @@ def process(logits: torch.Tensor, processing: Processing) -> Support:
 def dense_logp(support: Support, vocab_size: int) -> torch.Tensor:
     """(N, V) float64 log-probabilities with -inf off the support (for tests and enumeration)."""
     out = torch.full(
-        (support.tokens.shape[0], vocab_size), -torch.inf, dtype=torch.float64,
+        (support.tokens.shape[0], vocab_size),
+        -torch.inf,
+        dtype=torch.float64,
         device=support.logp.device,
     )
     return out.scatter(1, support.tokens, support.logp)

@@ -2,9 +2,11 @@
 version MPFR. Pure tensor functions, batch-first over contexts, never a model call.
 
 Glossary (MPFR paper §3-§5, App. A.3):
-- clock E_{u,j} ~ Exp(1): j-th arrival increment of token u; arrival time G_{u,j} = Σ_{i<=j} E_{u,i}.
+- clock E_{u,j} ~ Exp(1): j-th arrival increment of token u; arrival time
+  G_{u,j} = Σ_{i<=j} E_{u,i}.
 - race / PFR: winner = argmin_u E_{u,1} / P(u), computed as ln E − ln P.
-- MPFR(P, Π, n): the tokens of the n smallest scores G_{u,j} / P(u) over (u, j); they are n
+- MPFR(P, Π, n): the tokens of the n smallest scores G_{u,j} / P(u) over (u, j); they
+  are n
   i.i.d. samples of P (Alg. 6, Thm. A.5). A token contributes at most n arrivals, so
   j = 1..n suffices.
 
@@ -78,7 +80,11 @@ def mpfr_samples(
     drawn_list = drawn.tolist()
     finite_list = finite.tolist()
     return [
-        [t for t, ok in zip(drawn_list[i][: counts[i]], finite_list[i][: counts[i]], strict=True) if ok]
+        [
+            t
+            for t, ok in zip(drawn_list[i][: counts[i]], finite_list[i][: counts[i]], strict=True)
+            if ok
+        ]
         for i in range(n)
     ]
 

@@ -145,6 +145,8 @@ def test_special_token_does_not_consume_its_label():
     assert plan[9].label == (1, 2, 3, 4)
 
 
-def test_no_context_takes_precedence_over_special():
+def test_special_token_reason_wins_over_no_context():
+    """A special token is reported as such wherever it is, so users see why it is not scored."""
     plan = detection_plan([0, 1, 2, 3, 4], width=4, special_ids=frozenset({0}))
-    assert plan[0].skip is SkipReason.NO_CONTEXT
+    assert plan[0].skip is SkipReason.SPECIAL_TOKEN
+    assert plan[1].skip is SkipReason.NO_CONTEXT

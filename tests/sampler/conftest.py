@@ -16,9 +16,16 @@ def tiny_llama(seed: int, layers: int = 2, dtype: torch.dtype = torch.float64) -
     (with the default 0.02 every next-token law is nearly uniform and every drafter agrees)."""
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        initializer_range=0.3, attn_implementation="eager", tie_word_embeddings=False,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        initializer_range=0.3,
+        attn_implementation="eager",
+        tie_word_embeddings=False,
     )
     return LlamaForCausalLM(config).to(dtype).eval()
 

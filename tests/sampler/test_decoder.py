@@ -42,8 +42,9 @@ def test_drafter_invariance_exact(target, other_drafter_model):
     for i, prompt in enumerate(PROMPTS):
         src = source(i, nonce=i)
         ref = generate(target, prompt, SamplerConfig("basic-uwm", max_new_tokens=12), src)
-        for (name, make), b, lookahead in itertools.product(makers.items(), [1, 2, 4, 8],
-                                                            [1, 2, 4]):
+        for (name, make), b, lookahead in itertools.product(
+            makers.items(), [1, 2, 4, 8], [1, 2, 4]
+        ):
             out = generate(target, prompt, SamplerConfig("mpfr", b, lookahead, 12), src, make())
             accepted_any += sum(out.stats.accepted_per_level)
             if out.token_ids != ref.token_ids:
@@ -57,8 +58,13 @@ def test_drafter_equal_to_target_accepts_everything(target):
     for lookahead in [1, 2, 4]:
         accepted = drafted = 0
         for i in range(5):
-            out = generate(target, PROMPTS[i], SamplerConfig("mpfr", 4, lookahead, 24), source(i),
-                           ModelDrafter(target, VOCAB, "self"))
+            out = generate(
+                target,
+                PROMPTS[i],
+                SamplerConfig("mpfr", 4, lookahead, 24),
+                source(i),
+                ModelDrafter(target, VOCAB, "self"),
+            )
             accepted += sum(out.stats.accepted_per_level)
             drafted += sum(out.stats.drafted_per_level)
         assert drafted > 0
@@ -75,18 +81,20 @@ def test_fixed_token_and_ngram_drafters_keep_output(target):
             assert out.token_ids == ref.token_ids
 
 
-def test_decoder_law_of_first_two_tokens(target):
+def test_decoder_law_of_first_two_tokens():
     """Thm. A.6: the first two emitted tokens of mpfr (B = 4, L = 2, self:1 drafter) over 10,000
     keys follow the enumerated target law P(y1) P(y2 | y1). Chi-square at α = 0.001 (fixed keys:
     deterministic; a correct decoder fails with probability 0.1 %)."""
     processing = Processing(1.0, 6, 1.0)  # 36 outcomes: enough keys per cell for chi-square
+    target = tiny_llama(3, layers=2)  # two layers keep 10,000 generations near a minute
     prompt = [3, 14, 15, 9, 26]
     lm = CachedLM(target)
     first = dense_logp(process(lm.extend(prompt)[-1:], processing), VOCAB).exp()[0]  # (V,)
     law = {}
     for y1 in torch.nonzero(first).flatten().tolist():
-        second = dense_logp(process(CachedLM(target).extend([*prompt, y1])[-1:], processing),
-                            VOCAB).exp()[0]
+        second = dense_logp(
+            process(CachedLM(target).extend([*prompt, y1])[-1:], processing), VOCAB
+        ).exp()[0]
         for y2 in torch.nonzero(second).flatten().tolist():
             law[(y1, y2)] = float(first[y1] * second[y2])
     drafter = self_drafter(target, 1)
@@ -130,16 +138,22 @@ def test_kv_cache_after_steps_equals_fresh_forward(target):
     """After speculative steps the cache holds exactly committed[:-1]: the next logits equal a
     fresh causal forward (guards KV rollback bookkeeping, case C11)."""
     src = source(5)
-    out = generate(target, PROMPTS[3], SamplerConfig("mpfr", 4, 4, 20), src,
-                   self_drafter(target, 1))
+    out = generate(
+        target, PROMPTS[3], SamplerConfig("mpfr", 4, 4, 20), src, self_drafter(target, 1)
+    )
     ref = generate(target, PROMPTS[3], SamplerConfig("basic-uwm", max_new_tokens=20), src)
     assert out.token_ids == ref.token_ids
     assert out.stats.target_forward_passes < ref.stats.target_forward_passes
 
 
 def test_stats_count_one_target_call_per_step_and_one_drafter_call_per_level(target):
-    out = generate(target, PROMPTS[2], SamplerConfig("mpfr", 2, 3, 25), source(9),
-                   ModelDrafter(target, VOCAB, "same"))
+    out = generate(
+        target,
+        PROMPTS[2],
+        SamplerConfig("mpfr", 2, 3, 25),
+        source(9),
+        ModelDrafter(target, VOCAB, "same"),
+    )
     s = out.stats
     assert s.emitted_tokens == len(out.token_ids) == 25
     # drafter = target: every level accepted, so each step but the last emits L + 1 = 4 tokens
@@ -153,8 +167,10 @@ def test_eos_stops_and_is_not_returned(target):
     ref = generate(target, PROMPTS[1], SamplerConfig("basic-uwm", max_new_tokens=20), src)
     eos = ref.token_ids[6]
     stop_at = ref.token_ids.index(eos)
-    for config, drafter in [(SamplerConfig("basic-uwm", max_new_tokens=20), None),
-                            (SamplerConfig("mpfr", 4, 4, 20), self_drafter(target, 2))]:
+    for config, drafter in [
+        (SamplerConfig("basic-uwm", max_new_tokens=20), None),
+        (SamplerConfig("mpfr", 4, 4, 20), self_drafter(target, 2)),
+    ]:
         out = generate(target, PROMPTS[1], config, src, drafter, eos_ids=frozenset({eos}))
         assert out.finish_reason == "eos"
         assert out.token_ids == ref.token_ids[:stop_at]
@@ -162,8 +178,9 @@ def test_eos_stops_and_is_not_returned(target):
 
 def test_prompt_is_not_returned(target):
     """C3: the completion comes back on its own."""
-    out = generate(target, [1, 2, 3, 4, 5, 6], SamplerConfig("basic-uwm", max_new_tokens=5),
-                   source(1))
+    out = generate(
+        target, [1, 2, 3, 4, 5, 6], SamplerConfig("basic-uwm", max_new_tokens=5), source(1)
+    )
     assert len(out.token_ids) == 5
 
 
@@ -174,17 +191,18 @@ def test_methods_and_flags(target):
     g2 = generate(target, PROMPTS[0], greedy, source(13), self_drafter(target, 1))
     assert g1.token_ids == g2.token_ids  # temperature 0: the key plays no role
     assert g1.watermark_applied is False  # C5
-    keyed = generate(target, PROMPTS[0], SamplerConfig("mpfr", 2, 2, 10), src,
-                     self_drafter(target, 1))
+    keyed = generate(
+        target, PROMPTS[0], SamplerConfig("mpfr", 2, 2, 10), src, self_drafter(target, 1)
+    )
     assert keyed.watermark_applied is True
-    nowm = generate(target, PROMPTS[0], SamplerConfig("mpfr-nowm", 2, 2, 10), src,
-                    self_drafter(target, 1))
+    nowm = generate(
+        target, PROMPTS[0], SamplerConfig("mpfr-nowm", 2, 2, 10), src, self_drafter(target, 1)
+    )
     assert nowm.watermark_applied is False
     ar1 = generate(target, PROMPTS[0], SamplerConfig("ar", max_new_tokens=10), source(1, 5))
     ar2 = generate(target, PROMPTS[0], SamplerConfig("ar", max_new_tokens=10), source(2, 5))
     assert ar1.token_ids == ar2.token_ids and ar1.watermark_applied is False  # seeded by nonce
-    pfr = generate(target, PROMPTS[0], SamplerConfig("pfr", 8, 3, 10), src,
-                   self_drafter(target, 1))
+    pfr = generate(target, PROMPTS[0], SamplerConfig("pfr", 8, 3, 10), src, self_drafter(target, 1))
     assert pfr.token_ids == keyed.token_ids
     assert pfr.stats.drafted_per_level  # B forced to 1 but still speculative
 
@@ -203,8 +221,13 @@ def test_nonce_changes_only_repeated_contexts(target):
 
 @pytest.mark.parametrize(
     ("kwargs", "field"),
-    [({"method": "beam"}, "method"), ({"drafts": 0}, "drafts"), ({"lookahead": 0}, "lookahead"),
-     ({"max_new_tokens": 0}, "max_new_tokens"), ({"drafts": 65}, "drafts")],
+    [
+        ({"method": "beam"}, "method"),
+        ({"drafts": 0}, "drafts"),
+        ({"lookahead": 0}, "lookahead"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"drafts": 65}, "drafts"),
+    ],
 )
 def test_config_validation_names_field(kwargs, field):
     with pytest.raises(ValueError, match=field):

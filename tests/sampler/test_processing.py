@@ -37,8 +37,12 @@ def test_all_minus_inf_row_stays_empty():
 
 @pytest.mark.parametrize(
     ("field", "kwargs"),
-    [("temperature", {"temperature": -1.0}), ("top_k", {"top_k": -2}),
-     ("top_p", {"top_p": 0.0}), ("top_p", {"top_p": 1.5})],
+    [
+        ("temperature", {"temperature": -1.0}),
+        ("top_k", {"top_k": -2}),
+        ("top_p", {"top_p": 0.0}),
+        ("top_p", {"top_p": 1.5}),
+    ],
 )
 def test_bad_processing_names_the_field(field, kwargs):
     with pytest.raises(ValueError, match=field):

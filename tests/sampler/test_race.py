@@ -86,18 +86,27 @@ def test_case_c6_keyed_race_follows_processed_law():
     ("p_logits", "q_logits", "processing", "expected"),
     [
         pytest.param([0.6, 0.4], [0.8, 0.2], None, [0.6, 0.4], id="probs_q08_p06"),
-        pytest.param([2.0, 1.0, 0.5], [1.5, 1.2, 0.3], Processing(0.7, 2, 1.0),
-                     [0.80668, 0.19332, 0.0], id="logits_T07_top2"),
+        pytest.param(
+            [2.0, 1.0, 0.5],
+            [1.5, 1.2, 0.3],
+            Processing(0.7, 2, 1.0),
+            [0.80668, 0.19332, 0.0],
+            id="logits_T07_top2",
+        ),
     ],
 )
 @pytest.mark.parametrize("drafts", [1, 4])
-def test_case_c10_multidraft_coupling_keeps_target_law(p_logits, q_logits, processing, expected,
-                                                       drafts):
+def test_case_c10_multidraft_coupling_keeps_target_law(
+    p_logits, q_logits, processing, expected, drafts
+):
     """C10 for one MPFR level: drafts from Q_k and the target winner share clocks; the emitted
     token is the target winner, so its law is P_k whatever Q is; acceptance >= Thm. 5.1."""
     if processing is None:  # given as probabilities
-        p_raw, q_raw, processing = (torch.tensor([p_logits]).log(), torch.tensor([q_logits]).log(),
-                                    Processing(1.0, 0, 1.0))
+        p_raw, q_raw, processing = (
+            torch.tensor([p_logits]).log(),
+            torch.tensor([q_logits]).log(),
+            Processing(1.0, 0, 1.0),
+        )
     else:
         p_raw, q_raw = torch.tensor([p_logits]), torch.tensor([q_logits])
     ps, qs = process(p_raw, processing), process(q_raw, processing)
@@ -105,10 +114,16 @@ def test_case_c10_multidraft_coupling_keeps_target_law(p_logits, q_logits, proce
     # clocks for the union of the two supports, token by token
     tokens = torch.arange(3 if len(p_logits) == 3 else 2).expand(N_KEYS, -1)
     clocks = exponential_clocks(keys, tokens, drafts)
-    dense_p = torch.full((1, tokens.shape[1]), -torch.inf, dtype=torch.float64).scatter(
-        1, ps.tokens, ps.logp).expand(N_KEYS, -1)
-    dense_q = torch.full((1, tokens.shape[1]), -torch.inf, dtype=torch.float64).scatter(
-        1, qs.tokens, qs.logp).expand(N_KEYS, -1)
+    dense_p = (
+        torch.full((1, tokens.shape[1]), -torch.inf, dtype=torch.float64)
+        .scatter(1, ps.tokens, ps.logp)
+        .expand(N_KEYS, -1)
+    )
+    dense_q = (
+        torch.full((1, tokens.shape[1]), -torch.inf, dtype=torch.float64)
+        .scatter(1, qs.tokens, qs.logp)
+        .expand(N_KEYS, -1)
+    )
     emitted = race_winner(dense_p, tokens, clocks[..., 0]).numpy()
     drafted = mpfr_samples(dense_q, tokens, clocks, [drafts] * N_KEYS)
     accepted = np.mean([e in d for e, d in zip(emitted.tolist(), drafted, strict=True)])

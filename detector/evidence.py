@@ -1,0 +1,159 @@
+"""What a detection returns: the verdict, p-values and per-token evidence (DESIGN §4).
+
+Frozen dataclasses validated at construction; ``Detection.to_json()`` is the wire shape the
+service and the CLI return, and contains only finite numbers (no NaN/Infinity) and no key
+material.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Final, Literal
+
+from detector.scores import anlppt
+from detector.stats import PValue
+from keyed import SkipReason
+
+TokenStatus = Literal["scored", "skipped"]
+SKIP_REASONS: Final[frozenset[str]] = frozenset(reason.value for reason in SkipReason)
+
+
+class Verdict(StrEnum):
+    """The decision at level α.
+
+    - ``watermarked``: p < α.
+    - ``insufficient_evidence``: p >= α and M is below ``min_scored_tokens(α)``, the tokens a
+      typical watermarked text needs to reach α (so "not significant" says little).
+    - ``not_detected``: p >= α with enough scored tokens.
+    """
+
+    WATERMARKED = "watermarked"
+    NOT_DETECTED = "not_detected"
+    INSUFFICIENT_EVIDENCE = "insufficient_evidence"
+
+
+@dataclass(frozen=True)
+class TokenEvidence:
+    """One token of the input as the detector saw it.
+
+    Attributes:
+        id: token id. text: its piece of the text, ``text[start:end]`` (may be empty for a token
+            holding part of a multi-token character). start, end: character offsets.
+        status: ``"scored"`` or ``"skipped"``. skip_reason: a ``SkipReason`` value when skipped.
+        pivot: r_t in (0, 1) when scored. score: its Aaronson term −ln(1 − r_t) when scored.
+    """
+
+    id: int
+    text: str
+    start: int
+    end: int
+    status: TokenStatus
+    skip_reason: str | None
+    pivot: float | None
+    score: float | None
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start <= self.end:
+            raise ValueError(f"expected 0 <= start <= end, got ({self.start}, {self.end})")
+        if self.status == "scored":
+            if self.skip_reason is not None or self.pivot is None or self.score is None:
+                raise ValueError("a scored token has a pivot and a score and no skip_reason")
+            if not 0.0 < self.pivot < 1.0 or not math.isfinite(self.score):
+                raise ValueError(f"expected a pivot in (0, 1) and a finite score, got {self}")
+        elif self.status == "skipped":
+            if self.skip_reason not in SKIP_REASONS:
+                raise ValueError(f"expected a skip_reason in {sorted(SKIP_REASONS)}, got {self}")
+            if self.pivot is not None or self.score is not None:
+                raise ValueError("a skipped token has no pivot and no score")
+        else:
+            raise ValueError(f"expected status 'scored' or 'skipped', got {self.status!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"id", "text", "start", "end", "status", "skip_reason", "pivot", "score"}``."""
+        return {
+            "id": self.id,
+            "text": self.text,
+            "start": self.start,
+            "end": self.end,
+            "status": self.status,
+            "skip_reason": self.skip_reason,
+            "pivot": self.pivot,
+            "score": self.score,
+        }
+
+
+@dataclass(frozen=True)
+class Detection:
+    """The result of testing one text against one key.
+
+    Attributes:
+        key_id: the key's public id (never its secret), or None.
+        num_tokens: T, tokens in the input. num_scored: M, tokens scored.
+        verdict: the decision at ``alpha``.
+        scores: p-value per score family (``"aaronson"`` always).
+        tokens: (T,) per-token evidence, in order.
+        skipped: count per skip reason (every ``SkipReason``, zeros included).
+        retokenization_matches: with ids and text supplied, whether tokenizing the text gives
+            the ids; else None.
+        alpha: the level in (0, 0.5]. min_scored_tokens: the M below which a non-significant
+            result is ``insufficient_evidence``.
+    """
+
+    key_id: str | None
+    num_tokens: int
+    num_scored: int
+    verdict: Verdict
+    scores: dict[str, PValue]
+    tokens: tuple[TokenEvidence, ...]
+    skipped: dict[str, int]
+    retokenization_matches: bool | None
+    alpha: float
+    min_scored_tokens: int
+
+    def __post_init__(self) -> None:
+        if self.num_tokens != len(self.tokens):
+            raise ValueError(f"num_tokens {self.num_tokens} != {len(self.tokens)} tokens")
+        scored = sum(t.status == "scored" for t in self.tokens)
+        if self.num_scored != scored:
+            raise ValueError(f"num_scored {self.num_scored} != {scored} scored tokens")
+        if sum(self.skipped.values()) != self.num_tokens - self.num_scored:
+            raise ValueError(f"skipped counts {self.skipped} do not add up to the skipped tokens")
+        if "aaronson" not in self.scores:
+            raise ValueError(f"expected an 'aaronson' score, got {sorted(self.scores)}")
+        if not 0.0 < self.alpha <= 0.5:
+            raise ValueError(f"expected alpha in (0, 0.5], got {self.alpha}")
+
+    @property
+    def p_value(self) -> PValue:
+        """The Aaronson p-value, the one the verdict uses."""
+        return self.scores["aaronson"]
+
+    def to_json(self) -> dict[str, Any]:
+        """The wire shape: plain JSON types, finite numbers only, no key material.
+
+        ``{"key_id", "num_tokens", "num_scored", "verdict", "alpha", "scores": {name: {"score",
+        "p_value", "log10_p_value", "method", "anlppt"}}, "tokens": [...], "skipped": {...},
+        "retokenization_matches"}``.
+        """
+        return {
+            "key_id": self.key_id,
+            "num_tokens": self.num_tokens,
+            "num_scored": self.num_scored,
+            "verdict": self.verdict.value,
+            "alpha": self.alpha,
+            "scores": {
+                name: {
+                    "score": p.score,
+                    "p_value": p.p_value,
+                    "log10_p_value": p.log10_p_value,
+                    "method": p.method,
+                    "anlppt": anlppt(p, self.num_scored),
+                }
+                for name, p in self.scores.items()
+            },
+            "tokens": [t.to_json() for t in self.tokens],
+            "skipped": dict(self.skipped),
+            "retokenization_matches": self.retokenization_matches,
+        }

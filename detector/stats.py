@@ -1,0 +1,218 @@
+"""Null laws and p-values of watermark scores, in float64 and log space (DESIGN §4).
+
+Glossary:
+- M: the number of scored tokens; S: a score summed over them.
+- Q(M, S): the regularised upper incomplete gamma function, P(Gamma(M, 1) >= S). Under H0
+  (text independent of the key) every pivot r_t is an independent U(0, 1), each Aaronson term
+  −ln(1 − r_t) is Exp(1), and S_A ~ Gamma(M, 1), so p = Q(M, S_A) is an exact p-value.
+- ln p is computed from the finite series of Q for integer M,
+  Q(M, S) = e^{−S} Σ_{k=0}^{M−1} S^k / k!, as ln Q = −S + logsumexp_k (k ln S − ln k!),
+  which never underflows (scipy's ``gamma.logsf`` returns −inf at M = 1000, S = 3000, and
+  ``gammaincc`` underflows to 0 near ln p = −745). Where Q > 1/2 the series would lose
+  absolute precision, so there ln Q = log1p(−P(M, S)) with scipy's lower tail P (no underflow
+  concern: P <= 1/2).
+
+Sources: Aaronson & Kirchner (2023), the Gamma test of the Aaronson score; MPFR paper, Alg. 8
+and App. E (the scores and their p-values); DLMF 8.4.10 (the finite series of Q).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Final, Literal
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+from scipy.special import gammainc, gammaincc, gammaln, logsumexp
+
+PValueMethod = Literal["exact", "chernoff_bound"]
+PVALUE_METHODS: Final[frozenset[str]] = frozenset({"exact", "chernoff_bound"})
+
+LN10: Final = math.log(10.0)
+# min_scored_tokens scans M upward (ln Q(M, cM) is not monotone in M for c near 1, so no
+# bisection), with scipy's gammaincc while α is far above its underflow, else on the exact
+# log-space path; past this many tokens the scan stops and says so.
+MAX_MIN_SCORED_TOKENS: Final = 1_000_000
+GAMMAINCC_FLOOR: Final = 1e-280
+_SCAN_CHUNK: Final = 4096
+
+
+def _check_m(m: int) -> None:
+    if isinstance(m, bool) or not isinstance(m, int | np.integer) or m < 0:
+        raise ValueError(f"expected m, the number of scored tokens, an int >= 0, got {m!r}")
+
+
+def aaronson_log_sf_many(m: int, s: ArrayLike) -> NDArray[np.float64]:
+    """ln Q(M, S) for one M and many S: the Aaronson log p-value, vectorised over S.
+
+    Args:
+        m: M >= 0, the number of scored tokens (Q(0, S) = 1: no tokens, no evidence).
+        s: (N,) float64 sums S >= 0 (finite).
+    Returns:
+        (N,) float64 natural-log p-values in (−inf, 0], never −inf or NaN for finite input.
+        Memory is O(N·M).
+    Raises:
+        ValueError: m not an int >= 0, or an S negative, NaN or infinite.
+    """
+    _check_m(m)
+    values = np.asarray(s, dtype=np.float64)
+    if values.ndim != 1:
+        raise ValueError(f"expected s of shape (N,), got {values.shape}")
+    if not np.all(np.isfinite(values)) or np.any(values < 0.0):
+        bad = values[~np.isfinite(values) | (values < 0.0)][0]
+        raise ValueError(f"expected finite scores S >= 0, got {bad!r}")
+    out = np.zeros_like(values)  # ln Q = 0 for M = 0 and for S = 0
+    live = values > 0.0
+    if m == 0 or not np.any(live):
+        return out
+    k = np.arange(m, dtype=np.float64)  # (M,)
+    log_s = np.log(values[live])  # (N',)
+    terms = log_s[:, None] * k[None, :] - gammaln(k + 1.0)[None, :]  # (N', M)
+    log_q = -values[live] + logsumexp(terms, axis=1)  # (N',)
+    # Near Q = 1 the series loses absolute precision (ln Q is a difference of two numbers of
+    # size S); there ln Q = ln(1 - P) with P, the lower tail, small and accurate in scipy.
+    near_one = log_q > -math.log(2.0)
+    if np.any(near_one):
+        log_q[near_one] = np.log1p(-gammainc(m, values[live][near_one]))
+    out[live] = np.minimum(log_q, 0.0)
+    return out
+
+
+def aaronson_log_sf(m: int, s: float) -> float:
+    """ln Q(M, S), the natural-log upper tail of Gamma(M, 1) at S (the Aaronson p-value).
+
+    Args:
+        m: M >= 0 scored tokens. s: S >= 0, the Aaronson score Σ −ln(1 − r_t).
+    Returns:
+        ln p in (−inf, 0] as a finite float64; 0.0 when M = 0 or S = 0.
+        E.g. (M, S) = (200, 300) -> ln p = −21.81…, log10 p = −9.47223 (case C7).
+    Raises:
+        ValueError: m < 0 or not an int; s negative, NaN or infinite.
+    """
+    return float(aaronson_log_sf_many(m, np.array([s], dtype=np.float64))[0])
+
+
+@dataclass(frozen=True)
+class PValue:
+    """A p-value with its score, kept in log10 so that it never underflows.
+
+    Attributes:
+        score: the aggregate score S (finite, units of the score family).
+        p_value: 10**log10_p_value in [0, 1]; it is 0.0 only when that power underflows
+            float64, and then log10_p_value still holds the value.
+        log10_p_value: finite, <= 0.
+        method: ``"exact"`` (the null law's tail) or ``"chernoff_bound"`` (a valid upper bound).
+    Raises:
+        ValueError: a NaN/infinite field, p outside [0, 1], log10 > 0, p inconsistent with
+            log10, or an unknown method.
+    """
+
+    score: float
+    p_value: float
+    log10_p_value: float
+    method: PValueMethod
+
+    def __post_init__(self) -> None:
+        for name in ("score", "p_value", "log10_p_value"):
+            value = getattr(self, name)
+            if not isinstance(value, float) or not math.isfinite(value):
+                raise ValueError(f"expected {name} a finite float, got {value!r}")
+        if self.method not in PVALUE_METHODS:
+            raise ValueError(f"expected method in {sorted(PVALUE_METHODS)}, got {self.method!r}")
+        if self.log10_p_value > 0.0:
+            raise ValueError(f"expected log10_p_value <= 0, got {self.log10_p_value}")
+        if not 0.0 <= self.p_value <= 1.0:
+            raise ValueError(f"expected p_value in [0, 1], got {self.p_value}")
+        implied = 10.0**self.log10_p_value
+        if not math.isclose(self.p_value, implied, rel_tol=1e-9, abs_tol=1e-300):
+            raise ValueError(
+                f"p_value {self.p_value!r} does not match log10_p_value {self.log10_p_value!r}"
+            )
+
+    @classmethod
+    def from_log(cls, score: float, log_p: float, method: PValueMethod) -> PValue:
+        """Build from a natural-log p-value ``log_p`` <= 0 (clamped to 0 from above)."""
+        log_p = min(float(log_p), 0.0)
+        return cls(
+            score=float(score),
+            p_value=math.exp(log_p),
+            log10_p_value=log_p / LN10,
+            method=method,
+        )
+
+    @property
+    def log_p_value(self) -> float:
+        """Natural-log p-value, ln p = log10 p · ln 10."""
+        return self.log10_p_value * LN10
+
+
+def aaronson_p_value(m: int, s: float) -> PValue:
+    """Exact Aaronson p-value Q(M, S) as a ``PValue`` (method ``"exact"``).
+
+    Args:
+        m: M >= 0 scored tokens. s: S_A >= 0.
+    Raises:
+        ValueError: as ``aaronson_log_sf``.
+    """
+    return PValue.from_log(s, aaronson_log_sf(m, s), "exact")
+
+
+@lru_cache(maxsize=256)
+def min_scored_tokens(alpha: float, mean_score: float = 1.5) -> int:
+    """Tokens a typical watermarked text needs to reach level α under the Aaronson test.
+
+    The smallest M with ln Q(M, mean_score·M) < ln α: below it, even a text whose every scored
+    token carries the typical watermarked evidence (DESIGN §4: mean Aaronson term 1.5) cannot be
+    significant, so "not significant" means ``insufficient_evidence``, not ``not_detected``.
+    E.g. α = 0.01 -> 28.
+
+    Args:
+        alpha: level in (0, 1).
+        mean_score: the per-token mean Aaronson term of watermarked text, > 1 (the H0 mean).
+    Returns:
+        M >= 1.
+    Raises:
+        ValueError: alpha outside (0, 1), mean_score <= 1 or not finite, or no M up to
+            ``MAX_MIN_SCORED_TOKENS`` reaches α.
+    """
+    if not (isinstance(alpha, float | int) and 0.0 < alpha < 1.0):
+        raise ValueError(f"expected alpha in (0, 1), got {alpha!r}")
+    if not (isinstance(mean_score, float | int) and math.isfinite(mean_score) and mean_score > 1):
+        raise ValueError(f"expected mean_score > 1 (the H0 mean), got {mean_score!r}")
+    log_alpha = math.log(alpha)
+    if alpha >= GAMMAINCC_FLOOR:
+        m = _first_below_gammaincc(alpha, float(mean_score))
+        # Settle the boundary on the exact log-space path (gammaincc agrees to ~1e-13 here).
+        while m > 1 and aaronson_log_sf(m - 1, mean_score * (m - 1)) < log_alpha:
+            m -= 1
+        while aaronson_log_sf(m, mean_score * m) >= log_alpha:
+            m += 1
+        return m
+    # Exact scan, skipping every M whose largest series term alone keeps Q >= alpha.
+    for start in range(1, MAX_MIN_SCORED_TOKENS + 1, _SCAN_CHUNK):
+        ms = np.arange(start, min(start + _SCAN_CHUNK, MAX_MIN_SCORED_TOKENS + 1))  # (C,)
+        s = mean_score * ms  # (C,)
+        largest_term = -s + (ms - 1) * np.log(s) - gammaln(ms)  # (C,) ln of the k = M-1 term
+        for m in ms[largest_term < log_alpha].tolist():
+            if aaronson_log_sf(m, mean_score * m) < log_alpha:
+                return int(m)
+    raise _too_many(alpha, mean_score)
+
+
+def _first_below_gammaincc(alpha: float, mean_score: float) -> int:
+    """Smallest M with Q(M, mean_score·M) < alpha by scipy's gammaincc, scanned in chunks."""
+    for start in range(1, MAX_MIN_SCORED_TOKENS + 1, _SCAN_CHUNK):
+        ms = np.arange(start, min(start + _SCAN_CHUNK, MAX_MIN_SCORED_TOKENS + 1))  # (C,)
+        hits = np.flatnonzero(gammaincc(ms, mean_score * ms) < alpha)
+        if hits.size:
+            return int(ms[hits[0]])
+    raise _too_many(alpha, mean_score)
+
+
+def _too_many(alpha: float, mean_score: float) -> ValueError:
+    return ValueError(
+        f"mean_score {mean_score} needs more than {MAX_MIN_SCORED_TOKENS} tokens to reach "
+        f"alpha {alpha}"
+    )

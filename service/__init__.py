@@ -1,0 +1,1 @@
+"""The poissonmark service: key store (Redis), settings, auth, HTTP routes."""

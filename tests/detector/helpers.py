@@ -1,0 +1,42 @@
+"""Detector test helpers: fixed keys derived from names and a model-free keyed-race generator."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import torch
+
+from keyed import KeyedSource, Secret, exponential_clocks, keys_tensor, label_key
+
+
+def fixed_secret(name: str) -> Secret:
+    """A deterministic 32-byte secret for tests (BLAKE2b of a name; never a real key)."""
+    return Secret(hashlib.blake2b(f"poissonmark-test:{name}".encode(), digest_size=32).digest())
+
+
+def fixed_source(name: str, context_width: int = 4, masking: bool = True) -> KeyedSource:
+    """A keyed source under ``fixed_secret(name)``."""
+    return KeyedSource(fixed_secret(name), context_width=context_width, masking=masking)
+
+
+def keyed_race_ids(
+    secret: Secret, num_new: int, seed: int, width: int = 4, vocab: int = 49152, support: int = 32
+) -> list[int]:
+    """A synthetic watermarked id sequence, without a model.
+
+    Starts with ``width`` random ids; each next id is the keyed race winner (DESIGN §0:
+    argmin_u E_{u,1}/P(u), i.e. argmax U^{1/P(u)}) over a random support of ``support`` ids
+    (special ids 0-2 excluded) under a random P ~ Dirichlet(1), with the clocks of the label of
+    the last ``width`` ids — the autoregressive keyed race (BASIC-UWM) on a random "model".
+    """
+    rng = np.random.default_rng(seed)
+    ids = [int(t) for t in rng.integers(3, vocab, size=width)]
+    for _ in range(num_new):
+        candidates = rng.choice(np.arange(3, vocab), size=support, replace=False)  # (K,)
+        probs = rng.dirichlet(np.ones(support))  # (K,)
+        key = keys_tensor([label_key(secret, tuple(ids[-width:]))])  # (1, 2)
+        tokens = torch.from_numpy(candidates[None, :].astype(np.int64))  # (1, K)
+        clocks = exponential_clocks(key, tokens, 1)[0, :, 0].numpy()  # (K,)
+        ids.append(int(candidates[np.argmin(clocks / probs)]))
+    return ids

@@ -1,0 +1,337 @@
+"""detect(): the scored set, verdicts, exact-id input, evidence and the wire shape (DESIGN §4)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from detector import Detection, PValue, Verdict, detect, min_scored_tokens, verdict
+from keyed import KeyedSource, keys_tensor, label_key, pivots
+from tests.detector.helpers import fixed_secret, fixed_source, keyed_race_ids
+
+# Case C9 fixture: on the SmolLM2 tokenizer, decode([1000, 18434]) = "())+" ("()" then ")+"),
+# which re-encodes as [5107, 27] ("())" "+"): decode -> encode does not give the ids back.
+# Found by a deterministic scan (a in range(1000, 49152, 97), b in range(200, 49152, 1013);
+# this is the first hit); test_c9_pair_does_not_round_trip re-checks it on the tokenizer.
+NON_ROUND_TRIP_PAIR = (1000, 18434)
+
+ORDINARY = "The quick brown fox jumps over the lazy dog while the cat watches from a warm window."
+
+
+def assert_json_safe(detection: Detection) -> dict[str, object]:
+    payload = detection.to_json()
+    json.dumps(payload, allow_nan=False)  # raises on NaN/Infinity
+    return payload
+
+
+# --- C4: the scored set is the documented rule, whatever the prompt -------------------------
+
+
+@pytest.mark.parametrize(("width", "scored"), [(4, 8), (1, 11), (8, 4), (12, 0), (16, 0)])
+def test_c4_scored_positions_have_a_full_window(real_tokenizer, width: int, scored: int) -> None:  # type: ignore[no-untyped-def]
+    # Case C4: a 12-token completion with m = 4 has 8 scored tokens (t >= m, 0-based); only the
+    # completion is ever given to the detector, so no prompt can change the count.
+    ids = list(range(5000, 5012))
+    detection = detect(real_tokenizer, fixed_source("c4", context_width=width), token_ids=ids)
+    assert detection.num_tokens == 12
+    assert detection.num_scored == scored
+    assert detection.skipped["no_context"] == 12 - scored
+    statuses = [t.status for t in detection.tokens]
+    assert statuses == ["skipped"] * (12 - scored) + ["scored"] * scored
+
+
+def test_pivots_are_the_keyed_contract(real_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    # The detector's pivot at t is U(k, ids[t-m:t], ids[t], 1) straight from keyed (the same
+    # function the sampler races with) — computed here without the detector.
+    secret = fixed_secret("contract")
+    ids = [17, 4242, 9, 31000, 77, 77, 15, 49151, 3, 1234]
+    detection = detect(real_tokenizer, KeyedSource(secret), token_ids=ids)
+    for t, token in enumerate(detection.tokens):
+        if t < 4:
+            assert token.status == "skipped"
+            continue
+        key = keys_tensor([label_key(secret, ids[t - 4 : t])])
+        expected = float(pivots(key, torch.tensor([ids[t]], dtype=torch.int64))[0])
+        assert token.id == ids[t]
+        assert token.pivot == expected
+        assert token.score == pytest.approx(-math.log1p(-expected), rel=1e-15)
+    total = sum(t.score for t in detection.tokens if t.score is not None)
+    assert detection.p_value.score == pytest.approx(total, rel=1e-12)
+
+
+# --- C5 / verdicts --------------------------------------------------------------------------
+
+
+def test_c5_twenty_scored_human_tokens_are_insufficient(real_tokenizer, human_passages) -> None:  # type: ignore[no-untyped-def]
+    ids = real_tokenizer(human_passages[0], add_special_tokens=False)["input_ids"][:24]
+    detection = detect(real_tokenizer, fixed_source("c5"), token_ids=ids)
+    assert detection.num_scored == 20
+    # Human text under a key it never saw: p >= 0.01 holds with probability 0.99 per key; this
+    # fixed key is one of those (deterministic).
+    assert detection.p_value.p_value >= 0.01
+    assert detection.verdict is Verdict.INSUFFICIENT_EVIDENCE
+    assert detection.min_scored_tokens == min_scored_tokens(0.01) > 20
+
+
+@pytest.mark.parametrize(
+    ("log10_p", "num_scored", "expected"),
+    [
+        (-0.3, 20, Verdict.INSUFFICIENT_EVIDENCE),
+        (-0.3, 27, Verdict.INSUFFICIENT_EVIDENCE),
+        (-0.3, 28, Verdict.NOT_DETECTED),
+        (-1.99, 500, Verdict.NOT_DETECTED),
+        (-2.01, 5, Verdict.WATERMARKED),
+        (-400.0, 3000, Verdict.WATERMARKED),
+    ],
+)
+def test_verdict_rule(log10_p: float, num_scored: int, expected: Verdict) -> None:
+    p = PValue(1.0, 10.0**log10_p, log10_p, "exact")
+    assert verdict(p, num_scored, 0.01, min_scored_tokens(0.01)) is expected
+
+
+# --- C8: empty and whitespace-only text ----------------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["", "   \n\t "], ids=["empty", "whitespace"])
+def test_c8_empty_text_is_a_valid_request(real_tokenizer, text: str) -> None:  # type: ignore[no-untyped-def]
+    detection = detect(real_tokenizer, fixed_source("c8"), text=text)
+    assert detection.num_scored == 0
+    p = detection.p_value
+    assert (p.p_value, p.log10_p_value, p.score) == (1.0, 0.0, 0.0)
+    assert detection.verdict is Verdict.INSUFFICIENT_EVIDENCE
+    payload = assert_json_safe(detection)
+    assert payload["scores"] == {
+        "aaronson": {
+            "score": 0.0,
+            "p_value": 1.0,
+            "log10_p_value": 0.0,
+            "method": "exact",
+            "anlppt": 0.0,
+        }
+    }
+    assert "".join(t.text for t in detection.tokens) == text
+
+
+# --- C9: exact ids ------------------------------------------------------------------------
+
+
+def test_c9_pair_does_not_round_trip(real_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    text = real_tokenizer.decode(list(NON_ROUND_TRIP_PAIR))
+    assert real_tokenizer(text, add_special_tokens=False)["input_ids"] != list(NON_ROUND_TRIP_PAIR)
+
+
+def test_c9_token_ids_are_scored_exactly(real_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    prefix = real_tokenizer(ORDINARY, add_special_tokens=False)["input_ids"]
+    ids = [*prefix, *NON_ROUND_TRIP_PAIR, *prefix[:6]]
+    text = real_tokenizer.decode(ids)
+    source = fixed_source("c9")
+    with_text = detect(real_tokenizer, source, text=text, token_ids=ids)
+    ids_only = detect(real_tokenizer, source, token_ids=ids)
+    from_text = detect(real_tokenizer, source, text=text)
+    assert with_text.retokenization_matches is False
+    assert ids_only.retokenization_matches is None
+    assert [t.id for t in with_text.tokens] == ids
+    assert with_text.scores == ids_only.scores
+    assert [t.id for t in from_text.tokens] != ids  # re-tokenizing would score other ids
+    assert "".join(t.text for t in with_text.tokens) == text
+
+
+def test_c9_ordinary_sentence_round_trips(real_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    ids = real_tokenizer(ORDINARY, add_special_tokens=False)["input_ids"]
+    source = fixed_source("c9")
+    with_ids = detect(real_tokenizer, source, text=ORDINARY, token_ids=ids)
+    from_text = detect(real_tokenizer, source, text=ORDINARY)
+    assert with_ids.retokenization_matches is True
+    assert with_ids.tokens == from_text.tokens
+    assert with_ids.scores == from_text.scores
+
+
+def test_token_ids_accept_tensors_and_numpy(real_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    ids = list(range(7000, 7010))
+    source = fixed_source("types")
+    reference = detect(real_tokenizer, source, token_ids=ids)
+    for variant in (torch.tensor(ids), torch.tensor(ids).numpy(), tuple(ids)):
+        assert detect(real_tokenizer, source, token_ids=variant).scores == reference.scores
+
+
+# --- repetitive text: the repeated-context rule keeps it from counting twice ---------------
+
+
+REPETITIVE = [
+    pytest.param("ids", [1820] * 500, id="one_token_x500"),
+    pytest.param("text", "the cat sat " * 200, id="short_cycle"),
+    pytest.param(
+        "text",
+        "def f(x):\n    return x + 1\n\n" + "    total = total + f(i)\n" * 120,
+        id="code_repeated_lines",
+    ),
+]
+
+
+@pytest.mark.parametrize("masking", [True, False], ids=["masking_on", "masking_off"])
+@pytest.mark.parametrize(("kind", "payload"), REPETITIVE)
+def test_repetitive_text_is_not_flagged(real_tokenizer, kind: str, payload, masking: bool) -> None:  # type: ignore[no-untyped-def]
+    source = fixed_source("repetitive", masking=masking)
+    if kind == "ids":
+        detection = detect(real_tokenizer, source, token_ids=payload)
+    else:
+        detection = detect(real_tokenizer, source, text=payload)
+    assert detection.num_tokens >= 300
+    # A few distinct labels (the head plus one cycle): each is scored once, repeats are skipped.
+    assert detection.num_scored <= 30
+    assert detection.skipped["repeated_context"] >= detection.num_tokens - 40
+    assert detection.verdict is not Verdict.WATERMARKED
+    # With <= 30 independent pivots the test is exact: p < 0.01 has probability 0.01 per key;
+    # this fixed key is not such a case. Scoring repeats instead (detection_plan with
+    # masking=False) flags these texts under 39% of keys (measured over 300 keys), which is why
+    # the detector skips repeated labels whatever the key's masking flag.
+    assert detection.p_value.p_value >= 0.01
+
+
+def test_nonce_does_not_change_detection(real_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    secret = fixed_secret("nonce")
+    text = "the cat sat on the mat " * 5
+    first = detect(real_tokenizer, KeyedSource(secret, nonce=1), text=text)
+    second = detect(real_tokenizer, KeyedSource(secret, nonce=2**63), text=text)
+    assert first == second
+
+
+# --- special tokens -----------------------------------------------------------------------
+
+
+def test_special_tokens_are_skipped(real_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    text = "Hello there, how are you<|im_end|> today<|endoftext|>"
+    detection = detect(real_tokenizer, fixed_source("special"), text=text)
+    special = set(real_tokenizer.all_special_ids)
+    marked = [t for t in detection.tokens if t.id in special]
+    assert len(marked) == 2
+    assert all(t.status == "skipped" and t.skip_reason == "special_token" for t in marked)
+    assert [t.text for t in marked] == ["<|im_end|>", "<|endoftext|>"]
+    assert detection.skipped["special_token"] == 2
+
+
+# --- H1 sanity without a model -------------------------------------------------------------
+
+
+def test_keyed_race_text_is_flagged(real_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    # 200 keyed-race winners over random 32-token supports with P ~ Dirichlet(1): each pivot is
+    # biased towards 1 (per-token Aaronson mean ~ 3.6 here, vs 1 under H0), so 200 tokens give
+    # log10 p near -110; -40 leaves a wide margin and still needs a mean term >= ~2.
+    secret = fixed_secret("h1")
+    ids = keyed_race_ids(secret, num_new=200, seed=11)
+    detection = detect(real_tokenizer, KeyedSource(secret), token_ids=ids, key_id="key-h1")
+    assert detection.num_scored == 200
+    assert detection.verdict is Verdict.WATERMARKED
+    assert detection.p_value.log10_p_value < -40
+    assert detection.p_value.score / detection.num_scored > 2.0
+    assert assert_json_safe(detection)["scores"]["aaronson"]["anlppt"] > 1.0  # type: ignore[index]
+    # The same ids under another key are plain H0 text: not flagged (probability 0.99 per key;
+    # this fixed key is one of those).
+    other = detect(real_tokenizer, fixed_source("h1-other"), token_ids=ids)
+    assert other.p_value.p_value >= 0.01
+    assert other.verdict is Verdict.NOT_DETECTED
+
+
+# --- evidence and the wire shape -----------------------------------------------------------
+
+
+OFFSET_TEXTS = [
+    pytest.param(ORDINARY, id="ascii"),
+    pytest.param("  leading and trailing  \n\n", id="whitespace"),
+    pytest.param("Naïve café — “quotes” 🎉🎉 中文字符 ok\r\nline\tTab", id="unicode_emoji_cjk"),
+    pytest.param("x = [i**2 for i in range(10)]  # squares\nprint(x)\n", id="code"),
+]
+
+
+@pytest.mark.parametrize("text", OFFSET_TEXTS)
+def test_token_offsets_index_the_input(real_tokenizer, text: str) -> None:  # type: ignore[no-untyped-def]
+    detection = detect(real_tokenizer, fixed_source("offsets"), text=text)
+    position = 0
+    for token in detection.tokens:
+        assert token.text == text[token.start : token.end]
+        assert token.start == position  # in order, no gap, no overlap
+        position = token.end
+    assert position == len(text)
+    assert sum(detection.skipped.values()) + detection.num_scored == detection.num_tokens
+
+
+def test_to_json_contract(real_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    detection = detect(real_tokenizer, fixed_source("json"), text=ORDINARY, key_id="key-1")
+    payload = assert_json_safe(detection)
+    assert list(payload) == [
+        "key_id",
+        "num_tokens",
+        "num_scored",
+        "verdict",
+        "alpha",
+        "scores",
+        "tokens",
+        "skipped",
+        "retokenization_matches",
+    ]
+    assert payload["key_id"] == "key-1" and payload["verdict"] in {v.value for v in Verdict}
+    assert list(payload["scores"]) == ["aaronson"]  # type: ignore[arg-type]
+    aaronson = payload["scores"]["aaronson"]  # type: ignore[index]
+    assert set(aaronson) == {"score", "p_value", "log10_p_value", "method", "anlppt"}
+    assert aaronson["anlppt"] == pytest.approx(
+        -detection.p_value.log_p_value / detection.num_scored, rel=1e-12
+    )
+    assert set(payload["skipped"]) == {"no_context", "repeated_context", "special_token"}  # type: ignore[arg-type]
+    for token in payload["tokens"]:  # type: ignore[attr-defined]
+        assert list(token) == [
+            "id",
+            "text",
+            "start",
+            "end",
+            "status",
+            "skip_reason",
+            "pivot",
+            "score",
+        ]
+    assert type(payload["verdict"]) is str
+
+
+def test_secret_never_in_output(real_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    secret = fixed_secret("leak")
+    detection = detect(real_tokenizer, KeyedSource(secret), text=ORDINARY, key_id="k")
+    material = secret.reveal()
+    for rendered in (repr(detection), str(detection), json.dumps(detection.to_json())):
+        assert material.hex() not in rendered
+        assert material.hex().upper() not in rendered
+        assert repr(material) not in rendered
+
+
+# --- validation at the boundary ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"text": "x", "alpha": 0.0}, r"alpha in \(0, 0.5\]"),
+        ({"text": "x", "alpha": 0.6}, r"alpha in \(0, 0.5\]"),
+        ({"text": "x", "alpha": math.nan}, r"alpha in \(0, 0.5\]"),
+        ({"text": "x", "alpha": True}, "alpha"),
+        ({}, "at least one of text or token_ids"),
+        ({"text": b"bytes"}, "text to be a string"),
+        ({"token_ids": [1, -1]}, r"token_ids\[1\] in \[0, 49152\)"),
+        ({"token_ids": [49152]}, r"token_ids\[0\] in \[0, 49152\)"),
+        ({"token_ids": [1, 2.5]}, r"token_ids\[1\] to be an int"),
+        ({"token_ids": ["7"]}, r"token_ids\[0\] to be an int"),
+        ({"token_ids": [True]}, r"token_ids\[0\] to be an int"),
+        ({"token_ids": "123"}, "token_ids to be a sequence of ints"),
+        ({"token_ids": [[1, 2]]}, r"token_ids\[0\] to be an int"),
+        ({"text": "x", "key_id": 3}, "key_id to be a string"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_rejects_bad_input_naming_field_and_limit(real_tokenizer, kwargs, message: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match=message):
+        detect(real_tokenizer, fixed_source("bad"), **kwargs)
+
+
+def test_rejects_a_source_that_is_not_keyed(real_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match="source to be a KeyedSource"):
+        detect(real_tokenizer, fixed_secret("raw"), text="x")  # type: ignore[arg-type]

@@ -1,0 +1,95 @@
+"""Token ids <-> character spans (detector/tokens.py): the partition convention on both paths."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from detector.tokens import decoded_pieces, partition_offsets, tokenize
+
+
+@pytest.mark.parametrize(
+    ("offsets", "length", "expected"),
+    [
+        ([(0, 3), (3, 5)], 5, [(0, 3), (3, 5)]),
+        # byte-level BPE: " 🎉" split over 3 tokens with overlapping offsets (real SmolLM2 case)
+        ([(0, 1), (1, 3), (2, 3), (2, 3)], 3, [(0, 1), (1, 2), (2, 2), (2, 3)]),
+        # trimmed whitespace (a gap) goes to the next token, the tail to the last
+        ([(0, 3), (4, 7)], 9, [(0, 3), (3, 9)]),
+        ([(1, 3)], 3, [(0, 3)]),
+        ([], 0, []),
+    ],
+    ids=["plain", "split_character", "gap_and_tail", "leading_gap", "empty"],
+)
+def test_partition_offsets(offsets, length: int, expected) -> None:  # type: ignore[no-untyped-def]
+    assert partition_offsets(offsets, length) == expected
+
+
+def test_text_and_id_paths_agree_on_human_text(real_tokenizer, human_passages) -> None:  # type: ignore[no-untyped-def]
+    # When re-tokenizing reproduces the ids (all 227 passages do), the id path's spans into the
+    # decoded text equal the text path's spans into the input.
+    for text in human_passages[:40]:
+        ids = real_tokenizer(text, add_special_tokens=False)["input_ids"]
+        from_ids = tokenize(real_tokenizer, text, ids)
+        from_text = tokenize(real_tokenizer, text, None)
+        assert from_ids.retokenization_matches is True
+        assert from_ids.text == text
+        assert from_ids.spans == from_text.spans
+
+
+def test_split_characters_go_to_the_completing_token(real_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    text = "a 🎉 b 中文"
+    ids = real_tokenizer(text, add_special_tokens=False)["input_ids"]
+    for tokenized in (tokenize(real_tokenizer, text, None), tokenize(real_tokenizer, None, ids)):
+        pieces = [tokenized.piece(i) for i in range(len(tokenized.ids))]
+        assert "".join(pieces) == text
+        assert "🎉" in pieces  # whole, in one token
+        assert all("\ufffd" not in piece for piece in pieces)
+
+
+class WindowSensitiveTokenizer:
+    """A toy sentencepiece-like decoder: "▁" is a space and leading spaces are dropped, so a
+    window that starts at "▁" decodes short and the windowed pieces miss a space (the check
+    catches it and the cumulative decode takes over)."""
+
+    is_fast = False
+
+    def __init__(self) -> None:
+        self.vocab = {0: "▁a", 1: "▁bb", 2: "c", 3: "▁"}
+        self.all_special_ids: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.vocab)
+
+    def __call__(self, text: str, **_: Any) -> Mapping[str, Any]:
+        raise AssertionError("not used")
+
+    def decode(self, token_ids: Sequence[int], **_: Any) -> str:
+        return "".join(self.vocab[i] for i in token_ids).replace("▁", " ").lstrip(" ")
+
+
+def test_decoded_pieces_fall_back_to_cumulative_decoding(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import detector.tokens as tokens_module
+
+    calls: list[int] = []
+    cumulative = tokens_module._cumulative_pieces
+
+    def spy(*args: Any) -> list[str]:
+        calls.append(1)
+        return cumulative(*args)
+
+    monkeypatch.setattr(tokens_module, "_cumulative_pieces", spy)
+    tokenizer = WindowSensitiveTokenizer()
+    text, pieces = decoded_pieces(tokenizer, [2, 3, 0, 1])  # type: ignore[arg-type]
+    assert calls, "the windowed decode should have disagreed and fallen back"
+    assert text == "c  a bb"
+    assert pieces == ["c", " ", " a", " bb"]
+
+
+def test_slow_tokenizer_needs_ids(real_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match="fast tokenizer"):
+        tokenize(WindowSensitiveTokenizer(), "abc", None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="text or token_ids"):
+        tokenize(real_tokenizer, None, None)
