@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -170,6 +171,7 @@ def generate(
     source: KeyedSource | None = None,
     drafter: Drafter | None = None,
     eos_ids: frozenset[int] = frozenset(),
+    on_tokens: Callable[[list[int]], None] | None = None,
 ) -> GenerationResult:
     """Sample a completion of ``prompt`` from the target (MPFR paper Alg. 7 / Alg. 10).
 
@@ -182,6 +184,10 @@ def generate(
             as the seed of a plain multinomial sampler.
         drafter: required for speculative methods.
         eos_ids: tokens that end the completion (not included in the result).
+        on_tokens: called after every step with the ids that step emitted, in order (EOS
+            excluded, so the last call may get ``[]``); the calls concatenate to the result's
+            ``token_ids``. For streaming; an exception it raises stops generation and propagates
+            (e.g. to cancel a request).
     Returns:
         ``GenerationResult`` with the completion ids (no prompt), stats and
         ``watermark_applied`` (False for ``ar``, ``*-nowm`` and temperature 0).
@@ -247,6 +253,7 @@ def generate(
         )
         winners = _winners(process(logits, config.processing), tree, keyed, generator)
         # 3. walk the realised target path; emit target winners while they were drafted
+        emitted_before = len(state.committed)
         node, visited = 0, []
         for level in range(depth + 1):
             token = winners[node]
@@ -270,6 +277,8 @@ def generate(
         lm.keep(base, [base + i for i in visited][: len(state.committed) - 1 - base])
         if drafter is not None and config.speculative:
             drafter.finish_step(tree, visited, state.committed)
+        if on_tokens is not None:
+            on_tokens(state.committed[emitted_before:])
         if finish == "eos":
             break
     seconds = time.perf_counter() - start - prefill
