@@ -1,0 +1,54 @@
+"""What every benchmark result records: model, hardware, commit, date."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def environment() -> dict[str, object]:
+    """Model-independent facts about this run: hardware, software, commit, date."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                check=True, cwd=RESULTS.parent).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--", "keyed", "sampler",
+                                     "detector"], capture_output=True, text=True,
+                                    cwd=RESULTS.parent).stdout.strip())
+    except (OSError, subprocess.CalledProcessError):
+        commit, dirty = "unknown", True
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "commit": commit,
+        "dirty_tree": dirty,
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "hardware": {"cpu": cpu, "cores": os.cpu_count(), "torch_threads":
+                     torch.get_num_threads(), "cuda": torch.cuda.is_available()},
+        "software": {"python": platform.python_version(), "torch": torch.__version__},
+    }
+
+
+def shared_prompts(n: int) -> list[dict]:
+    """n prompts, half ELI5 and half summarisation, chosen by a fixed hash of their id."""
+    chosen: list[dict] = []
+    for name in ("prompts-eli5.jsonl", "prompts-summarize.jsonl"):
+        rows = [json.loads(line) for line in (DATA / name).read_text().splitlines()]
+        rows.sort(key=lambda r: hashlib.sha256(r["id"].encode()).hexdigest())
+        chosen += rows[: n // 2]
+    return chosen

@@ -1,0 +1,101 @@
+"""The ``poissonmark`` CLI through its JSON contract, as real subprocesses on the real model and
+the embedded Redis (issue 2, item 7)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.realmodel
+
+
+@pytest.fixture(scope="module")
+def cli_env(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> dict[str, str]:
+    home = tmp_path_factory.mktemp("pmhome")
+    # share the converted model with the rest of the suite (conversion takes ~40 s)
+    (data_dir / "models").mkdir(parents=True, exist_ok=True)
+    (home / "models").symlink_to(data_dir / "models", target_is_directory=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "POISSONMARK_KEK")}
+    env["POISSONMARK_HOME"] = str(home)
+    return env
+
+
+def run(env: dict[str, str], *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", *args], env=env, input=stdin,
+        capture_output=True, text=True, timeout=600, check=False,
+    )
+
+
+def test_keys_generate_detect_round_trip(cli_env):
+    created = run(cli_env, "keys", "create", "--json")
+    assert created.returncode == 0, created.stderr
+    key = json.loads(created.stdout)
+    assert set(key) >= {"key_id", "context_width", "prf_version", "tokenizer", "created_at"}
+
+    gen = run(cli_env, "generate", "--key", key["key_id"], "--prompt",
+              "Explain like I'm five: how do magnets work?", "--method", "mpfr",
+              "--drafts", "4", "--lookahead", "4", "--max-new-tokens", "96", "--nonce", "7",
+              "--json")
+    assert gen.returncode == 0, gen.stderr
+    g = json.loads(gen.stdout)
+    assert set(g) >= {"text", "token_ids", "key_id", "method", "watermark_applied", "stats"}
+    assert set(g["stats"]) >= {"emitted_tokens", "target_forward_passes", "aatps",
+                               "drafter_calls", "seconds", "tokens_per_second"}
+    assert g["watermark_applied"] is True and g["method"] == "mpfr"
+    assert "assistant" not in g["text"][:20]  # the prompt/template is not echoed (C3)
+
+    by_ids = run(cli_env, "detect", "--key", key["key_id"], "--token-ids",
+                 json.dumps(g["token_ids"]), "--text", g["text"], "--json")
+    assert by_ids.returncode == 0, by_ids.stderr
+    d = json.loads(by_ids.stdout)
+    assert d["verdict"] == "watermarked", d["scores"]
+    assert set(d) >= {"key_id", "num_tokens", "num_scored", "verdict", "scores", "tokens"}
+    assert set(d["scores"]["aaronson"]) >= {"score", "p_value", "log10_p_value", "method"}
+    assert set(d["tokens"][0]) >= {"id", "text", "start", "end", "status", "pivot", "score"}
+
+    piped = run(cli_env, "detect", "--key", key["key_id"], "--json", stdin=g["text"])
+    assert json.loads(piped.stdout)["verdict"] == "watermarked"
+
+    human = run(cli_env, "detect", "--key", key["key_id"], "--json",
+                stdin="The quick brown fox jumps over the lazy dog. " * 3
+                + "Python's for statement iterates over the items of any sequence.")
+    assert json.loads(human.stdout)["verdict"] != "watermarked"
+
+    people = run(cli_env, "detect", "--key", key["key_id"], "--text", g["text"])
+    assert "verdict: watermarked" in people.stdout and "log10 p" in people.stdout
+
+    listed = json.loads(run(cli_env, "keys", "list", "--json").stdout)
+    assert key["key_id"] in [k["key_id"] for k in listed["keys"]]
+    for output in (created.stdout, gen.stdout, gen.stderr, by_ids.stdout):
+        assert "secret" not in output.lower()
+
+    revoked = run(cli_env, "keys", "revoke", key["key_id"], "--json")
+    assert json.loads(revoked.stdout)["revoked"] is True
+    refused = run(cli_env, "generate", "--key", key["key_id"], "--prompt", "hi", "--json")
+    assert refused.returncode != 0 and key["key_id"] in refused.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["generate", "--key", "pmk_0000000000000000", "--prompt", "x", "--drafts", "0"],
+         "drafts"),
+        (["generate", "--key", "pmk_0000000000000000", "--prompt", "x", "--method", "beam"],
+         "method"),
+        (["detect", "--key", "pmk_0000000000000000", "--text", "x", "--alpha", "2"], "alpha"),
+        (["detect", "--key", "pmk_0000000000000000", "--text", "hello"], "pmk_0000000000000000"),
+        (["detect", "--key", "pmk_0000000000000000", "--token-ids", "[1,"], "token-ids"),
+    ],
+    ids=["drafts0", "bad_method", "alpha2", "unknown_key", "bad_ids_json"],
+)
+def test_bad_input_is_one_clear_line(cli_env, args, needle):
+    result = run(cli_env, *args)
+    assert result.returncode != 0
+    assert needle in result.stderr
+    assert "Traceback" not in result.stderr
