@@ -8,8 +8,10 @@ Pipeline (DESIGN §4; MPFR paper Alg. 8 and App. E; Aaronson & Kirchner 2023):
    other positions are skipped with a reason (``no_context``, ``special_token``,
    ``repeated_context``). The prompt never enters: the count does not depend on it (case C4).
 3. pivots: r_t = U(κ(k, ℓ_t), w_t, 1) from ``keyed`` — the same PRF the sampler races with.
-4. scores: every registered family's per-token terms and p-value (``detector.scores``).
+4. scores: the chosen families' per-token terms and p-values (``detector.scores``; Aaronson
+   always).
 5. verdict at α from the Aaronson p-value and ``min_scored_tokens(α)`` (case C5).
+6. spans (optional): the strongest windows of Aaronson evidence (``detector.spans``).
 
 Shapes: T tokens in the text, M scored; keys (M, 2) int64, pivots (M,) float64.
 """
@@ -21,16 +23,21 @@ import operator
 from collections import Counter
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from detector.evidence import Detection, TokenEvidence, Verdict
-from detector.scores import SCORES
+from detector.scores import ScoreFamily, resolve_scores
+from detector.spans import DEFAULT_MAX_SPANS, find_spans
 from detector.stats import PValue, min_scored_tokens
-from detector.tokens import Tokenizer, tokenize
+from detector.tokens import TokenizedText, Tokenizer, tokenize
 from keyed import KeyedSource, SkipReason, detection_plan, keys_tensor, label_key, pivots
 
 DEFAULT_ALPHA = 0.01
 MAX_ALPHA = 0.5
+DEFAULT_SCORES: tuple[str, ...] = ("aaronson",)
+"""Scores computed by default: Aaronson alone (exact p, the most powerful of the four on real
+SmolLM2 generations at 16-128 scored tokens: ``bench/results/detector.md``)."""
 
 
 def detect(
@@ -41,11 +48,15 @@ def detect(
     token_ids: Sequence[int] | None = None,
     alpha: float = DEFAULT_ALPHA,
     key_id: str | None = None,
+    scores: Sequence[str | ScoreFamily] = DEFAULT_SCORES,
+    spans: bool = False,
+    max_spans: int = DEFAULT_MAX_SPANS,
 ) -> Detection:
     """Test a text for the watermark of one key.
 
     Args:
         tokenizer: the key's Hugging Face tokenizer (fast, for character offsets of ``text``).
+            The caller checks that it is the key's (``check_tokenizer``).
         source: the key's keyed source (secret, context width m, masking); its nonce is unused:
             repeated contexts, the only nonce-keyed positions, are never scored.
         text: the text as submitted (may be empty or whitespace only: M = 0, p = 1).
@@ -54,28 +65,70 @@ def detect(
             tokenizing the text reproduces them.
         alpha: level in (0, 0.5] for the verdict.
         key_id: the key's public id, echoed in the result.
+        scores: score families to compute besides Aaronson (always computed: the verdict, the
+            evidence ``score`` and the spans use its exact p-value): names from
+            ``detector.scores.SCORE_NAMES`` (``"u"``, ``"li"``, ``"lattimore"``) or families
+            with other parameters (``li_score(0.2)``, ``lattimore_score(1e-4)``).
+        spans: also run the span search (``detector.spans``) and report the strongest windows.
+        max_spans: at most this many spans, in [1, 100].
     Returns:
-        a ``Detection``: verdict, p-values (``"aaronson"``, method ``"exact"``), per-token
-        evidence with character offsets, skip counts.
+        a ``Detection``: verdict, p-value per score (``method`` ``"exact"`` or
+        ``"chernoff_bound"``), per-token evidence with character offsets and every score's
+        per-token term, skip counts, spans when asked.
     Raises:
         ValueError: naming the field and the limit — alpha outside (0, 0.5]; neither text nor
             token_ids; a non-string text; a token id that is not an int or is outside the vocab;
-            a slow tokenizer with text only.
+            a slow tokenizer with text only; an unknown or repeated score; max_spans out of
+            range.
     """
-    alpha = _check_alpha(alpha)
+    alpha, families = check_options(alpha, scores, key_id, max_spans)
+    if not isinstance(source, KeyedSource):
+        raise ValueError(f"expected source to be a KeyedSource, got {type(source).__name__}")
+    tokenized = tokenize_input(tokenizer, text, token_ids)
+    special = frozenset(int(i) for i in tokenizer.all_special_ids)
+    return detect_tokenized(
+        tokenized,
+        special,
+        source,
+        alpha=alpha,
+        key_id=key_id,
+        families=families,
+        spans=spans,
+        max_spans=max_spans,
+    )
+
+
+def tokenize_input(
+    tokenizer: Tokenizer, text: str | None, token_ids: Sequence[int] | None
+) -> TokenizedText:
+    """Validate ``text``/``token_ids`` (as ``detect``) and tokenize them once."""
     if text is None and token_ids is None:
         raise ValueError("expected at least one of text or token_ids, got neither")
     if text is not None and not isinstance(text, str):
         raise ValueError(f"expected text to be a string, got {type(text).__name__}")
     if token_ids is not None:
         token_ids = _check_token_ids(token_ids, len(tokenizer))
-    if key_id is not None and not isinstance(key_id, str):
-        raise ValueError(f"expected key_id to be a string, got {type(key_id).__name__}")
-    if not isinstance(source, KeyedSource):
-        raise ValueError(f"expected source to be a KeyedSource, got {type(source).__name__}")
+    return tokenize(tokenizer, text, token_ids)
 
-    tokenized = tokenize(tokenizer, text, token_ids)
-    special = frozenset(int(i) for i in tokenizer.all_special_ids)
+
+def detect_tokenized(
+    tokenized: TokenizedText,
+    special: frozenset[int],
+    source: KeyedSource,
+    *,
+    alpha: float,
+    key_id: str | None,
+    families: tuple[ScoreFamily, ...],
+    spans: bool,
+    max_spans: int,
+) -> Detection:
+    """``detect`` after tokenization and validation (shared with ``detect_multi``).
+
+    Args:
+        tokenized: the text's ids and character spans. special: ids never scored.
+        families: from ``resolve_scores`` (Aaronson first).
+        Others as ``detect``.
+    """
     # Repeated labels are skipped whatever the key's masking flag (DESIGN §2, detection): with
     # masking off, generation reuses a label's clocks, so a repeat would count the same pivot
     # twice and break the Gamma null on repetitive human text.
@@ -87,8 +140,14 @@ def detect(
     keys = keys_tensor([label_key(source.secret, label or ()) for label in labels])  # (M, 2)
     observed = torch.tensor([tokenized.ids[p.position] for p in scored], dtype=torch.int64)
     r = pivots(keys, observed).numpy()  # (M,) float64
-    evaluated = {name: family.evaluate(r) for name, family in SCORES.items()}
-    aaronson_terms, aaronson = evaluated["aaronson"]
+    evaluated = {family.name: family.evaluate(r) for family in families}
+    aaronson_terms = evaluated["aaronson"][0]  # (M,)
+    term_matrix = np.stack([terms for terms, _ in evaluated.values()], axis=1)  # (M, F)
+    if not np.all(np.isfinite(term_matrix)):
+        raise AssertionError("a score family produced a non-finite term")  # families' contract
+    term_rows = term_matrix.tolist()
+    names = list(evaluated)
+    pivot_values = r.tolist()
 
     tokens: list[TokenEvidence] = []
     m = 0  # index of the next scored position in r
@@ -97,8 +156,20 @@ def detect(
         piece = tokenized.text[start:end]
         token = tokenized.ids[p.position]
         if p.skip is None:
-            pivot, score = float(r[m]), float(aaronson_terms[m])
-            tokens.append(TokenEvidence(token, piece, start, end, "scored", None, pivot, score))
+            row = term_rows[m]
+            tokens.append(
+                TokenEvidence(
+                    token,
+                    piece,
+                    start,
+                    end,
+                    "scored",
+                    None,
+                    pivot_values[m],
+                    row[0],
+                    dict(zip(names, row, strict=True)),
+                )
+            )
             m += 1
         else:
             tokens.append(
@@ -106,6 +177,12 @@ def detect(
             )
     counts = Counter(p.skip for p in plan if p.skip is not None)
     needed = min_scored_tokens(alpha)
+    aaronson = evaluated["aaronson"][1]
+    search = None
+    if spans:
+        search = find_spans(
+            aaronson_terms, [p.position for p in scored], tokenized.spans, max_spans
+        )
     return Detection(
         key_id=key_id,
         num_tokens=len(plan),
@@ -117,6 +194,8 @@ def detect(
         retokenization_matches=tokenized.retokenization_matches,
         alpha=alpha,
         min_scored_tokens=needed,
+        spans=search,
+        score_params={family.name: dict(family.params) for family in families},
     )
 
 
@@ -128,6 +207,19 @@ def verdict(p: PValue, num_scored: int, alpha: float, needed: int) -> Verdict:
     if num_scored < needed:
         return Verdict.INSUFFICIENT_EVIDENCE
     return Verdict.NOT_DETECTED
+
+
+def check_options(
+    alpha: float, scores: Sequence[str | ScoreFamily], key_id: str | None, max_spans: int
+) -> tuple[float, tuple[ScoreFamily, ...]]:
+    """Validate the options shared by ``detect``, ``detect_multi`` and ``detect_many``."""
+    alpha = _check_alpha(alpha)
+    families = resolve_scores(scores)
+    if key_id is not None and not isinstance(key_id, str):
+        raise ValueError(f"expected key_id to be a string, got {type(key_id).__name__}")
+    if isinstance(max_spans, bool) or not isinstance(max_spans, int) or not 1 <= max_spans <= 100:
+        raise ValueError(f"expected max_spans an int in [1, 100], got {max_spans!r}")
+    return alpha, families
 
 
 def _check_alpha(alpha: float) -> float:

@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import Any, Final, Literal
 
 from detector.scores import anlppt
+from detector.spans import SpanSearch
 from detector.stats import PValue
 from keyed import SkipReason
 
@@ -42,7 +43,10 @@ class TokenEvidence:
         id: token id. text: its piece of the text, ``text[start:end]`` (may be empty for a token
             holding part of a multi-token character). start, end: character offsets.
         status: ``"scored"`` or ``"skipped"``. skip_reason: a ``SkipReason`` value when skipped.
-        pivot: r_t in (0, 1) when scored. score: its Aaronson term −ln(1 − r_t) when scored.
+        pivot: r_t in (0, 1) when scored. score: its Aaronson term −ln(1 − r_t) when scored
+            (kept for backwards compatibility; also ``terms["aaronson"]``).
+        terms: when scored, each computed score family's per-token term h(r_t) by name
+            (``detector.scores``); None when skipped.
     """
 
     id: int
@@ -53,6 +57,7 @@ class TokenEvidence:
     skip_reason: str | None
     pivot: float | None
     score: float | None
+    terms: dict[str, float] | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.start <= self.end:
@@ -62,16 +67,19 @@ class TokenEvidence:
                 raise ValueError("a scored token has a pivot and a score and no skip_reason")
             if not 0.0 < self.pivot < 1.0 or not math.isfinite(self.score):
                 raise ValueError(f"expected a pivot in (0, 1) and a finite score, got {self}")
+            # Finiteness of the per-score terms is checked once per text on the whole term
+            # matrix (``detect_tokenized``), not per token: this runs for every token.
         elif self.status == "skipped":
             if self.skip_reason not in SKIP_REASONS:
                 raise ValueError(f"expected a skip_reason in {sorted(SKIP_REASONS)}, got {self}")
-            if self.pivot is not None or self.score is not None:
-                raise ValueError("a skipped token has no pivot and no score")
+            if self.pivot is not None or self.score is not None or self.terms is not None:
+                raise ValueError("a skipped token has no pivot, score or terms")
         else:
             raise ValueError(f"expected status 'scored' or 'skipped', got {self.status!r}")
 
     def to_json(self) -> dict[str, Any]:
-        """``{"id", "text", "start", "end", "status", "skip_reason", "pivot", "score"}``."""
+        """``{"id", "text", "start", "end", "status", "skip_reason", "pivot", "score",
+        "terms"}``."""
         return {
             "id": self.id,
             "text": self.text,
@@ -81,6 +89,7 @@ class TokenEvidence:
             "skip_reason": self.skip_reason,
             "pivot": self.pivot,
             "score": self.score,
+            "terms": None if self.terms is None else dict(self.terms),
         }
 
 
@@ -92,13 +101,16 @@ class Detection:
         key_id: the key's public id (never its secret), or None.
         num_tokens: T, tokens in the input. num_scored: M, tokens scored.
         verdict: the decision at ``alpha``.
-        scores: p-value per score family (``"aaronson"`` always).
+        scores: p-value per score family (``"aaronson"`` first and always, then the requested
+            families in order).
         tokens: (T,) per-token evidence, in order.
         skipped: count per skip reason (every ``SkipReason``, zeros included).
         retokenization_matches: with ids and text supplied, whether tokenizing the text gives
             the ids; else None.
         alpha: the level in (0, 0.5]. min_scored_tokens: the M below which a non-significant
             result is ``insufficient_evidence``.
+        spans: the span search (``detect(..., spans=True)``), else None.
+        score_params: each family's parameters by name (e.g. ``{"li": {"delta": 0.1}}``).
     """
 
     key_id: str | None
@@ -111,6 +123,8 @@ class Detection:
     retokenization_matches: bool | None
     alpha: float
     min_scored_tokens: int
+    spans: SpanSearch | None = None
+    score_params: dict[str, dict[str, float]] | None = None
 
     def __post_init__(self) -> None:
         if self.num_tokens != len(self.tokens):
@@ -134,9 +148,11 @@ class Detection:
         """The wire shape: plain JSON types, finite numbers only, no key material.
 
         ``{"key_id", "num_tokens", "num_scored", "verdict", "alpha", "scores": {name: {"score",
-        "p_value", "log10_p_value", "method", "anlppt"}}, "tokens": [...], "skipped": {...},
-        "retokenization_matches"}``.
+        "p_value", "log10_p_value", "method", "anlppt", "params"}}, "tokens": [...],
+        "skipped": {...}, "retokenization_matches", "spans"}``; ``spans`` is null unless the
+        span search ran.
         """
+        params = self.score_params or {}
         return {
             "key_id": self.key_id,
             "num_tokens": self.num_tokens,
@@ -150,10 +166,12 @@ class Detection:
                     "log10_p_value": p.log10_p_value,
                     "method": p.method,
                     "anlppt": anlppt(p, self.num_scored),
+                    "params": dict(params.get(name, {})),
                 }
                 for name, p in self.scores.items()
             },
             "tokens": [t.to_json() for t in self.tokens],
             "skipped": dict(self.skipped),
             "retokenization_matches": self.retokenization_matches,
+            "spans": None if self.spans is None else self.spans.to_json(),
         }

@@ -12,20 +12,28 @@ Glossary:
   absolute precision, so there ln Q = log1p(−P(M, S)) with scipy's lower tail P (no underflow
   concern: P <= 1/2).
 
+- Irwin–Hall: the law of U_1 + … + U_M for i.i.d. U(0, 1), the null law of the U-score
+  S_U = Σ r_t. Its CDF is F(x) = (1/M!) Σ_{k=0}^{⌊x⌋} (−1)^k C(M, k) (x − k)^M; the series
+  cancels catastrophically in floating point, so ``irwin_hall_log_sf`` evaluates it exactly in
+  integer arithmetic on the binary value of the float S (cheap for small M, see
+  ``U_EXACT_MAX_M``).
+
 Sources: Aaronson & Kirchner (2023), the Gamma test of the Aaronson score; MPFR paper, Alg. 8
-and App. E (the scores and their p-values); DLMF 8.4.10 (the finite series of Q).
+and App. E (the scores and their p-values); DLMF 8.4.10 (the finite series of Q); Irwin (1927)
+and Hall (1927) for the law of a sum of uniforms.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import lru_cache
 from typing import Final, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy.special import gammainc, gammaincc, gammaln, logsumexp
+from scipy.special import gammainc, gammaincc, gammaln
 
 PValueMethod = Literal["exact", "chernoff_bound"]
 PVALUE_METHODS: Final[frozenset[str]] = frozenset({"exact", "chernoff_bound"})
@@ -37,6 +45,11 @@ LN10: Final = math.log(10.0)
 MAX_MIN_SCORED_TOKENS: Final = 1_000_000
 GAMMAINCC_FLOOR: Final = 1e-280
 _SCAN_CHUNK: Final = 4096
+U_EXACT_MAX_M: Final = 64
+"""Largest M for which the U-score p-value is the exact Irwin–Hall tail (above: Chernoff)."""
+# Every pivot is at most 1 − 2^−53 (keyed/prf.py), so a true U-score sum of M pivots is at most
+# M − M·2^−53; a float sum rounded up to (or past) that is read as exactly that.
+_U_DEFICIT_FLOOR: Final = Fraction(1, 2**53)
 
 
 def _check_m(m: int) -> None:
@@ -67,10 +80,11 @@ def aaronson_log_sf_many(m: int, s: ArrayLike) -> NDArray[np.float64]:
     live = values > 0.0
     if m == 0 or not np.any(live):
         return out
-    k = np.arange(m, dtype=np.float64)  # (M,)
+    k, log_factorials = _series_constants(m)  # (M,), (M,)
     log_s = np.log(values[live])  # (N',)
-    terms = log_s[:, None] * k[None, :] - gammaln(k + 1.0)[None, :]  # (N', M)
-    log_q = -values[live] + logsumexp(terms, axis=1)  # (N',)
+    terms = log_s[:, None] * k[None, :] - log_factorials[None, :]  # (N', M)
+    top = terms.max(axis=1)  # (N',) logsumexp by hand: scipy's costs ~1 ms a call in overhead
+    log_q = -values[live] + top + np.log(np.exp(terms - top[:, None]).sum(axis=1))  # (N',)
     # Near Q = 1 the series loses absolute precision (ln Q is a difference of two numbers of
     # size S); there ln Q = ln(1 - P) with P, the lower tail, small and accurate in scipy.
     near_one = log_q > -math.log(2.0)
@@ -78,6 +92,16 @@ def aaronson_log_sf_many(m: int, s: ArrayLike) -> NDArray[np.float64]:
         log_q[near_one] = np.log1p(-gammainc(m, values[live][near_one]))
     out[live] = np.minimum(log_q, 0.0)
     return out
+
+
+@lru_cache(maxsize=64)
+def _series_constants(m: int) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """k = 0..M−1 and ln k! as read-only (M,) float64 arrays (cached: spans reuse a few M)."""
+    k = np.arange(m, dtype=np.float64)
+    log_factorials = gammaln(k + 1.0)
+    k.flags.writeable = False
+    log_factorials.flags.writeable = False
+    return k, log_factorials
 
 
 def aaronson_log_sf(m: int, s: float) -> float:
@@ -216,3 +240,54 @@ def _too_many(alpha: float, mean_score: float) -> ValueError:
         f"mean_score {mean_score} needs more than {MAX_MIN_SCORED_TOKENS} tokens to reach "
         f"alpha {alpha}"
     )
+
+
+def irwin_hall_log_sf(m: int, s: float) -> float:
+    """ln P(U_1 + … + U_M >= S) for i.i.d. U(0, 1): the exact U-score log p-value.
+
+    Evaluated in exact integer arithmetic on the binary value of ``s``: with y = N / D,
+    F(y) = Σ_{k<=⌊y⌋} (−1)^k C(M, k) (N − kD)^M / (D^M M!). By symmetry P(S >= s) = F(M − s);
+    the side with the fewer terms is summed (F(M − s) when M − s <= M/2, else 1 − F(s)), so the
+    result has full relative precision. Cost grows like M² big-integer products of M·53 bits:
+    meant for M <= ``U_EXACT_MAX_M``.
+
+    Args:
+        m: M >= 0 scored tokens. s: S_U, a finite float (any sign).
+    Returns:
+        ln p in (−inf, 0], finite: 0.0 when M = 0 or S <= 0; for S >= M − M·2^−53 (only float
+        rounding can get there: pivots are at most 1 − 2^−53) the value at M − M·2^−53.
+    Raises:
+        ValueError: m not an int >= 0, or s not finite.
+    """
+    _check_m(m)
+    if not math.isfinite(s):
+        raise ValueError(f"expected a finite U-score sum, got {s!r}")
+    if m == 0 or s <= 0.0:
+        return 0.0
+    exact = Fraction(s)
+    deficit = max(Fraction(m) - exact, m * _U_DEFICIT_FLOOR)  # M − S, the Irwin–Hall argument
+    if deficit <= Fraction(m, 2):
+        total, denominator = _irwin_hall_cdf_parts(m, deficit)
+        ratio = total / denominator  # correctly rounded, 0.0 only below the float range
+        log_p = math.log(ratio) if ratio > 1e-300 else math.log(total) - math.log(denominator)
+        return min(log_p, 0.0)
+    total, denominator = _irwin_hall_cdf_parts(m, exact)  # P(S >= s) = 1 − F(s), F(s) <= 1/2
+    return math.log1p(-(total / denominator))
+
+
+def _irwin_hall_cdf_parts(m: int, y: Fraction) -> tuple[int, int]:
+    """(numerator, denominator) integers with F_M(y) = numerator / denominator, y in (0, M)."""
+    n, d = y.numerator, y.denominator
+    total = 0
+    for k in range(math.floor(y) + 1):
+        term = math.comb(m, k) * (n - k * d) ** m
+        total += -term if k % 2 else term
+    return total, d**m * math.factorial(m)
+
+
+def irwin_hall_log_sf_many(m: int, s: ArrayLike) -> NDArray[np.float64]:
+    """``irwin_hall_log_sf`` over many sums: (N,) float64 -> (N,) float64 ln p."""
+    values = np.asarray(s, dtype=np.float64)
+    if values.ndim != 1:
+        raise ValueError(f"expected s of shape (N,), got {values.shape}")
+    return np.array([irwin_hall_log_sf(m, float(v)) for v in values], dtype=np.float64)

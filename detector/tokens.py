@@ -21,6 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from detector.errors import TokenizerMismatch
+
 _REPLACEMENT = "\ufffd"  # what a decoder emits for an incomplete UTF-8 sequence
 
 
@@ -201,3 +203,28 @@ def _require_fast(tokenizer: Tokenizer) -> None:
         raise ValueError(
             "expected a fast tokenizer (character offsets need one), got a slow tokenizer"
         )
+
+
+def check_tokenizer(
+    key_fingerprint: str, tokenizer_fingerprint: str, key_id: str | None = None
+) -> None:
+    """Refuse to detect with a tokenizer other than the key's (DESIGN §2: the key record holds
+    the fingerprint of the tokenizer it was made for).
+
+    Args:
+        key_fingerprint: the fingerprint stored in the key record.
+        tokenizer_fingerprint: the fingerprint of the tokenizer detection would use (the
+            service and CLI compute it with ``sampler.models.tokenizer_fingerprint``).
+        key_id: the key's public id, for the message.
+    Raises:
+        TokenizerMismatch: the fingerprints differ.
+        ValueError: a fingerprint that is not a non-empty string.
+    """
+    for name, value in (
+        ("key_fingerprint", key_fingerprint),
+        ("tokenizer_fingerprint", tokenizer_fingerprint),
+    ):
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"expected {name} a non-empty string, got {value!r}")
+    if key_fingerprint != tokenizer_fingerprint:
+        raise TokenizerMismatch(key_fingerprint, tokenizer_fingerprint, key_id)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from detector import Detection, PValue, Verdict, detect, min_scored_tokens, verdict
+from detector.scores import SCORE_NAMES
 from keyed import KeyedSource, keys_tensor, label_key, pivots
 from tests.detector.helpers import fixed_secret, fixed_source, keyed_race_ids
 
@@ -97,21 +98,25 @@ def test_verdict_rule(log10_p: float, num_scored: int, expected: Verdict) -> Non
 
 @pytest.mark.parametrize("text", ["", "   \n\t "], ids=["empty", "whitespace"])
 def test_c8_empty_text_is_a_valid_request(real_tokenizer, text: str) -> None:  # type: ignore[no-untyped-def]
-    detection = detect(real_tokenizer, fixed_source("c8"), text=text)
+    detection = detect(
+        real_tokenizer, fixed_source("c8"), text=text, scores=SCORE_NAMES, spans=True
+    )
     assert detection.num_scored == 0
     p = detection.p_value
     assert (p.p_value, p.log10_p_value, p.score) == (1.0, 0.0, 0.0)
     assert detection.verdict is Verdict.INSUFFICIENT_EVIDENCE
     payload = assert_json_safe(detection)
-    assert payload["scores"] == {
-        "aaronson": {
-            "score": 0.0,
-            "p_value": 1.0,
-            "log10_p_value": 0.0,
-            "method": "exact",
-            "anlppt": 0.0,
-        }
-    }
+    # Every score: S = 0, p = 1, log10 p = 0 (no tokens, no evidence), never an error.
+    assert list(payload["scores"]) == list(SCORE_NAMES)  # type: ignore[arg-type]
+    for name, entry in payload["scores"].items():  # type: ignore[attr-defined]
+        assert (entry["score"], entry["p_value"], entry["log10_p_value"], entry["anlppt"]) == (
+            0.0,
+            1.0,
+            0.0,
+            0.0,
+        ), name
+    assert payload["scores"]["aaronson"]["method"] == "exact"  # type: ignore[index]
+    assert payload["spans"] == {"windows_scanned": 0, "lengths": [], "spans": []}
     assert "".join(t.text for t in detection.tokens) == text
 
 
@@ -271,11 +276,13 @@ def test_to_json_contract(real_tokenizer) -> None:  # type: ignore[no-untyped-de
         "tokens",
         "skipped",
         "retokenization_matches",
+        "spans",
     ]
     assert payload["key_id"] == "key-1" and payload["verdict"] in {v.value for v in Verdict}
     assert list(payload["scores"]) == ["aaronson"]  # type: ignore[arg-type]
+    assert payload["spans"] is None
     aaronson = payload["scores"]["aaronson"]  # type: ignore[index]
-    assert set(aaronson) == {"score", "p_value", "log10_p_value", "method", "anlppt"}
+    assert set(aaronson) == {"score", "p_value", "log10_p_value", "method", "anlppt", "params"}
     assert aaronson["anlppt"] == pytest.approx(
         -detection.p_value.log_p_value / detection.num_scored, rel=1e-12
     )
@@ -290,7 +297,12 @@ def test_to_json_contract(real_tokenizer) -> None:  # type: ignore[no-untyped-de
             "skip_reason",
             "pivot",
             "score",
+            "terms",
         ]
+        if token["status"] == "scored":
+            assert token["terms"] == {"aaronson": token["score"]}
+        else:
+            assert token["terms"] is None
     assert type(payload["verdict"]) is str
 
 

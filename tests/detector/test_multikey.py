@@ -1,0 +1,109 @@
+"""Multi-key detection (detector/multikey.py): per-key results, the Bonferroni correction for
+the number of keys, its family-wise error rate under H0, and input validation."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from detector import Verdict, detect
+from detector.multikey import best_key_corrected, detect_multi
+from detector.scores import aaronson_terms
+from detector.stats import LN10, aaronson_log_sf_many
+from keyed import KeyedSource
+from tests.detector.helpers import fixed_secret, fixed_source, keyed_race_ids
+
+
+def test_best_key_corrected() -> None:
+    best, corrected = best_key_corrected([-1.0, -9.0, -3.0])
+    assert best == 1 and corrected == pytest.approx(-9.0 + math.log(3.0))
+    assert best_key_corrected([-0.1, -0.5]) == (1, 0.0)  # capped at p = 1
+    with pytest.raises(ValueError, match="K >= 1"):
+        best_key_corrected([])
+
+
+@pytest.mark.parametrize(
+    "keys", [2, 10, pytest.param(50, marks=pytest.mark.slow)], ids=lambda k: f"K{k}"
+)
+def test_multi_key_family_wise_error_rate(keys: int) -> None:
+    # H0: a text carrying none of K keys' marks has independent U(0, 1) pivots under each key
+    # (distinct keys, distinct labels). The corrected best-key p must reject at most alpha of
+    # the time for alpha in {0.1, 0.01}: count <= the upper 99.95% quantile of
+    # Binomial(N, alpha) (a valid test exceeds it with probability 0.0005; seeded).
+    draws, m = 20_000, 30
+    pivots = np.random.default_rng(70 + keys).random((draws, keys, m))  # (N, K, M)
+    sums = aaronson_terms(pivots).sum(axis=2)  # (N, K)
+    log_p = aaronson_log_sf_many(m, sums.reshape(-1)).reshape(draws, keys)  # (N, K)
+    corrected = np.array([best_key_corrected(row)[1] for row in log_p])  # (N,)
+    for alpha in (0.1, 0.01):
+        high = int(stats.binom.ppf(0.9995, draws, alpha))
+        assert int(np.sum(corrected <= math.log(alpha))) <= high, alpha
+    # Negative control: the uncorrected best key rejects at rate 1 − (1 − alpha)^K, far above
+    # alpha = 0.01, so the check can fail and the correction is needed.
+    uncorrected = np.mean(log_p.min(axis=1) <= math.log(0.01))
+    assert uncorrected > 0.8 * (1 - 0.99**keys) > 0.015
+
+
+def test_detect_multi_finds_the_right_key(real_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    secret = fixed_secret("multi-right")
+    ids = keyed_race_ids(secret, num_new=120, seed=21)
+    sources = {
+        "pmk_a": fixed_source("multi-a"),
+        "pmk_right": KeyedSource(secret),
+        "pmk_b": fixed_source("multi-b", context_width=2),
+        "pmk_c": fixed_source("multi-c"),
+    }
+    result = detect_multi(real_tokenizer, sources, token_ids=ids, scores=("u",), spans=True)
+    assert result.best_key_id == "pmk_right" and result.num_keys == 4
+    assert list(result.results) == list(sources)
+    for key_id, source in sources.items():
+        single = detect(
+            real_tokenizer, source, token_ids=ids, key_id=key_id, scores=("u",), spans=True
+        )
+        assert result.results[key_id] == single  # identical to testing that key alone
+    best = result.best.p_value
+    assert result.log10_p_value == pytest.approx((best.log_p_value + math.log(4)) / LN10)
+    assert result.p_value == pytest.approx(10**result.log10_p_value, rel=1e-9, abs=1e-300)
+    assert result.verdict is Verdict.WATERMARKED
+    payload = result.to_json()
+    json.dumps(payload, allow_nan=False)
+    assert payload["uncorrected_log10_p_value"] == best.log10_p_value
+    assert list(payload["keys"]) == list(sources)
+    assert secret.reveal().hex() not in json.dumps(payload) + repr(result)
+
+
+def test_detect_multi_on_human_text(real_tokenizer, human_passages) -> None:  # type: ignore[no-untyped-def]
+    # 30 human passages x 5 keys: the corrected p is a valid p-value, so at alpha = 0.01 at
+    # most ~0.3 of these 30 texts are flagged on average; these fixed keys flag none.
+    sources = {f"pmk_{i}": fixed_source(f"multi-human-{i}") for i in range(5)}
+    for text in human_passages[:30]:
+        result = detect_multi(real_tokenizer, sources, text=text)
+        assert result.verdict is not Verdict.WATERMARKED
+        assert result.log10_p_value >= result.best.p_value.log10_p_value  # never stronger
+
+
+@pytest.mark.parametrize(
+    ("sources", "message"),
+    [
+        ({}, "1..10000 key ids"),
+        ([], "1..10000 key ids"),
+        ({3: None}, "key ids to be strings"),
+        ({"k": fixed_secret("raw")}, r"sources\['k'\] to be a KeyedSource"),
+    ],
+    ids=["empty", "not_a_mapping", "int_key", "not_a_source"],
+)
+def test_detect_multi_rejects_bad_sources(real_tokenizer, sources, message: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match=message):
+        detect_multi(real_tokenizer, sources, text="hello")
+
+
+def test_detect_multi_validates_detect_options(real_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    sources = {"k": fixed_source("opts")}
+    with pytest.raises(ValueError, match="alpha"):
+        detect_multi(real_tokenizer, sources, text="x", alpha=0.9)
+    with pytest.raises(ValueError, match="at least one of text or token_ids"):
+        detect_multi(real_tokenizer, sources)
