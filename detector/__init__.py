@@ -1,17 +1,37 @@
 """Watermark detection: text -> token ids -> pivots -> scores -> p-values -> verdict, evidence.
 
 Public API (DESIGN §4):
-- ``detect(tokenizer, source, *, text, token_ids, alpha, key_id) -> Detection``
-- ``Detection``, ``TokenEvidence``, ``Verdict``: the result and its ``to_json()`` wire shape.
+- ``detect(tokenizer, source, *, text, token_ids, alpha, key_id, scores, spans) -> Detection``
+- ``detect_multi(tokenizer, sources, ...) -> MultiKeyDetection``: every candidate key, the best
+  key's p corrected for their number (Bonferroni).
+- ``detect_many(tokenizer, source, items, *, workers, ...) -> Iterator[CorpusResult]``: corpora.
+- ``Detection``, ``TokenEvidence``, ``Verdict``, ``Span``, ``SpanSearch``: results and their
+  ``to_json()`` wire shapes.
+- ``SCORES``, ``SCORE_NAMES``, ``ScoreFamily``, ``u_score``, ``li_score``, ``lattimore_score``,
+  ``anlppt``: the score families (Aaronson, U, Li et al., Lattimore).
 - ``PValue``, ``aaronson_log_sf``, ``aaronson_p_value``, ``min_scored_tokens``: null laws.
-- ``SCORES``, ``ScoreFamily``, ``anlppt``: score families (Aaronson for now).
+- ``check_tokenizer``, ``TokenizerMismatch``, ``DetectorError``: diagnostics and domain errors.
 
 Never imports ``sampler``: keyed randomness comes from ``keyed`` alone.
 """
 
-from detector.detect import DEFAULT_ALPHA, detect, verdict
+from detector.corpus import CorpusItem, CorpusResult, detect_many
+from detector.detect import DEFAULT_ALPHA, DEFAULT_SCORES, detect, verdict
+from detector.errors import DetectorError, TokenizerMismatch
 from detector.evidence import Detection, TokenEvidence, Verdict
-from detector.scores import AARONSON, SCORES, ScoreFamily, aaronson_terms, anlppt
+from detector.multikey import MultiKeyDetection, detect_multi
+from detector.scores import (
+    AARONSON,
+    SCORE_NAMES,
+    SCORES,
+    ScoreFamily,
+    aaronson_terms,
+    anlppt,
+    lattimore_score,
+    li_score,
+    u_score,
+)
+from detector.spans import Span, SpanSearch
 from detector.stats import (
     PValue,
     aaronson_log_sf,
@@ -19,26 +39,41 @@ from detector.stats import (
     aaronson_p_value,
     min_scored_tokens,
 )
-from detector.tokens import TokenizedText, Tokenizer, tokenize
+from detector.tokens import TokenizedText, Tokenizer, check_tokenizer, tokenize
 
 __all__ = [
     "AARONSON",
     "DEFAULT_ALPHA",
+    "DEFAULT_SCORES",
     "SCORES",
+    "SCORE_NAMES",
+    "CorpusItem",
+    "CorpusResult",
     "Detection",
+    "DetectorError",
+    "MultiKeyDetection",
     "PValue",
     "ScoreFamily",
+    "Span",
+    "SpanSearch",
     "TokenEvidence",
     "TokenizedText",
     "Tokenizer",
+    "TokenizerMismatch",
     "Verdict",
     "aaronson_log_sf",
     "aaronson_log_sf_many",
     "aaronson_p_value",
     "aaronson_terms",
     "anlppt",
+    "check_tokenizer",
     "detect",
+    "detect_many",
+    "detect_multi",
+    "lattimore_score",
+    "li_score",
     "min_scored_tokens",
     "tokenize",
+    "u_score",
     "verdict",
 ]

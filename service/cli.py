@@ -246,10 +246,32 @@ def detect(
         "--token-ids", help="JSON list of exact token ids (scored instead of re-tokenizing).")
     ] = None,
     alpha: Annotated[float, typer.Option(help="Level of the verdict.")] = 0.01,
+    score: Annotated[list[str] | None, typer.Option(
+        "--score", help="Also compute this score: u, li or lattimore (repeat for several; "
+        "aaronson is always computed and decides the verdict).")] = None,
+    li_delta: Annotated[float, typer.Option("--li-delta", help="Δ of the li score.")] = 0.1,
+    lattimore_epsilon: Annotated[float, typer.Option(
+        "--lattimore-epsilon", help="ε of the lattimore score.")] = 1e-3,
+    spans: Annotated[bool, typer.Option(
+        "--spans", help="Report the strongest watermarked spans (window scan, corrected).")
+    ] = False,
+    jsonl: Annotated[Path | None, typer.Option(
+        "--jsonl", help="Corpus mode: one {id, text} or {id, token_ids} JSON object per line; "
+        "writes one JSON result per line.")] = None,
+    output: Annotated[Path | None, typer.Option(
+        "--output", help="With --jsonl: append results here (default stdout); ids already in "
+        "the file are skipped, so an interrupted run resumes.")] = None,
+    workers: Annotated[int, typer.Option(
+        "--workers", min=1, max=256, help="With --jsonl: worker processes.")] = 1,
+    no_tokens: Annotated[bool, typer.Option(
+        "--no-tokens", help="With --jsonl: leave per-token evidence out of each result.")
+    ] = False,
     model: ModelOpt = None,
     as_json: Json = False,
 ) -> None:
-    """Test a text for the key's watermark (text from --text, --file or stdin)."""
+    """Test a text for the key's watermark (text from --text, --file or stdin), or every line
+    of a JSONL corpus (--jsonl)."""
+    from detector import TokenizerMismatch, check_tokenizer
     from detector import detect as run_detect
     from keyed import KeyedSource
     from sampler.models import tokenizer_fingerprint
@@ -258,6 +280,12 @@ def detect(
     with _errors():
         if text is not None and file is not None:
             raise ValueError("give at most one of --text or --file")
+        if jsonl is not None and (text is not None or file is not None or token_ids is not None):
+            raise ValueError("--jsonl reads its inputs from the file: drop --text/--file/"
+                             "--token-ids")
+        if jsonl is None and (output is not None or workers != 1 or no_tokens):
+            raise ValueError("--output, --workers and --no-tokens go with --jsonl")
+        families = _score_families(score or [], li_delta, lattimore_epsilon)
         if file is not None:
             text = file.read_text(encoding="utf-8")
         ids = None
@@ -268,19 +296,27 @@ def detect(
                 raise ValueError("--token-ids: expected a JSON list of integers") from None
             if not isinstance(ids, list):
                 raise ValueError("--token-ids: expected a JSON list of integers")
-        if text is None and ids is None:
+        if jsonl is None and text is None and ids is None:
             if sys.stdin.isatty():
                 raise ValueError("give --text, --file, --token-ids or pipe the text on stdin")
             text = sys.stdin.read()
         with _store(settings) as store:
             record = store.get(key)
-        tokenizer = _tokenizer(settings, model, as_json)
-        if tokenizer_fingerprint(tokenizer) != record.tokenizer:
-            raise ValueError(f"key {record.key_id} was made for tokenizer {record.tokenizer}; "
-                             "this model's tokenizer differs")
+        tokenizer = _tokenizer(settings, model, as_json or jsonl is not None)
+        try:
+            check_tokenizer(record.tokenizer, tokenizer_fingerprint(tokenizer), record.key_id)
+        except TokenizerMismatch as exc:
+            _fail(str(exc))
         source = KeyedSource(record.secret, record.context_width, record.masking)
+        if jsonl is not None:
+            counts = _detect_jsonl(
+                tokenizer, source, record.key_id, jsonl, output, workers=workers, alpha=alpha,
+                scores=families, spans=spans, keep_tokens=not no_tokens,
+            )
+            err.print(", ".join(f"{v} {k}" for k, v in counts.items()), highlight=False)
+            return
         result = run_detect(tokenizer, source, text=text, token_ids=ids, alpha=alpha,
-                            key_id=record.key_id)
+                            key_id=record.key_id, scores=families, spans=spans)
     if as_json:
         _emit_json(result.to_json())
         return
@@ -295,9 +331,19 @@ def _print_detection(result: Any) -> None:
     out.print(f"p-value: {a.p_value:.3g}   log10 p: {a.log10_p_value:.2f}   "
               f"scored tokens: {result.num_scored} of {result.num_tokens}   "
               f"Aaronson score: {a.score:.1f}", highlight=False)
+    for name, p in result.scores.items():
+        if name != "aaronson":
+            out.print(f"[dim]{name}: log10 p {p.log10_p_value:.2f} ({p.method})[/]",
+                      highlight=False)
     skipped = ", ".join(f"{k} {v}" for k, v in result.skipped.items() if v)
     if skipped:
         out.print(f"[dim]skipped: {skipped}[/]")
+    if result.spans is not None:
+        for span in result.spans.spans:
+            out.print(f"span chars {span.start}-{span.end} ({span.num_scored} scored tokens): "
+                      f"log10 p {span.p_value.log10_p_value:.2f}, corrected for "
+                      f"{result.spans.windows_scanned} windows {span.corrected_log10_p_value:.2f}",
+                      highlight=False)
     shown = Text()
     for t in result.tokens:
         if t.status == "scored":
@@ -309,6 +355,144 @@ def _print_detection(result: Any) -> None:
     out.print(shown)
     out.print("[dim](scored tokens on green, brighter = stronger evidence; dim = skipped)[/]")
 
+
+def _score_families(names: list[str], li_delta: float, lattimore_epsilon: float) -> list[Any]:
+    """``--score`` names -> score families with the CLI's parameters (ValueError if unknown)."""
+    from detector import SCORE_NAMES, lattimore_score, li_score
+
+    families: list[Any] = []
+    for name in names:
+        if name == "li":
+            families.append(li_score(li_delta))
+        elif name == "lattimore":
+            families.append(lattimore_score(lattimore_epsilon))
+        elif name in SCORE_NAMES:
+            families.append(name)
+        else:
+            raise ValueError(f"--score: expected one of {', '.join(SCORE_NAMES)}, got {name!r}")
+    return families
+
+
+def _done_ids(output: Path) -> set[str]:
+    """Ids already written to ``output`` (resume). A torn last line (an interrupted write) is
+    cut off so that appending continues on a clean line."""
+    if not output.exists():
+        return set()
+    data = output.read_bytes()
+    if data and not data.endswith(b"\n"):
+        data = data[: data.rfind(b"\n") + 1]
+        with output.open("r+b") as f:
+            f.truncate(len(data))
+    done: set[str] = set()
+    for line in data.decode("utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("id"), str):
+            done.add(row["id"])
+    return done
+
+
+def _parse_jsonl_line(line: str) -> tuple[str | None, Any]:
+    """(id, CorpusItem) for a valid input line, or (id or None, error message)."""
+    from detector import CorpusItem
+
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as exc:
+        return None, f"not JSON ({exc.msg})"
+    if not isinstance(row, dict):
+        return None, "expected a JSON object with id and text or token_ids"
+    raw_id = row.get("id")
+    if isinstance(raw_id, bool) or not isinstance(raw_id, str | int):
+        return None, "expected an id (string or integer)"
+    item_id = str(raw_id)
+    text, ids = row.get("text"), row.get("token_ids")
+    if text is None and ids is None:
+        return item_id, "expected text or token_ids"
+    if text is not None and not isinstance(text, str):
+        return item_id, "text: expected a string"
+    if ids is not None and not isinstance(ids, list):
+        return item_id, "token_ids: expected a list of integers"
+    return item_id, CorpusItem(item_id, text=text, token_ids=None if ids is None else tuple(ids))
+
+
+def _detect_jsonl(
+    tokenizer: Any, source: Any, key_id: str, path: Path, output: Path | None, *, workers: int,
+    alpha: float, scores: list[Any], spans: bool, keep_tokens: bool,
+) -> dict[str, int]:
+    """Corpus mode: one JSON result per input line, in input order, to ``output`` or stdout.
+
+    Lines that are not valid inputs get ``{"id", "line", "error"}``; ids already present in
+    ``output`` are skipped (resume). Progress goes to stderr. Returns counts by outcome.
+    """
+    from collections import deque
+
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from detector import CorpusItem, detect_many
+
+    done = _done_ids(output) if output is not None else set()
+    with path.open(encoding="utf-8") as f:
+        total = sum(1 for line in f if line.strip())
+    counts = {"detected": 0, "watermarked": 0, "errors": 0, "skipped (already in output)": 0}
+    pending: deque[dict[str, Any] | None] = deque()  # None: the next detection result goes here
+
+    def items() -> Iterator[CorpusItem]:
+        with path.open(encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                item_id, parsed = _parse_jsonl_line(line)
+                if item_id is not None and item_id in done:
+                    counts["skipped (already in output)"] += 1
+                    progress.advance(task)
+                elif isinstance(parsed, CorpusItem):
+                    pending.append(None)
+                    yield parsed
+                else:
+                    pending.append({"id": item_id, "line": number, "error": parsed})
+
+    sink = output.open("a", encoding="utf-8") if output is not None else sys.stdout
+
+    def write(payload: dict[str, Any]) -> None:
+        if "error" in payload:
+            counts["errors"] += 1
+        else:
+            counts["detected"] += 1
+            counts["watermarked"] += payload["verdict"] == "watermarked"
+            if not keep_tokens:
+                payload.pop("tokens")
+        sink.write(json.dumps(payload, allow_nan=False, ensure_ascii=False) + "\n")
+        sink.flush()  # a line is complete on disk before the next starts (resume)
+        progress.advance(task)
+
+    columns = (TextColumn("detecting"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TimeRemainingColumn())
+    try:
+        with Progress(*columns, console=err, transient=False) as progress:
+            task = progress.add_task("detect", total=total)
+            results = detect_many(tokenizer, source, items(), workers=workers, alpha=alpha,
+                                  key_id=key_id, scores=scores, spans=spans)
+            for result in results:
+                while pending and pending[0] is not None:
+                    write(pending.popleft())  # type: ignore[arg-type]
+                pending.popleft()
+                write(result.to_json())
+            while pending:
+                write(pending.popleft())  # type: ignore[arg-type]
+    finally:
+        if output is not None:
+            sink.close()
+    return counts
 
 def main() -> None:
     from transformers.utils import logging as hf_logging
