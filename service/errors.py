@@ -1,9 +1,11 @@
-"""Domain exceptions of the service layer (DESIGN §5, STYLE 12).
+"""Domain exceptions of the service layer and their one HTTP mapping table (DESIGN §5, STYLE 12).
 
 Every message is safe to show a caller or write to a log: it may name a key id, a tenant, a
-file path or a Redis location, never key material, a key-encryption key or a password. The
-HTTP mapping (status + problem type per class) lives here too once the app exists; library
-code raises these classes and never builds HTTP errors itself.
+file path or a Redis location, never key material, a key-encryption key, a bearer token or a
+password. Library code raises these classes (and ``ValueError`` for bad input values) and never
+builds HTTP errors itself; ``PROBLEMS`` maps each class to a status and a stable RFC 9457
+problem type, looked up along the class's MRO (``problem_for``), and ``service.problems``
+renders the problem+json response.
 
 Exceptions keep their constructor arguments in ``args`` (so they pickle across processes) and
 build the message in ``__str__``.
@@ -12,7 +14,10 @@ build the message in ``__str__``.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Final
+
+from detector.errors import TokenizerMismatch
 
 KEY_ID_PATTERN: Final = re.compile(r"pmk_[0-9a-f]{16}")
 """Shape of a key id: ``"pmk_"`` + 16 lowercase hex digits (``secrets.token_hex(8)``).
@@ -110,3 +115,193 @@ class KekFileError(PoissonmarkError):
 
     def __str__(self) -> str:
         return f"key-encryption key file {self.path}: {self.problem}"
+
+
+# --- Errors of the HTTP service --------------------------------------------------------------
+
+
+class LimitExceeded(PoissonmarkError):
+    """A request value is over one of the service's limits (a setting)."""
+
+    def __init__(self, field: str, limit: int, actual: int, unit: str = "") -> None:
+        super().__init__(field, limit, actual, unit)
+        self.field = field
+        self.limit = limit
+        self.actual = actual
+        self.unit = unit
+
+    def __str__(self) -> str:
+        unit = f" {self.unit}" if self.unit else ""
+        return f"{self.field}: at most {self.limit}{unit} allowed, got {self.actual}"
+
+
+class BodyTooLarge(PoissonmarkError):
+    """The request body is over the size limit (bytes)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit)
+        self.limit = limit
+
+    def __str__(self) -> str:
+        return f"request body: at most {self.limit} bytes allowed"
+
+
+class NotAuthenticated(PoissonmarkError):
+    """No bearer token, or one that is unknown, malformed or revoked (never echoed)."""
+
+    def __init__(self, reason: str = "missing or invalid bearer token") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+class ScopeMissing(PoissonmarkError):
+    """The caller's token lacks the scope an endpoint needs."""
+
+    def __init__(self, scope: str) -> None:
+        super().__init__(scope)
+        self.scope = scope
+
+    def __str__(self) -> str:
+        return f"this token lacks the {self.scope!r} scope"
+
+
+class RateLimited(PoissonmarkError):
+    """The caller's token spent its request budget for the current window."""
+
+    def __init__(self, limit: int, window_s: int, retry_after_s: int) -> None:
+        super().__init__(limit, window_s, retry_after_s)
+        self.limit = limit
+        self.window_s = window_s
+        self.retry_after_s = retry_after_s
+
+    def __str__(self) -> str:
+        return (
+            f"rate limit: at most {self.limit} detections per {self.window_s} s per token; "
+            f"retry in {self.retry_after_s} s"
+        )
+
+
+class QueueFull(PoissonmarkError):
+    """Every slot of the generation queue is taken."""
+
+    def __init__(self, size: int, retry_after_s: int) -> None:
+        super().__init__(size, retry_after_s)
+        self.size = size
+        self.retry_after_s = retry_after_s
+
+    def __str__(self) -> str:
+        return (
+            f"the generation queue is full ({self.size} waiting); retry in {self.retry_after_s} s"
+        )
+
+
+class NotReady(PoissonmarkError):
+    """A resource the request needs (model, worker) is not available (yet, or any more)."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        self.what = what
+
+    def __str__(self) -> str:
+        return f"not ready: {self.what}"
+
+
+class GenerationCancelled(PoissonmarkError):
+    """The client of a generation went away (or the service is stopping); its work stopped."""
+
+    def __str__(self) -> str:
+        return "generation cancelled"
+
+
+class NoKeys(PoissonmarkError):
+    """Detection without a key id, but the caller's tenant has no key to test."""
+
+    def __init__(self, tenant: str) -> None:
+        super().__init__(tenant)
+        self.tenant = tenant
+
+    def __str__(self) -> str:
+        return f"tenant {self.tenant!r} has no key to test: create one or give key_id"
+
+
+class UnknownQueryParameter(PoissonmarkError):
+    """A query parameter the endpoint does not take (a typo would otherwise pass silently)."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        super().__init__(name, known)
+        self.name = name
+        self.known = known
+
+    def __str__(self) -> str:
+        accepted = ", ".join(self.known) or "none"
+        return f"unknown query parameter (this endpoint takes: {accepted})"
+
+
+# --- The mapping table -------------------------------------------------------------------
+
+
+PROBLEM_BASE: Final = "urn:poissonmark:problem:"
+
+
+@dataclass(frozen=True)
+class ProblemType:
+    """How one class of error is reported: HTTP status, stable type URI, short title.
+
+    ``expose`` says whether the exception message is safe *and useful* as the ``detail``; for
+    server-side faults the detail stays generic (the message may name files or hosts).
+    """
+
+    slug: str
+    status: int
+    title: str
+    expose: bool = True
+
+    @property
+    def type(self) -> str:
+        return PROBLEM_BASE + self.slug
+
+
+INTERNAL: Final = ProblemType("internal-error", 500, "Internal server error", expose=False)
+INVALID_REQUEST: Final = ProblemType("invalid-request", 422, "Invalid request")
+MALFORMED_REQUEST: Final = ProblemType("malformed-request", 400, "Malformed request body")
+NOT_FOUND: Final = ProblemType("not-found", 404, "Not found")
+METHOD_NOT_ALLOWED: Final = ProblemType("method-not-allowed", 405, "Method not allowed")
+
+PROBLEMS: Final[dict[type[BaseException], ProblemType]] = {
+    UnknownKey: ProblemType("unknown-key", 404, "Unknown key"),
+    KeyRevoked: ProblemType("key-revoked", 409, "Key revoked"),
+    TokenizerMismatch: ProblemType("tokenizer-mismatch", 409, "Tokenizer mismatch"),
+    NoKeys: ProblemType("no-keys", 409, "No key to test"),
+    LimitExceeded: ProblemType("limit-exceeded", 422, "Limit exceeded"),
+    UnknownQueryParameter: INVALID_REQUEST,
+    BodyTooLarge: ProblemType("body-too-large", 413, "Request body too large"),
+    NotAuthenticated: ProblemType("unauthenticated", 401, "Not authenticated"),
+    ScopeMissing: ProblemType("insufficient-scope", 403, "Insufficient scope"),
+    RateLimited: ProblemType("rate-limited", 429, "Too many requests"),
+    QueueFull: ProblemType("queue-full", 503, "Generation queue full"),
+    NotReady: ProblemType("not-ready", 503, "Service not ready"),
+    KeyStoreUnavailable: ProblemType(
+        "key-store-unavailable", 503, "Key store unavailable", expose=False
+    ),
+    GenerationCancelled: ProblemType("cancelled", 503, "Generation cancelled"),
+    KeyDecryptionFailed: ProblemType(
+        "key-unreadable", 500, "Stored key cannot be decrypted", expose=False
+    ),
+    KeyRecordCorrupt: ProblemType("key-record-corrupt", 500, "Stored key is corrupt", expose=False),
+    KekFileError: ProblemType("kek-file", 500, "Key-encryption key unusable", expose=False),
+    # Library functions check their inputs at the boundary and raise ValueError naming the
+    # field and the limit (STYLE 6): input the schema let through but a library refused.
+    ValueError: INVALID_REQUEST,
+}
+
+
+def problem_for(exc: BaseException) -> ProblemType:
+    """The table entry of the nearest class in ``type(exc).__mro__``; ``INTERNAL`` if none."""
+    for cls in type(exc).__mro__:
+        found = PROBLEMS.get(cls)
+        if found is not None:
+            return found
+    return INTERNAL

@@ -472,6 +472,19 @@ def _text(value: bytes | str) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else value
 
 
+def _legacy_secret(key_id: str, stored: str) -> Secret:
+    """The secret of a pre-encryption record: 64 hex digits or base64 of 32 bytes."""
+    if re.fullmatch(r"[0-9a-fA-F]{64}", stored):
+        return Secret(bytes.fromhex(stored))
+    try:
+        raw = base64.b64decode(stored, validate=True)
+    except binascii.Error:
+        raw = b""
+    if len(raw) != SECRET_BYTES:
+        raise KeyRecordCorrupt(key_id, "secret: neither sealed nor a plaintext 32-byte secret")
+    return Secret(raw)
+
+
 class KeyStore:
     """Key records in Redis, secrets sealed under a KEK (module docstring: layout, sealing).
 
@@ -649,6 +662,42 @@ class KeyStore:
                     continue  # changed under us (e.g. a concurrent revoke): read again
             return dataclasses.replace(record, revoked=True)
         raise KeyStoreUnavailable(self._where, "the record kept changing during revoke")
+
+    def seal_plaintext_secrets(self) -> list[str]:
+        """Migrate records written before encryption at rest: seal their plaintext secrets.
+
+        A legacy record's ``secret`` field holds the 32 bytes as 64 hex digits or as base64;
+        it is replaced by the sealed form in a WATCHed transaction (retried if the record
+        changes meanwhile). Sealed records are left alone, so running this on every start is
+        cheap and idempotent.
+
+        Returns:
+            the ids of the migrated keys (for a log line; never their secrets).
+        Raises:
+            KeyRecordCorrupt: a secret that is neither sealed nor a legacy plaintext encoding.
+            KeyStoreUnavailable: Redis failed.
+        """
+        migrated = []
+        with self._reaching_redis():
+            key_ids = sorted(_text(m) for m in self._client.smembers(self._all_keys()))
+            for key_id in key_ids:
+                key = self._record_key(key_id)
+                for _ in range(_WRITE_ATTEMPTS):
+                    with self._client.pipeline(transaction=True) as pipe:
+                        try:
+                            pipe.watch(key)
+                            stored = pipe.hget(key, "secret")
+                            if stored is None or _text(stored).startswith(_SEALED_VERSION):
+                                break
+                            secret = _legacy_secret(key_id, _text(stored))
+                            pipe.multi()
+                            pipe.hset(key, "secret", self._seal(key_id, secret))
+                            pipe.execute()
+                            migrated.append(key_id)
+                            break
+                        except redis.WatchError:
+                            continue
+        return migrated
 
     # Encoding and sealing
     def _encode(self, record: KeyRecord) -> dict[str, str]:

@@ -14,17 +14,26 @@ from pathlib import Path
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+ADMIN_TOKEN_MIN_CHARS = 32
+_PLACEHOLDER_WORDS = ("changeme", "change-me", "change_me", "example", "placeholder", "xxxxxxxx")
+
 
 class Settings(BaseSettings):
-    """Where data lives and how to reach Redis.
+    """Where data lives and how to reach Redis; the HTTP service's address, limits and budgets.
 
     Environment: ``POISSONMARK_HOME`` (data dir: converted models, embedded Redis, KEK file),
     ``REDIS_URL`` or ``POISSONMARK_REDIS_URL`` (external Redis; unset = embedded),
     ``POISSONMARK_KEK`` (base64 of 32 bytes; unset = a generated one in ``HOME/kek``),
-    ``POISSONMARK_MODEL``, ``POISSONMARK_DEVICE``.
+    ``POISSONMARK_MODEL``, ``POISSONMARK_DEVICE``; for ``poissonmark serve`` every field below
+    ``device`` as ``POISSONMARK_<FIELD>`` (e.g. ``POISSONMARK_ADMIN_TOKEN``,
+    ``POISSONMARK_MAX_NEW_TOKENS``). Exceeding a ``max_*`` limit is a 4xx naming the field and
+    the limit (413 for ``max_body_bytes``).
     """
 
-    model_config = SettingsConfigDict(env_prefix="POISSONMARK_", extra="ignore")
+    # hide_input_in_errors: a rejected KEK or admin token must not be echoed in the error.
+    model_config = SettingsConfigDict(
+        env_prefix="POISSONMARK_", extra="ignore", hide_input_in_errors=True
+    )
 
     home: Path = Path("~/.local/share/poissonmark")
     redis_url: SecretStr | None = Field(
@@ -33,6 +42,35 @@ class Settings(BaseSettings):
     kek: SecretStr | None = None
     model: str = "smollm2-135m-instruct"
     device: str = "auto"
+
+    # HTTP service
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    admin_token: SecretStr | None = None
+    """Bootstrap bearer token with every scope for ``admin_tenant`` (>= 32 characters)."""
+    admin_tenant: str = Field(default="default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    redis_prefix: str = Field(default="pm:", min_length=1, max_length=64)
+    # limits
+    max_body_bytes: int = Field(default=1_048_576, ge=1024)
+    max_text_chars: int = Field(default=100_000, ge=1)
+    max_token_ids: int = Field(default=32_768, ge=1)
+    max_prompt_chars: int = Field(default=32_000, ge=1)
+    max_prompt_tokens: int = Field(default=4096, ge=1)
+    max_messages: int = Field(default=64, ge=1)
+    max_new_tokens: int = Field(default=512, ge=1)
+    max_drafts: int = Field(default=8, ge=1)
+    max_lookahead: int = Field(default=8, ge=1)
+    max_batch: int = Field(default=32, ge=1)
+    max_keys_per_detect: int = Field(default=64, ge=1)
+    # concurrency and abuse
+    queue_size: int = Field(default=8, ge=1)
+    """Generation requests that may wait for the worker; one more is 503 + Retry-After."""
+    retry_after_s: int = Field(default=2, ge=1)
+    detect_threads: int = Field(default=2, ge=1, le=64)
+    detect_rate_limit: int = Field(default=600, ge=1)
+    """Detections (batch items count one each) per token per ``detect_rate_window_s``."""
+    detect_rate_window_s: int = Field(default=60, ge=1)
+    redis_timeout_s: float = Field(default=2.0, gt=0)
 
     @field_validator("home")
     @classmethod
@@ -50,6 +88,21 @@ class Settings(BaseSettings):
             raise ValueError("POISSONMARK_KEK: expected base64 of 32 bytes") from None
         if len(raw) != 32:
             raise ValueError(f"POISSONMARK_KEK: expected 32 bytes, got {len(raw)}")
+        return value
+
+    @field_validator("admin_token")
+    @classmethod
+    def _admin_token_is_strong(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value():
+            return None
+        token = value.get_secret_value()
+        if len(token) < ADMIN_TOKEN_MIN_CHARS or len(set(token)) < 8:
+            raise ValueError(
+                f"POISSONMARK_ADMIN_TOKEN: expected at least {ADMIN_TOKEN_MIN_CHARS} random "
+                "characters (e.g. `python -c 'import secrets; print(secrets.token_urlsafe())'`)"
+            )
+        if any(word in token.lower() for word in _PLACEHOLDER_WORDS):
+            raise ValueError("POISSONMARK_ADMIN_TOKEN: looks like a placeholder; use a random one")
         return value
 
     def kek_bytes(self) -> bytes | None:

@@ -1,0 +1,99 @@
+"""The FastAPI app factory (DESIGN §5).
+
+``create_app(settings)`` builds the app; its lifespan opens the heavy resources once
+(``service.resources``: Redis clients, key store, model, generation worker, detection pool) and
+closes them on shutdown. Routes live in ``service.routes`` (one module per resource), errors
+are rendered by ``service.problems`` from the table in ``service.errors``, and
+``service.middleware`` enforces the body limit and writes the access log and metrics.
+
+``poissonmark serve`` runs it under uvicorn; ``openapi.yaml`` is generated from it
+(``python -m service.openapi``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Depends, FastAPI
+
+from service import problems
+from service.deps import no_unknown_query_parameters
+from service.metrics import Metrics
+from service.middleware import AccessLog, BodyLimit
+from service.resources import ModelLoader, load_served_model, open_resources
+from service.routes import detect, generate, health, keys
+from service.settings import Settings, get_settings
+
+log = logging.getLogger("poissonmark.service")
+API_VERSION = "1.0.0"
+DESCRIPTION = (
+    "Watermarked text by keyed multi-draft speculative sampling (MPFR), and its detector. "
+    "Authenticate with `Authorization: Bearer <token>`; tokens carry scopes (`generate`, "
+    "`detect`, `keys`) and belong to one tenant. Errors are RFC 9457 "
+    "`application/problem+json` with a stable `type` (`urn:poissonmark:problem:<slug>`)."
+)
+
+
+def create_app(settings: Settings | None = None, *, loader: ModelLoader | None = None) -> FastAPI:
+    """A new app instance.
+
+    Args:
+        settings: defaults to the cached ``get_settings()`` (environment).
+        loader: loads the served model from the settings (default: ``load_model`` of
+            ``settings.model``); tests pass one that returns an already loaded model.
+    """
+    settings = settings or get_settings()
+    metrics = Metrics()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with open_resources(settings, metrics, loader or load_served_model) as resources:
+            app.state.resources = resources
+            log.info("poissonmark ready")
+            try:
+                yield
+            finally:
+                app.state.resources = None
+
+    app = FastAPI(
+        title="poissonmark",
+        version=API_VERSION,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        generate_unique_id_function=lambda route: route.name,
+        dependencies=[Depends(no_unknown_query_parameters)],
+    )
+    app.state.settings = settings
+    app.state.metrics = metrics
+    app.state.resources = None
+    for module in (generate, detect, keys, health):
+        app.include_router(module.router)
+    problems.install(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(AccessLog, metrics=metrics)  # outermost: sees 413s too
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    return app
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema, with error bodies documented as ``application/problem+json``."""
+    if app.openapi_schema is None:
+        from fastapi.openapi.utils import get_openapi
+
+        schema = get_openapi(
+            title=app.title,
+            version=app.version,
+            description=app.description,
+            routes=app.routes,
+        )
+        for path in schema["paths"].values():
+            for operation in path.values():
+                for status, response in operation.get("responses", {}).items():
+                    content = response.get("content", {})
+                    if status[0] in "45" and "application/json" in content:
+                        content["application/problem+json"] = content.pop("application/json")
+        app.openapi_schema = schema
+    return app.openapi_schema

@@ -1,0 +1,135 @@
+"""Detection for the service: choose the keys, run the detector off the event loop (DESIGN §5).
+
+The event loop only awaits: key lookups (sync Redis) and the detector (tokenizer + PRF + stats)
+run on a small thread pool, each thread with its own copy of the tokenizer (a fast tokenizer
+is not safe to share between threads that encode). Which keys a request tests is decided here:
+its ``key_id`` (revoked keys still detect: text they marked keeps its mark), or every key of the
+caller's tenant made for this tokenizer (active ones, revoked too on request). The statistics
+are the detector's (``detector.multikey.detect_multi``: per-key results, Bonferroni over keys).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import functools
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from detector.multikey import detect_multi
+from detector.tokens import check_tokenizer
+from keyed import KeyedSource
+from service.errors import LimitExceeded, NoKeys
+from service.keystore import KeyRecord, KeyStore
+from service.schemas.detect import DetectInput, DetectOptions
+
+T = TypeVar("T")
+
+
+class DetectionPool:
+    """Threads for tokenizer- and Redis-bound work, each with a private tokenizer copy.
+
+    Args:
+        tokenizer: the served model's tokenizer (copied per thread; the original is not used
+            from these threads).
+        fingerprint: its ``tokenizer_fingerprint``.
+        threads: pool size.
+    """
+
+    def __init__(self, tokenizer: Any, fingerprint: str, threads: int) -> None:
+        self._tokenizer = tokenizer
+        self.fingerprint = fingerprint
+        self._local = threading.local()
+        self._copy_lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(threads, thread_name_prefix="detect")
+
+    def tokenizer(self) -> Any:
+        """This thread's tokenizer copy (call from a pool thread)."""
+        mine = getattr(self._local, "tokenizer", None)
+        if mine is None:
+            with self._copy_lock:  # deepcopy reads the shared original
+                mine = copy.deepcopy(self._tokenizer)
+            self._local.tokenizer = mine
+        return mine
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on a pool thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+    # --- work done on the pool ---------------------------------------------------------------
+
+    def candidate_keys(
+        self, store: KeyStore, tenant: str, options: DetectOptions, max_keys: int
+    ) -> list[KeyRecord]:
+        """The keys a request tests (see module docstring).
+
+        Raises:
+            UnknownKey: ``key_id`` is absent or another tenant's.
+            TokenizerMismatch: ``key_id`` was made for another tokenizer.
+            NoKeys: no ``key_id`` and the tenant has no key for this tokenizer.
+            LimitExceeded: no ``key_id`` and more than ``max_keys`` candidates.
+        """
+        if options.key_id is not None:
+            record = store.get(options.key_id, tenant)
+            check_tokenizer(record.tokenizer, self.fingerprint, record.key_id)
+            return [record]
+        records = [
+            r
+            for r in store.list(tenant, include_revoked=options.include_revoked)
+            if r.tokenizer == self.fingerprint
+        ]
+        if not records:
+            raise NoKeys(tenant)
+        if len(records) > max_keys:
+            raise LimitExceeded("key_id (omitted: keys to test)", max_keys, len(records), "keys")
+        return records
+
+    def detect(
+        self, records: Sequence[KeyRecord], item: DetectInput, options: DetectOptions
+    ) -> dict[str, Any]:
+        """One text against ``records``: the ``DetectResponse`` wire shape."""
+        sources = {r.key_id: KeyedSource(r.secret, r.context_width, r.masking) for r in records}
+        found = detect_multi(
+            self.tokenizer(),
+            sources,
+            text=item.text,
+            token_ids=item.token_ids,
+            alpha=options.alpha,
+            scores=options.scores,
+            spans=options.spans,
+        )
+        results = []
+        for key_id, detection in found.results.items():
+            out = detection.to_json()
+            out["key_id"] = key_id
+            out["min_scored_tokens"] = detection.min_scored_tokens
+            if not options.evidence:
+                out["tokens"] = None
+            results.append(out)
+        return {
+            "verdict": found.verdict.value,
+            "alpha": found.alpha,
+            "best_key_id": found.best_key_id,
+            "num_keys": found.num_keys,
+            "p_value": found.p_value,
+            "log10_p_value": found.log10_p_value,
+            "results": results,
+        }
+
+    def detect_all(
+        self,
+        store: KeyStore,
+        tenant: str,
+        items: Sequence[DetectInput],
+        options: DetectOptions,
+        max_keys: int,
+    ) -> list[dict[str, Any]]:
+        """Every item against the request's keys (looked up once)."""
+        records = self.candidate_keys(store, tenant, options, max_keys)
+        return [self.detect(records, item, options) for item in items]

@@ -1,0 +1,46 @@
+"""The service's request limits (settings), checked before any work is queued.
+
+Each violation raises ``LimitExceeded`` naming the field and the limit (422 ``limit-exceeded``);
+body size is the middleware's (413). Hard limits of the libraries are in the schemas.
+"""
+
+from __future__ import annotations
+
+from service.errors import LimitExceeded
+from service.schemas.detect import DetectInput
+from service.schemas.generate import GenerateRequest
+from service.settings import Settings
+
+
+def _at_most(field: str, actual: int, limit: int, unit: str = "") -> None:
+    if actual > limit:
+        raise LimitExceeded(field, limit, actual, unit)
+
+
+def check_generate(request: GenerateRequest, settings: Settings) -> None:
+    _at_most("max_new_tokens", request.max_new_tokens, settings.max_new_tokens)
+    _at_most("drafts", request.drafts, settings.max_drafts)
+    _at_most("lookahead", request.lookahead, settings.max_lookahead)
+    if request.prompt is not None:
+        _at_most("prompt", len(request.prompt), settings.max_prompt_chars, "characters")
+    if request.messages is not None:
+        _at_most("messages", len(request.messages), settings.max_messages, "messages")
+        chars = sum(len(m.content) for m in request.messages)
+        _at_most("messages[].content", chars, settings.max_prompt_chars, "characters in all")
+
+
+def check_prompt_tokens(count: int, settings: Settings) -> None:
+    _at_most("prompt", count, settings.max_prompt_tokens, "tokens after the chat template")
+
+
+def check_detect_input(item: DetectInput, settings: Settings, where: str = "") -> None:
+    if item.text is not None:
+        _at_most(f"{where}text", len(item.text), settings.max_text_chars, "characters")
+    if item.token_ids is not None:
+        _at_most(f"{where}token_ids", len(item.token_ids), settings.max_token_ids, "ids")
+
+
+def check_batch(items: list[DetectInput], settings: Settings) -> None:
+    _at_most("items", len(items), settings.max_batch, "items")
+    for i, item in enumerate(items):
+        check_detect_input(item, settings, f"items[{i}].")

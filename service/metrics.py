@@ -1,0 +1,75 @@
+"""Prometheus metrics of one app instance (its own registry, so several apps can coexist).
+
+Labels are bounded: route templates (``/v1/keys/{key_id}``, never raw paths), methods, status
+codes, verdicts. Nothing carries a tenant, a key id or a token.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from sampler.decoder import GenerationResult
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_AATPS_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0)
+
+
+class Metrics:
+    """The service's counters, gauges and histograms, in a private registry."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "poissonmark_http_requests",
+            "HTTP requests by route template, method and status.",
+            ("route", "method", "status"),
+            registry=r,
+        )
+        self.latency = Histogram(
+            "poissonmark_http_request_duration_seconds",
+            "HTTP request latency (to the end of the response body).",
+            ("route", "method"),
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tokens_generated = Counter(
+            "poissonmark_tokens_generated", "Tokens emitted by finished generations.", registry=r
+        )
+        self.aatps = Histogram(
+            "poissonmark_generation_aatps",
+            "Average accepted tokens per step (tokens per target forward pass) per generation.",
+            buckets=_AATPS_BUCKETS,
+            registry=r,
+        )
+        self.generation_seconds = Histogram(
+            "poissonmark_generation_seconds",
+            "Decoding time per generation (prefill excluded).",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.generations_cancelled = Counter(
+            "poissonmark_generations_cancelled",
+            "Generations stopped because the client went away.",
+            registry=r,
+        )
+        self.queue_waiting = Gauge(
+            "poissonmark_generation_queue_waiting", "Generation jobs waiting.", registry=r
+        )
+        self.detections = Counter(
+            "poissonmark_detections",
+            "Detections by verdict (batch items count one each).",
+            ("verdict",),
+            registry=r,
+        )
+        self.rate_limited = Counter(
+            "poissonmark_rate_limited", "Requests refused by the per-token rate limit.", registry=r
+        )
+
+    def generation_finished(self, result: GenerationResult) -> None:
+        self.tokens_generated.inc(result.stats.emitted_tokens)
+        self.aatps.observe(result.stats.aatps)
+        self.generation_seconds.observe(result.stats.seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

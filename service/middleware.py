@@ -1,0 +1,118 @@
+"""Pure ASGI middleware: the body-size limit, and the access log with request metrics.
+
+Pure ASGI (not ``BaseHTTPMiddleware``) so streaming responses and client disconnects pass
+through untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.errors import BodyTooLarge
+from service.metrics import Metrics
+from service.problems import problem_response
+
+access_log = logging.getLogger("poissonmark.access")
+
+
+class BodyLimit:
+    """Refuse bodies over ``max_bytes`` with 413 before the app parses anything.
+
+    A ``Content-Length`` over the limit is refused at once; otherwise the body is read (at
+    most ``max_bytes`` + 1 bytes, so chunked uploads are bounded too) and replayed to the app.
+    Later ``receive`` calls go to the server, so disconnects are still seen.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = 0  # the server validates the framing itself
+                if declared > self.max_bytes:
+                    await self._refuse(scope, receive, send)
+                    return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await self._refuse(scope, receive, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = problem_response(BodyTooLarge(self.max_bytes), None)
+        response.headers["Connection"] = "close"
+        await response(scope, receive, send)
+
+
+class AccessLog:
+    """One log line and the request metrics per HTTP request.
+
+    The line has method, route template, status, milliseconds and the caller's token id
+    (``admin`` or the public id; never the token, never headers or bodies).
+    """
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            seconds = time.perf_counter() - start
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            method = scope.get("method", "")
+            self.metrics.requests.labels(template, method, str(status)).inc()
+            self.metrics.latency.labels(template, method).observe(seconds)
+            state = scope.get("state") or {}
+            access_log.info(
+                "%s %s %d %.1fms token=%s",
+                method,
+                template,
+                status,
+                seconds * 1000,
+                state.get("token_id", "-"),
+            )

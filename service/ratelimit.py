@@ -1,0 +1,52 @@
+"""Per-token rate limit for detection, counted in Redis (DESIGN §5: the detector is an oracle).
+
+A fixed window: ``P ratelimit:detect:<token id>:<window>`` counts the detections (a batch item
+counts one) of the current ``window_s``-second window; INCRBY and EXPIRE run in one MULTI, so
+every process of a deployment shares the budget and a counter never outlives its window. At
+the limit the request is refused with ``RateLimited`` (429 + Retry-After: the seconds to the
+next window). Fixed windows allow up to twice the limit across a window boundary; that is the
+usual price of one round trip per request.
+"""
+
+from __future__ import annotations
+
+import time
+
+import redis
+import redis.asyncio
+
+from service.errors import KeyStoreUnavailable, RateLimited
+
+
+class RateLimiter:
+    """``limit`` units per ``window_s`` seconds per token id."""
+
+    def __init__(self, client: redis.asyncio.Redis, prefix: str, limit: int, window_s: int) -> None:
+        if limit < 1 or window_s < 1:
+            raise ValueError(f"expected limit >= 1 and window_s >= 1, got {limit}, {window_s}")
+        self._client = client
+        self._prefix = prefix
+        self.limit = limit
+        self.window_s = window_s
+
+    async def spend(self, token_id: str, cost: int = 1) -> None:
+        """Count ``cost`` units for ``token_id``.
+
+        Raises:
+            RateLimited: the window's budget would be exceeded (the units still count, so a
+                client hammering a closed window gains nothing).
+            KeyStoreUnavailable: Redis failed.
+        """
+        now = time.time()
+        window = int(now // self.window_s)
+        key = f"{self._prefix}ratelimit:detect:{token_id}:{window}"
+        try:
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.incrby(key, cost)
+                pipe.expire(key, self.window_s + 1)
+                count, _ = await pipe.execute()
+        except redis.RedisError as exc:
+            raise KeyStoreUnavailable("redis (rate limit)", type(exc).__name__) from exc
+        if int(count) > self.limit:
+            retry_after = max(1, int((window + 1) * self.window_s - now + 0.999))
+            raise RateLimited(self.limit, self.window_s, retry_after)

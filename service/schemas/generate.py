@@ -1,0 +1,91 @@
+"""``POST /v1/generate``: request and response."""
+
+from __future__ import annotations
+
+from typing import Literal, Self
+
+from pydantic import BaseModel, Field, model_validator
+
+from sampler.decoder import MAX_DRAFTS, MAX_LOOKAHEAD
+from service.schemas.common import KeyId, RequestModel, Text
+
+Method = Literal["ar", "basic-uwm", "pfr", "mpfr", "pfr-nowm", "mpfr-nowm"]
+MIN_TEMPERATURE = 0.01
+"""Below this (and above 0, greedy) logits / T overflow float64 softmax; refused."""
+
+
+class ChatMessage(RequestModel):
+    role: Literal["system", "user", "assistant"]
+    content: Text
+
+
+class GenerateRequest(RequestModel):
+    """A completion to sample: exactly one of ``prompt`` (sent as one user message) or
+    ``messages`` (through the model's chat template). Limits beyond the hard ones below are the
+    server's settings (``POISSONMARK_MAX_NEW_TOKENS``, ``..._MAX_DRAFTS``,
+    ``..._MAX_LOOKAHEAD``, ``..._MAX_PROMPT_CHARS``, ``..._MAX_PROMPT_TOKENS``,
+    ``..._MAX_MESSAGES``); exceeding one is a 422 ``limit-exceeded`` naming it."""
+
+    key_id: KeyId
+    prompt: Text | None = None
+    messages: list[ChatMessage] | None = None
+    method: Method = "mpfr"
+    drafter: str = Field(
+        default="ngram",
+        pattern=r"^(ngram|self:[1-9][0-9]?)$",
+        description="`ngram` (prompt lookup) or `self:N` (the target's first N layers).",
+    )
+    drafts: int = Field(default=4, ge=1, le=MAX_DRAFTS, description="B, drafts per step.")
+    lookahead: int = Field(default=4, ge=1, le=MAX_LOOKAHEAD, description="L, draft length.")
+    max_new_tokens: int = Field(default=128, ge=1)
+    temperature: float = Field(
+        default=1.0, ge=0.0, le=100.0, description="0 = greedy (no watermark), else >= 0.01."
+    )
+    top_k: int = Field(default=50, ge=0, le=2**31 - 1, description="0 = off.")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    nonce: int | None = Field(
+        default=None, ge=0, le=2**63 - 1, description="Request nonce; random when omitted."
+    )
+    stream: bool = Field(default=False, description="Answer with server-sent events.")
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> Self:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt or messages")
+        if 0.0 < self.temperature < MIN_TEMPERATURE:
+            raise ValueError(f"temperature: expected 0 or >= {MIN_TEMPERATURE}")
+        return self
+
+
+class GenerationStatsOut(BaseModel):
+    emitted_tokens: int = Field(description="Tokens emitted, EOS included.")
+    target_forward_passes: int
+    aatps: float = Field(description="Average accepted tokens per step (per target pass).")
+    drafter_calls: int
+    accepted_per_level: list[int]
+    prefill_seconds: float
+    seconds: float
+    tokens_per_second: float
+
+
+class GenerateResponse(BaseModel):
+    """The completion alone (never the prompt) and how it was made."""
+
+    text: str
+    token_ids: list[int]
+    key_id: str
+    method: Method
+    drafter: str | None
+    nonce: int
+    finish_reason: Literal["eos", "length"]
+    watermark_applied: bool = Field(
+        description="False for `ar`, `*-nowm` and temperature 0 (the keyed race is a no-op)."
+    )
+    stats: GenerationStatsOut
+
+
+class GenerateDelta(BaseModel):
+    """The data of one `delta` server-sent event."""
+
+    text: str
+    token_ids: list[int]

@@ -1,0 +1,263 @@
+"""API bearer tokens: scoped, bound to a tenant, stored only as a hash (DESIGN §5).
+
+Glossary:
+- **token**: what a client sends as ``Authorization: Bearer <token>``:
+  ``"pmt_" + <token id> + "_" + <secret>``, the id 16 hex digits, the secret 32 random bytes
+  in unpadded base64url (43 characters). Shown once, at creation; never stored or logged.
+- **token id**: the public half; it names the token in lists, logs, rate-limit counters and
+  revocation.
+- **digest**: SHA-256 of the whole token (hex), the only form stored. A token carries 256
+  random bits, so a fast hash suffices (password KDFs exist for guessable secrets); digests are
+  compared with ``hmac.compare_digest`` (constant time).
+- **scopes**: a non-empty subset of ``SCOPES`` — what the token may call.
+- **principal**: who a verified token speaks for: token id, tenant, scopes.
+- **admin token**: ``Settings.admin_token``; every scope for ``Settings.admin_tenant``, never
+  stored (it bootstraps a deployment: create keys, then tokens with the CLI).
+
+Redis layout under a prefix P (the key store's, default ``"pm:"``):
+``P token:<id>`` — hash of ``token_id``, ``digest``, ``tenant``, ``scopes`` (comma-separated),
+``name``, ``created_at``, ``revoked`` ("0"/"1"); ``P tokens`` — set of every token id.
+Tokens are revoked, never deleted. ``TokenStore`` (sync) manages them for the CLI; the service
+verifies with ``verify_token`` on its ``redis.asyncio`` client.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import hmac
+import re
+import secrets
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import redis
+import redis.asyncio
+
+from service.errors import KeyStoreUnavailable, PoissonmarkError
+from service.keystore import DEFAULT_PREFIX, TENANT_PATTERN, describe_client, utc_now_iso
+
+SCOPES: Final = ("generate", "detect", "keys")
+TOKEN_PREFIX: Final = "pmt_"
+TOKEN_PATTERN: Final = re.compile(r"pmt_([0-9a-f]{16})_([A-Za-z0-9_-]{43})")
+TOKEN_ID_PATTERN: Final = re.compile(r"[0-9a-f]{16}")
+ADMIN_TOKEN_ID: Final = "admin"
+NAME_MAX_CHARS: Final = 64
+
+
+class UnknownToken(PoissonmarkError):
+    """No API token with this id."""
+
+    def __init__(self, token_id: str) -> None:
+        super().__init__(token_id)
+        self.token_id = token_id
+
+    def __str__(self) -> str:
+        shown = self.token_id if TOKEN_ID_PATTERN.fullmatch(self.token_id) else "<malformed>"
+        return f"unknown token id {shown!r}"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The caller a verified token speaks for."""
+
+    token_id: str
+    tenant: str
+    scopes: frozenset[str]
+
+
+@dataclass(frozen=True)
+class TokenRecord:
+    """A stored token, without its digest (the view lists and the CLI show)."""
+
+    token_id: str
+    tenant: str
+    scopes: tuple[str, ...]
+    name: str
+    created_at: str
+    revoked: bool
+
+    def public(self) -> dict[str, Any]:
+        return {
+            "token_id": self.token_id,
+            "tenant": self.tenant,
+            "scopes": list(self.scopes),
+            "name": self.name,
+            "created_at": self.created_at,
+            "revoked": self.revoked,
+        }
+
+
+def digest(token: str) -> str:
+    """SHA-256 of the token's UTF-8 bytes, hex."""
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def check_scopes(scopes: Iterable[str]) -> tuple[str, ...]:
+    """The scopes in ``SCOPES`` order; ``ValueError`` naming an unknown one or an empty set."""
+    given = list(scopes)
+    unknown = [s for s in given if s not in SCOPES]
+    if unknown or not given:
+        raise ValueError(f"scopes: expected a non-empty subset of {', '.join(SCOPES)}, got {given}")
+    return tuple(s for s in SCOPES if s in given)
+
+
+def admin_principal(token: str, admin_token: str | None, tenant: str) -> Principal | None:
+    """The admin principal when ``token`` equals the configured admin token (constant time)."""
+    if not admin_token:
+        return None
+    if hmac.compare_digest(digest(token), digest(admin_token)):
+        return Principal(ADMIN_TOKEN_ID, tenant, frozenset(SCOPES))
+    return None
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else value
+
+
+def _principal(token: str, raw: Mapping[Any, Any]) -> Principal | None:
+    fields = {_text(k): _text(v) for k, v in raw.items()}
+    stored = fields.get("digest", "")
+    # compare_digest first and unconditionally, so a missing or revoked record costs the same
+    if not hmac.compare_digest(digest(token), stored) or fields.get("revoked") != "0":
+        return None
+    return Principal(fields["token_id"], fields["tenant"], frozenset(fields["scopes"].split(",")))
+
+
+async def verify_token(
+    client: redis.asyncio.Redis, token: str, prefix: str = DEFAULT_PREFIX
+) -> Principal | None:
+    """The principal of a valid, unrevoked token; None for anything else (never says why).
+
+    Raises:
+        KeyStoreUnavailable: Redis failed (the caller answers 503, not 401).
+    """
+    match = TOKEN_PATTERN.fullmatch(token)
+    if match is None:
+        return None
+    try:
+        raw = await client.hgetall(f"{prefix}token:{match.group(1)}")
+    except redis.RedisError as exc:
+        raise KeyStoreUnavailable("redis (token lookup)", type(exc).__name__) from exc
+    return _principal(token, raw)
+
+
+class TokenStore:
+    """Create, list and revoke API tokens in Redis (module docstring: layout, format).
+
+    Args:
+        client: a sync ``redis.Redis`` (not owned: whoever opened it closes it).
+        prefix: the key namespace, the service's ``Settings.redis_prefix``.
+    """
+
+    def __init__(self, client: redis.Redis, prefix: str = DEFAULT_PREFIX) -> None:
+        if not isinstance(prefix, str) or not prefix:
+            raise ValueError(f"prefix: expected a non-empty string, got {prefix!r}")
+        self._client = client
+        self._prefix = prefix
+        self._where = describe_client(client)
+
+    def _key(self, token_id: str) -> str:
+        return f"{self._prefix}token:{token_id}"
+
+    @contextlib.contextmanager
+    def _reaching_redis(self) -> Iterator[None]:
+        try:
+            yield
+        except redis.RedisError as exc:
+            raise KeyStoreUnavailable(self._where, type(exc).__name__) from exc
+
+    def create(self, tenant: str, scopes: Iterable[str], name: str = "") -> tuple[str, TokenRecord]:
+        """A new token (returned once, in clear) and its record.
+
+        Raises:
+            ValueError: a malformed tenant, unknown scopes, or a name that is too long or not
+                printable.
+        """
+        if not isinstance(tenant, str) or not TENANT_PATTERN.fullmatch(tenant):
+            raise ValueError(
+                f"tenant: expected 1..64 characters from [A-Za-z0-9_.-], got {tenant!r:.80}"
+            )
+        checked = check_scopes(scopes)
+        if len(name) > NAME_MAX_CHARS or not name.isprintable():
+            raise ValueError(f"name: expected at most {NAME_MAX_CHARS} printable characters")
+        with self._reaching_redis():
+            for _ in range(5):
+                token_id = secrets.token_hex(8)
+                secret = base64.urlsafe_b64encode(secrets.token_bytes(32)).rstrip(b"=").decode()
+                token = f"{TOKEN_PREFIX}{token_id}_{secret}"
+                record = TokenRecord(token_id, tenant, checked, name, utc_now_iso(), False)
+                fields = {
+                    "token_id": token_id,
+                    "digest": digest(token),
+                    "tenant": tenant,
+                    "scopes": ",".join(checked),
+                    "name": name,
+                    "created_at": record.created_at,
+                    "revoked": "0",
+                }
+                if self._insert(token_id, fields):
+                    return token, record
+        raise KeyStoreUnavailable(self._where, "could not allocate an unused token id")
+
+    def _insert(self, token_id: str, fields: dict[str, str]) -> bool:
+        """Write a record and its set membership in one transaction; False if the id is taken."""
+        key = self._key(token_id)
+        with self._client.pipeline(transaction=True) as pipe:
+            try:
+                pipe.watch(key)
+                if pipe.exists(key):
+                    return False
+                pipe.multi()
+                pipe.hset(key, mapping=fields)
+                pipe.sadd(f"{self._prefix}tokens", token_id)
+                pipe.execute()
+            except redis.WatchError:
+                return False
+        return True
+
+    def get(self, token_id: str) -> TokenRecord:
+        """Raises ``UnknownToken``."""
+        if not isinstance(token_id, str) or not TOKEN_ID_PATTERN.fullmatch(token_id):
+            raise UnknownToken(str(token_id))
+        with self._reaching_redis():
+            raw = self._client.hgetall(self._key(token_id))
+        if not raw:
+            raise UnknownToken(token_id)
+        return self._record(raw)
+
+    def list(self, tenant: str | None = None) -> list[TokenRecord]:
+        """Every token (of one tenant when given), oldest first; never digests."""
+        with self._reaching_redis():
+            ids = sorted(_text(m) for m in self._client.smembers(f"{self._prefix}tokens"))
+            pipe = self._client.pipeline(transaction=False)
+            for token_id in ids:
+                pipe.hgetall(self._key(token_id))
+            raws = pipe.execute()
+        records = [self._record(raw) for raw in raws if raw]
+        if tenant is not None:
+            records = [r for r in records if r.tenant == tenant]
+        return sorted(records, key=lambda r: (r.created_at, r.token_id))
+
+    def revoke(self, token_id: str) -> TokenRecord:
+        """Revoke a token (idempotent); it stops authenticating at once. Raises ``UnknownToken``."""
+        record = self.get(token_id)
+        with self._reaching_redis():
+            self._client.hset(self._key(token_id), "revoked", "1")
+        return TokenRecord(
+            record.token_id, record.tenant, record.scopes, record.name, record.created_at, True
+        )
+
+    @staticmethod
+    def _record(raw: Mapping[Any, Any]) -> TokenRecord:
+        f = {_text(k): _text(v) for k, v in raw.items()}
+        return TokenRecord(
+            f["token_id"],
+            f["tenant"],
+            tuple(s for s in f["scopes"].split(",") if s),
+            f.get("name", ""),
+            f["created_at"],
+            f.get("revoked") == "1",
+        )

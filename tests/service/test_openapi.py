@@ -1,0 +1,31 @@
+"""``openapi.yaml`` is generated from the app; this fails when the two drift apart.
+
+Fix a failure by regenerating (``python -m service.openapi``) and reviewing the diff: a changed
+schema is a changed API contract for every client."""
+
+from __future__ import annotations
+
+from service.openapi import OPENAPI_PATH, render
+
+
+def test_committed_openapi_matches_the_app() -> None:
+    assert OPENAPI_PATH.read_text(encoding="utf-8") == render(), (
+        "openapi.yaml is stale: run `python -m service.openapi` and commit the result"
+    )
+
+
+def test_error_responses_are_documented_as_problem_json() -> None:
+    import yaml
+
+    document = yaml.safe_load(render())
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            for status, response in operation["responses"].items():
+                if status.startswith(("4", "5")) and path != "/readyz":
+                    assert list(response["content"]) == ["application/problem+json"], (
+                        method,
+                        path,
+                        status,
+                    )
+            if path.startswith("/v1/"):
+                assert operation["security"] == [{"bearer": []}], (method, path)

@@ -1,0 +1,198 @@
+"""API tokens (``service/tokens.py``), the ``poissonmark tokens``/``serve`` CLI, and the key
+store's migration of pre-encryption records (``KeyStore.seal_plaintext_secrets``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import redis.asyncio
+from typer.testing import CliRunner
+
+from keyed.prf import Secret
+from service.cli import app as cli
+from service.errors import KeyRecordCorrupt
+from service.keystore import KeyStore, close_redis, open_redis
+from service.settings import Settings
+from service.tokens import (
+    SCOPES,
+    TOKEN_PATTERN,
+    TokenStore,
+    UnknownToken,
+    admin_principal,
+    digest,
+    verify_token,
+)
+
+PREFIX = "pmtest:tok:"
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[redis.Redis]:
+    c = open_redis(None, tmp_path)
+    try:
+        yield c
+    finally:
+        close_redis(c)
+
+
+def verify(client: redis.Redis, token: str):  # type: ignore[no-untyped-def]
+    async def run():  # type: ignore[no-untyped-def]
+        aclient = redis.asyncio.Redis(unix_socket_path=client.socket_file)
+        try:
+            return await verify_token(aclient, token, PREFIX)
+        finally:
+            await aclient.aclose()
+
+    return asyncio.run(run())
+
+
+def test_tokens_are_stored_only_as_digests(client: redis.Redis) -> None:
+    store = TokenStore(client, PREFIX)
+    token, record = store.create("acme", ["detect", "generate"], "ci")
+    assert TOKEN_PATTERN.fullmatch(token)
+    assert record.scopes == ("generate", "detect")  # canonical order
+    raw = {
+        k.decode(): v.decode()
+        for k, v in client.hgetall(f"{PREFIX}token:{record.token_id}").items()
+    }
+    assert raw["digest"] == digest(token)
+    secret_part = TOKEN_PATTERN.fullmatch(token).group(2)  # type: ignore[union-attr]
+    dump = json.dumps(raw)
+    assert token not in dump and secret_part not in dump
+    principal = verify(client, token)
+    assert principal is not None
+    assert (principal.token_id, principal.tenant, principal.scopes) == (
+        record.token_id,
+        "acme",
+        frozenset({"generate", "detect"}),
+    )
+
+
+def test_verification_refuses_anything_but_the_exact_live_token(client: redis.Redis) -> None:
+    store = TokenStore(client, PREFIX)
+    token, record = store.create("acme", SCOPES)
+    other, _ = store.create("acme", SCOPES)
+    spliced = token[: len("pmt_") + 17] + other[len("pmt_") + 17 :]  # right id, wrong secret
+    for bad in ["", "pmt_", token + "x", token.upper(), spliced, "Bearer " + token]:
+        assert verify(client, bad) is None
+    store.revoke(record.token_id)
+    assert verify(client, token) is None
+    assert verify(client, other) is not None
+
+
+def test_list_and_revoke(client: redis.Redis) -> None:
+    store = TokenStore(client, PREFIX)
+    _, a = store.create("acme", ["keys"], "first")
+    _, b = store.create("beta", ["detect"])
+    assert [r.token_id for r in store.list()] == [a.token_id, b.token_id]
+    assert [r.token_id for r in store.list("beta")] == [b.token_id]
+    assert "digest" not in store.list()[0].public()
+    assert store.revoke(a.token_id).revoked and store.revoke(a.token_id).revoked  # idempotent
+    with pytest.raises(UnknownToken):
+        store.revoke("0123456789abcdef")
+    with pytest.raises(UnknownToken, match="malformed"):
+        store.get("pmt_secret-looking-input")
+
+
+@pytest.mark.parametrize(
+    ("tenant", "scopes", "name"),
+    [
+        pytest.param("bad tenant", ["keys"], "", id="tenant"),
+        pytest.param("acme", [], "", id="no_scopes"),
+        pytest.param("acme", ["admin"], "", id="unknown_scope"),
+        pytest.param("acme", ["keys"], "x" * 65, id="long_name"),
+    ],
+)
+def test_create_validates(client: redis.Redis, tenant: str, scopes: list[str], name: str) -> None:
+    with pytest.raises(ValueError):
+        TokenStore(client, PREFIX).create(tenant, scopes, name)
+
+
+def test_admin_principal_is_constant_time_and_exact() -> None:
+    admin = secrets.token_urlsafe(32)
+    assert admin_principal(admin, admin, "ops") is not None
+    assert admin_principal(admin, admin, "ops").scopes == frozenset(SCOPES)  # type: ignore[union-attr]
+    assert admin_principal(admin + "x", admin, "ops") is None
+    assert admin_principal(admin, None, "ops") is None
+
+
+def test_cli_tokens_create_list_revoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POISSONMARK_HOME", str(tmp_path))
+    monkeypatch.setenv("POISSONMARK_REDIS_PREFIX", PREFIX)
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    monkeypatch.delenv("POISSONMARK_REDIS_URL", raising=False)
+    runner = CliRunner()
+    made = runner.invoke(
+        cli, ["tokens", "create", "--tenant", "acme", "--scope", "detect", "--name", "ci", "--json"]
+    )
+    assert made.exit_code == 0, made.output
+    created = json.loads(made.stdout)
+    assert TOKEN_PATTERN.fullmatch(created["token"]) and created["scopes"] == ["detect"]
+
+    listed = runner.invoke(cli, ["tokens", "list", "--json"])
+    assert listed.exit_code == 0
+    tokens = json.loads(listed.stdout)["tokens"]
+    assert [t["token_id"] for t in tokens] == [created["token_id"]]
+    assert created["token"] not in listed.stdout
+
+    revoked = runner.invoke(cli, ["tokens", "revoke", created["token_id"], "--json"])
+    assert revoked.exit_code == 0 and json.loads(revoked.stdout)["revoked"] is True
+    bad = runner.invoke(cli, ["tokens", "create", "--scope", "root"])
+    assert bad.exit_code == 2 and "scopes" in bad.output
+
+
+def test_cli_serve_refuses_a_placeholder_admin_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    placeholder = "changeme-changeme-changeme-changeme-1234"
+    monkeypatch.setenv("POISSONMARK_ADMIN_TOKEN", placeholder)
+    result = CliRunner().invoke(cli, ["serve"])
+    assert result.exit_code == 2
+    assert "placeholder" in result.output and placeholder not in result.output
+
+
+def test_settings_errors_never_echo_secrets() -> None:
+    for field, value in [("admin_token", "short-but-secret"), ("kek", "bm90LTMyLWJ5dGVz")]:
+        with pytest.raises(ValueError) as caught:
+            Settings(**{field: value})
+        assert value not in str(caught.value)
+
+
+# --- Migration of records written before encryption at rest --------------------------------
+
+
+def _legacy_record(client: redis.Redis, store: KeyStore, secret_field: str) -> str:
+    """Rewrite a fresh record's secret field in a pre-encryption form; return the key id."""
+    record = store.create("sha256:0123abcd")
+    client.hset(f"{PREFIX}key:{record.key_id}", "secret", secret_field)
+    return record.key_id
+
+
+def test_plaintext_records_are_sealed_on_start(client: redis.Redis) -> None:
+    store = KeyStore(client, secrets.token_bytes(32), PREFIX)
+    material = secrets.token_bytes(32)
+    hex_id = _legacy_record(client, store, material.hex())
+    import base64
+
+    b64_id = _legacy_record(client, store, base64.b64encode(material).decode())
+    sealed = store.create("sha256:0123abcd")
+    before = client.hget(f"{PREFIX}key:{sealed.key_id}", "secret")
+
+    assert sorted(store.seal_plaintext_secrets()) == sorted([hex_id, b64_id])
+    for key_id in (hex_id, b64_id):
+        stored = client.hget(f"{PREFIX}key:{key_id}", "secret").decode()
+        assert stored.startswith("v1:") and material.hex() not in stored
+        assert store.get(key_id).secret == Secret(material)
+    assert client.hget(f"{PREFIX}key:{sealed.key_id}", "secret") == before  # untouched
+    assert store.seal_plaintext_secrets() == []  # idempotent
+
+
+def test_an_unreadable_legacy_secret_is_reported(client: redis.Redis) -> None:
+    store = KeyStore(client, secrets.token_bytes(32), PREFIX)
+    key_id = _legacy_record(client, store, "not a secret")
+    with pytest.raises(KeyRecordCorrupt, match=key_id):
+        store.seal_plaintext_secrets()
