@@ -494,6 +494,104 @@ def _detect_jsonl(
             sink.close()
     return counts
 
+
+# --- The HTTP service and its API tokens ---------------------------------------------------
+
+tokens_app = typer.Typer(no_args_is_help=True, help="Create, list and revoke API bearer tokens.")
+app.add_typer(tokens_app, name="tokens")
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="Bind address [POISSONMARK_HOST].")] = None,
+    port: Annotated[int | None, typer.Option(help="Port [POISSONMARK_PORT].")] = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+) -> None:
+    """Run the HTTP service (FastAPI under uvicorn; settings from POISSONMARK_* variables)."""
+    import uvicorn
+
+    from service.app import create_app
+
+    with _errors():
+        settings = Settings()
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    uvicorn.run(
+        create_app(settings),
+        host=host or settings.host,
+        port=settings.port if port is None else port,
+        log_level=log_level,
+        log_config=None,  # our root handler; uvicorn's access log is off (ours has no secrets)
+        access_log=False,
+    )
+
+
+@contextlib.contextmanager
+def _token_store(settings: Settings) -> Iterator[Any]:
+    from service.keystore import close_redis, open_redis
+    from service.tokens import TokenStore
+
+    url = settings.redis_url.get_secret_value() if settings.redis_url else None
+    client = open_redis(url, settings.home)
+    try:
+        yield TokenStore(client, settings.redis_prefix)
+    finally:
+        close_redis(client)
+
+
+@tokens_app.command("create")
+def tokens_create(
+    tenant: Annotated[str, typer.Option(help="The tenant the token acts for.")] = "default",
+    scope: Annotated[list[str] | None, typer.Option(
+        "--scope", help="generate, detect or keys; repeat for several (default: all).")] = None,
+    name: Annotated[str, typer.Option(help="A label shown in lists.")] = "",
+    as_json: Json = False,
+) -> None:
+    """Create an API token. It is shown once, here; the service stores only its hash."""
+    from service.tokens import SCOPES
+
+    settings = Settings()
+    with _errors(), _token_store(settings) as store:
+        token, record = store.create(tenant, scope or SCOPES, name)
+    if as_json:
+        _emit_json(record.public() | {"token": token})
+        return
+    err.print(f"created token [bold]{record.token_id}[/] for tenant {record.tenant} "
+              f"(scopes {', '.join(record.scopes)}); store it now, it is not shown again:")
+    out.print(token, highlight=False, markup=False)
+
+
+@tokens_app.command("list")
+def tokens_list(
+    tenant: Annotated[str | None, typer.Option(help="Only this tenant's tokens.")] = None,
+    as_json: Json = False,
+) -> None:
+    """List API tokens (ids, tenants, scopes; never the tokens)."""
+    settings = Settings()
+    with _errors(), _token_store(settings) as store:
+        records = store.list(tenant)
+    if as_json:
+        _emit_json({"tokens": [r.public() for r in records]})
+        return
+    for r in records:
+        state = "revoked" if r.revoked else "active"
+        out.print(f"{r.token_id}  {r.tenant}  {','.join(r.scopes)}  {state}  {r.created_at}"
+                  f"  {r.name}", highlight=False, markup=False)
+
+
+@tokens_app.command("revoke")
+def tokens_revoke(token_id: str, as_json: Json = False) -> None:
+    """Revoke an API token by its id; it stops working at once."""
+    settings = Settings()
+    with _errors(), _token_store(settings) as store:
+        record = store.revoke(token_id)
+    if as_json:
+        _emit_json(record.public())
+    else:
+        out.print(f"revoked token {record.token_id}")
+
+
 def main() -> None:
     from transformers.utils import logging as hf_logging
 
