@@ -1,0 +1,102 @@
+"""``docker/``: the compose file validates against the Compose Specification schema (a copy in
+``docker/compose-spec.json``, no Docker engine needed) and has what the deployment promises;
+the image's command is the documented ``poissonmark serve``."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from service.cli import app as cli
+
+DOCKER = Path(__file__).resolve().parents[2] / "docker"
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return yaml.safe_load((DOCKER / "docker-compose.yml").read_text())  # type: ignore[no-any-return]
+
+
+def test_compose_file_matches_the_compose_spec(compose: dict[str, Any]) -> None:
+    schema = json.loads((DOCKER / "compose-spec.json").read_text())
+    jsonschema.Draft7Validator.check_schema(schema)
+    errors = sorted(jsonschema.Draft7Validator(schema).iter_errors(compose), key=str)
+    assert errors == [], [e.message for e in errors]
+
+
+def test_the_schema_catches_a_broken_file(compose: dict[str, Any]) -> None:
+    schema = json.loads((DOCKER / "compose-spec.json").read_text())
+    broken = {**compose, "services": {"redis": {**compose["services"]["redis"], "ports": 6379}}}
+    assert list(jsonschema.Draft7Validator(schema).iter_errors(broken))
+
+
+def test_redis_persists_with_aof_and_has_a_healthcheck(compose: dict[str, Any]) -> None:
+    redis = compose["services"]["redis"]
+    command = redis["command"]
+    assert command[command.index("--appendonly") + 1] == "yes"
+    assert redis["healthcheck"]["test"][-1] == "ping"
+    volume, target = redis["volumes"][0].split(":")
+    assert target == "/data" and volume in compose["volumes"]  # a named volume
+    assert "ports" not in redis  # reachable from the service only
+
+
+@pytest.mark.parametrize("name", ["poissonmark", "poissonmark-gpu"])
+def test_service_waits_for_redis_and_is_configured_by_environment(
+    compose: dict[str, Any], name: str
+) -> None:
+    service = compose["services"][name]
+    assert service["depends_on"]["redis"]["condition"] == "service_healthy"
+    env = service["environment"]
+    assert env["REDIS_URL"] == "redis://redis:6379/0"
+    for secret in ("POISSONMARK_KEK", "POISSONMARK_ADMIN_TOKEN"):
+        assert re.fullmatch(r"\$\{" + secret + r":\?.+\}", env[secret])  # required, no default
+    assert all(port.startswith("127.0.0.1:") for port in service["ports"])  # loopback only
+    volume, target = service["volumes"][0].split(":")
+    assert target == env["POISSONMARK_HOME"] and volume in compose["volumes"]  # model cache
+    assert service["command"] == ["poissonmark", "serve"]
+
+
+def test_gpu_is_an_optional_profile(compose: dict[str, Any]) -> None:
+    gpu = compose["services"]["poissonmark-gpu"]
+    assert gpu["profiles"] == ["gpu"]
+    assert "profiles" not in compose["services"]["poissonmark"]  # plain `up` is CPU
+    device = gpu["deploy"]["resources"]["reservations"]["devices"][0]
+    assert device["capabilities"] == ["gpu"]
+    assert "cuda" in gpu["build"]["args"]["BASE_IMAGE"]
+
+
+def _instructions(dockerfile: str) -> list[tuple[str, str]]:
+    joined = re.sub(r"\\\n", " ", dockerfile)
+    lines = [line.strip() for line in joined.splitlines()]
+    return [
+        (line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line else "")
+        for line in lines
+        if line and not line.startswith("#")
+    ]
+
+
+def test_image_runs_the_documented_command() -> None:
+    steps = _instructions((DOCKER / "Dockerfile").read_text())
+    cmd = [arg for op, arg in steps if op == "CMD"][-1]
+    assert json.loads(cmd) == ["poissonmark", "serve"]
+    assert [op for op, _ in steps].count("ENTRYPOINT") == 0
+    args = dict(
+        shlex.split(arg)[0].split("=", 1) for op, arg in steps if op == "ARG" and "=" in arg
+    )
+    assert args["BASE_IMAGE"].startswith("python:3.11")  # CPU by default, a build argument
+    assert "cpu" in args["TORCH_INDEX_URL"]
+    help_text = CliRunner().invoke(cli, ["serve", "--help"])
+    assert help_text.exit_code == 0 and "HTTP service" in help_text.output
+
+
+def test_build_context_leaves_local_state_out() -> None:
+    ignored = (DOCKER / "Dockerfile.dockerignore").read_text().split()
+    assert {".venv", ".git"} <= set(ignored)
