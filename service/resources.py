@@ -129,6 +129,7 @@ async def open_resources(
             loaded, settings.queue_size, settings.retry_after_s, metrics.generation_finished
         )
         stack.callback(worker.close)
+        metrics.queue_waiting.set_function(lambda: worker.waiting)
         pool = DetectionPool(loaded.tokenizer, fingerprint, settings.detect_threads)
         stack.callback(pool.close)
         limiter = RateLimiter(

@@ -173,7 +173,7 @@ class GenerationWorker:
             if job is _STOP:
                 return
             assert isinstance(job, Job)
-            if job.cancelled.is_set():
+            if job.cancelled.is_set() or self._closed:
                 job._post(Failed(GenerationCancelled()))
                 continue
             self._current = job

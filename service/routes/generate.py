@@ -159,7 +159,6 @@ async def generate(
     nonce = secrets.randbelow(2**63) if body.nonce is None else body.nonce
     source = KeyedSource(record.secret, record.context_width, record.masking, nonce)
     job = worker.submit(ids, config, source, body.drafter if config.speculative else None)
-    metrics.queue_waiting.set(worker.waiting)
     tokenizer = resources.loaded.tokenizer  # decode only (immutable) on the event loop
     if body.stream:
 

@@ -31,18 +31,11 @@ from tests.service.test_streaming import parse_sse
 pytestmark = pytest.mark.realmodel
 
 PROMPT = "Write a short, vivid story about a lighthouse keeper and a storm."
-# Default sampling (T = 1, top-k 50). Measured on this prompt with basic-uwm: 64 tokens give
-# log10 p between -11.6 and -29.8 over 6 fresh keys, so 48 tokens clear the test alpha of 0.01
-# by many orders of magnitude.
-GENERATION = {
-    "prompt": PROMPT,
-    "max_new_tokens": 48,
-    "method": "mpfr",
-    "drafter": "ngram",
-    "drafts": 2,
-    "lookahead": 2,
-    "nonce": 42,
-}
+# Default sampling (T = 1, top-k 50). Measured on this prompt: 64 tokens give log10 p between
+# -11.6 and -29.8 over 6 fresh keys, so 40 tokens clear the test alpha of 0.01 by far.
+# basic-uwm keeps the test short on CPU; its output is what mpfr emits for the same key and
+# nonce (drafter invariance, tests/sampler), and streaming with mpfr is tested on a tiny model.
+GENERATION = {"prompt": PROMPT, "max_new_tokens": 40, "method": "basic-uwm", "nonce": 42}
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +183,8 @@ def test_poissonmark_serve_end_to_end(tmp_path: Path, data_dir: Path) -> None:
                 )  # the admin tenant is another tenant
         finally:
             process.send_signal(signal.SIGTERM)
-            assert process.wait(60) == 0
+            # uvicorn shuts down gracefully, then re-raises the signal it caught
+            assert process.wait(60) in (0, -signal.SIGTERM)
     output = log.read_text()
     assert "poissonmark ready" in output and "POST /v1/generate 200" in output
     assert admin not in output and token not in output
