@@ -31,7 +31,7 @@ from detector.scores import ScoreFamily, resolve_scores
 from detector.spans import DEFAULT_MAX_SPANS, find_spans
 from detector.stats import PValue, min_scored_tokens
 from detector.tokens import TokenizedText, Tokenizer, tokenize
-from keyed import KeyedSource, SkipReason, detection_plan, keys_tensor, label_key, pivots
+from keyed import KeyedSource, SkipReason, detection_plan, label_keys, pivots
 
 DEFAULT_ALPHA = 0.01
 MAX_ALPHA = 0.5
@@ -135,46 +135,49 @@ def detect_tokenized(
     plan = detection_plan(tokenized.ids, source.context_width, masking=True, special_ids=special)
     scored = [p for p in plan if p.skip is None]
 
-    labels = [p.label for p in scored]
-    assert all(label is not None for label in labels)  # the plan labels every scored position
-    keys = keys_tensor([label_key(source.secret, label or ()) for label in labels])  # (M, 2)
-    observed = torch.tensor([tokenized.ids[p.position] for p in scored], dtype=torch.int64)
+    labels = [p.label for p in scored if p.label is not None]
+    assert len(labels) == len(scored)  # the plan labels every scored position
+    words = np.array(label_keys(source.secret, labels), dtype=np.int64).reshape(-1, 2)
+    keys = torch.from_numpy(words)  # (M, 2) int64
+    ids, token_spans, text = tokenized.ids, tokenized.spans, tokenized.text
+    observed = torch.from_numpy(np.array([ids[p.position] for p in scored], dtype=np.int64))
     r = pivots(keys, observed).numpy()  # (M,) float64
     evaluated = {family.name: family.evaluate(r) for family in families}
     aaronson_terms = evaluated["aaronson"][0]  # (M,)
     term_matrix = np.stack([terms for terms, _ in evaluated.values()], axis=1)  # (M, F)
     if not np.all(np.isfinite(term_matrix)):
         raise AssertionError("a score family produced a non-finite term")  # families' contract
-    term_rows = term_matrix.tolist()
     names = list(evaluated)
+    if len(names) == 1:  # the common case: skip zip() per token
+        term_dicts = [{"aaronson": v} for v in aaronson_terms.tolist()]
+    else:
+        term_dicts = [dict(zip(names, row, strict=True)) for row in term_matrix.tolist()]
+    scores_per_token = aaronson_terms.tolist()
     pivot_values = r.tolist()
 
     tokens: list[TokenEvidence] = []
     m = 0  # index of the next scored position in r
     for p in plan:
-        start, end = tokenized.spans[p.position]
-        piece = tokenized.text[start:end]
-        token = tokenized.ids[p.position]
+        position = p.position
+        start, end = token_spans[position]
         if p.skip is None:
-            row = term_rows[m]
-            tokens.append(
-                TokenEvidence(
-                    token,
-                    piece,
-                    start,
-                    end,
-                    "scored",
-                    None,
-                    pivot_values[m],
-                    row[0],
-                    dict(zip(names, row, strict=True)),
-                )
+            evidence = TokenEvidence(
+                ids[position],
+                text[start:end],
+                start,
+                end,
+                "scored",
+                None,
+                pivot_values[m],
+                scores_per_token[m],
+                term_dicts[m],
             )
             m += 1
         else:
-            tokens.append(
-                TokenEvidence(token, piece, start, end, "skipped", p.skip.value, None, None)
+            evidence = TokenEvidence(
+                ids[position], text[start:end], start, end, "skipped", p.skip.value, None, None
             )
+        tokens.append(evidence)
     counts = Counter(p.skip for p in plan if p.skip is not None)
     needed = min_scored_tokens(alpha)
     aaronson = evaluated["aaronson"][1]

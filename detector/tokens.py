@@ -83,7 +83,7 @@ def encode(tokenizer: Tokenizer, text: str) -> tuple[list[int], list[tuple[int, 
     ``add_special_tokens=False``: the text is scored as given, no BOS/EOS added.
     """
     encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids = [int(i) for i in encoding["input_ids"]]
+    ids = list(map(int, encoding["input_ids"]))
     offsets = [(int(s), int(e)) for s, e in encoding["offset_mapping"]]
     return ids, offsets
 

@@ -37,8 +37,8 @@ def label_at(tokens: Sequence[int], position: int, width: int) -> Label:
     """
     start = position - width
     if start >= 0:
-        return tuple(int(t) for t in tokens[start:position])
-    return (SENTINEL,) * (-start) + tuple(int(t) for t in tokens[:position])
+        return tuple(map(int, tokens[start:position]))
+    return (SENTINEL,) * (-start) + tuple(map(int, tokens[:position]))
 
 
 @dataclass(frozen=True)

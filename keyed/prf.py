@@ -115,6 +115,36 @@ def label_key(secret: Secret, label: Sequence[int]) -> tuple[int, int]:
     return _derive(secret, TAG_CLOCK, payload)
 
 
+def label_keys(secret: Secret, labels: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
+    """``label_key`` of many labels: the same words, bit for bit, faster (one keyed init).
+
+    The keyed BLAKE2b state after the length-prefixed ``b"clock"`` tag is built once and copied
+    for each label (hashing is streaming, so the digest is that of the full message); the
+    detector derives one context key per scored position with it.
+
+    Args:
+        secret: the key's secret. labels: (N,) labels of m token ids in [0, 2^32) each.
+    Returns:
+        (N,) ``(κ0, κ1)`` pairs, equal to ``[label_key(secret, label) for label in labels]``.
+    Raises:
+        ValueError: a label id outside [0, 2^32).
+    """
+    base = hashlib.blake2b(key=secret.reveal(), digest_size=8)
+    base.update(struct.pack("<I", len(TAG_CLOCK)))
+    base.update(TAG_CLOCK)
+    keys: list[tuple[int, int]] = []
+    for label in labels:
+        h = base.copy()
+        try:
+            h.update(struct.pack(f"<I{len(label)}I", len(label), *label))
+        except struct.error:
+            bad = next((t for t in label if not (isinstance(t, int) and 0 <= t <= _MASK32)), label)
+            raise ValueError(f"expected label ids in [0, 2^32), got {bad}") from None
+        k0, k1 = struct.unpack("<II", h.digest())
+        keys.append((k0, k1))
+    return keys
+
+
 def nonce_key(secret: Secret, nonce: int, position: int) -> tuple[int, int]:
     """Philox key for the nonce stream at a response position (repeated-context rule).
 

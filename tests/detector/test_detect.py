@@ -5,13 +5,19 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from detector import Detection, PValue, Verdict, detect, min_scored_tokens, verdict
 from detector.scores import SCORE_NAMES
 from keyed import KeyedSource, keys_tensor, label_key, pivots
-from tests.detector.helpers import fixed_secret, fixed_source, keyed_race_ids
+from tests.detector.helpers import (
+    fixed_secret,
+    fixed_source,
+    keyed_race_continue,
+    keyed_race_ids,
+)
 
 # Case C9 fixture: on the SmolLM2 tokenizer, decode([1000, 18434]) = "())+" ("()" then ")+"),
 # which re-encodes as [5107, 27] ("())" "+"): decode -> encode does not give the ids back.
@@ -75,6 +81,19 @@ def test_c5_twenty_scored_human_tokens_are_insufficient(real_tokenizer, human_pa
     assert detection.p_value.p_value >= 0.01
     assert detection.verdict is Verdict.INSUFFICIENT_EVIDENCE
     assert detection.min_scored_tokens == min_scored_tokens(0.01) > 20
+
+
+def test_c5_weak_watermark_on_twenty_tokens_is_insufficient(real_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    # Case C5 "of any kind": 20 scored keyed-race tokens from very peaky laws (little entropy,
+    # so a weak watermark) do not reach alpha = 0.01 under this key and seed: the verdict is
+    # insufficient_evidence — never not_detected — whichever scores are computed.
+    secret = fixed_secret("c5-weak")
+    ids = keyed_race_continue(
+        secret, [9, 99, 999, 9999], 20, np.random.default_rng(5), support=4, concentration=0.02
+    )
+    detection = detect(real_tokenizer, KeyedSource(secret), token_ids=ids, scores=SCORE_NAMES)
+    assert detection.num_scored == 20 and detection.p_value.p_value >= 0.01
+    assert detection.verdict is Verdict.INSUFFICIENT_EVIDENCE
 
 
 @pytest.mark.parametrize(
@@ -181,9 +200,9 @@ REPETITIVE = [
 def test_repetitive_text_is_not_flagged(real_tokenizer, kind: str, payload, masking: bool) -> None:  # type: ignore[no-untyped-def]
     source = fixed_source("repetitive", masking=masking)
     if kind == "ids":
-        detection = detect(real_tokenizer, source, token_ids=payload)
+        detection = detect(real_tokenizer, source, token_ids=payload, scores=SCORE_NAMES)
     else:
-        detection = detect(real_tokenizer, source, text=payload)
+        detection = detect(real_tokenizer, source, text=payload, scores=SCORE_NAMES)
     assert detection.num_tokens >= 300
     # A few distinct labels (the head plus one cycle): each is scored once, repeats are skipped.
     assert detection.num_scored <= 30
@@ -194,6 +213,9 @@ def test_repetitive_text_is_not_flagged(real_tokenizer, kind: str, payload, mask
     # masking=False) flags these texts under 39% of keys (measured over 300 keys), which is why
     # the detector skips repeated labels whatever the key's masking flag.
     assert detection.p_value.p_value >= 0.01
+    # Every score: the repeats are never scored, so each p-value is a valid (exact or bound)
+    # test of <= 30 independent pivots; none reaches alpha = 0.01 under this fixed key.
+    assert all(p.p_value >= 0.01 for p in detection.scores.values()), detection.scores
 
 
 def test_nonce_does_not_change_detection(real_tokenizer) -> None:  # type: ignore[no-untyped-def]

@@ -1,13 +1,16 @@
-"""Token ids <-> character spans (detector/tokens.py): the partition convention on both paths."""
+"""Token ids <-> character spans (detector/tokens.py): the partition convention on both paths;
+the tokenizer-fingerprint check (``check_tokenizer``, ``TokenizerMismatch``)."""
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
 
-from detector.tokens import decoded_pieces, partition_offsets, tokenize
+from detector.errors import DetectorError, TokenizerMismatch
+from detector.tokens import check_tokenizer, decoded_pieces, partition_offsets, tokenize
 
 
 @pytest.mark.parametrize(
@@ -93,3 +96,30 @@ def test_slow_tokenizer_needs_ids(real_tokenizer) -> None:  # type: ignore[no-un
         tokenize(WindowSensitiveTokenizer(), "abc", None)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="text or token_ids"):
         tokenize(real_tokenizer, None, None)
+
+
+# --- diagnostics: the key's tokenizer --------------------------------------------------------
+
+
+def test_check_tokenizer_accepts_the_same_fingerprint() -> None:
+    check_tokenizer("sha256:0123456789abcdef", "sha256:0123456789abcdef", "pmk_0123456789abcdef")
+
+
+def test_check_tokenizer_raises_tokenizer_mismatch() -> None:
+    with pytest.raises(TokenizerMismatch) as caught:
+        check_tokenizer("sha256:aaaa", "sha256:bbbb", "pmk_0123456789abcdef")
+    error = caught.value
+    assert isinstance(error, DetectorError) and not isinstance(error, ValueError)
+    assert (error.key_fingerprint, error.tokenizer_fingerprint) == ("sha256:aaaa", "sha256:bbbb")
+    message = str(error)
+    assert "pmk_0123456789abcdef" in message and "sha256:aaaa" in message
+    assert "sha256:bbbb" in message
+    # Domain errors cross process boundaries (corpus workers): they must pickle.
+    restored = pickle.loads(pickle.dumps(error))
+    assert type(restored) is TokenizerMismatch and str(restored) == message
+
+
+@pytest.mark.parametrize("bad", ["", None, 3])
+def test_check_tokenizer_rejects_non_fingerprints(bad: object) -> None:
+    with pytest.raises(ValueError, match="fingerprint a non-empty string"):
+        check_tokenizer(bad, "sha256:bbbb")  # type: ignore[arg-type]

@@ -1,0 +1,160 @@
+"""Write ``bench/results/detector.md`` from the detector benchmark results.
+
+Reads ``detector_power.json`` (``python -m bench.detector_power``) and
+``detector_throughput.json`` (``python -m bench.detector_throughput``); the plot is
+``detector_power.png``. Run from the repository root::
+
+    python -m bench.detector_report
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from bench.common import RESULTS
+
+POWER = RESULTS / "detector_power.json"
+THROUGHPUT = RESULTS / "detector_throughput.json"
+REPORT = RESULTS / "detector.md"
+
+
+def _meta_line(meta: dict[str, Any]) -> str:
+    hw = meta["hardware"]
+    return (
+        f"model {meta['model']} · {hw['cpu']}, {hw['cores']} cores ({hw.get('platform', '')}) · "
+        f"commit `{meta['commit'][:12]}`{' (dirty tree)' if meta.get('dirty_tree') else ''} · "
+        f"{meta['date']}"
+    )
+
+
+def power_section(power: dict[str, Any]) -> list[str]:
+    names = list(power["watermarked"][str(power["budgets"][0])]["scores"])
+    budgets = power["budgets"]
+    settings = power["generation_settings"]
+    lines = [
+        "## Power on real watermarked generations",
+        "",
+        f"{power['generations']} SmolLM2-135M-Instruct generations, method "
+        f"`{settings['method']}` (output identical to `mpfr`), T = {settings['temperature']}, "
+        f"top-k {settings['top_k']}, up to {settings['max_new_tokens']} new tokens, one bench "
+        "key; each is cut to the shortest prefix holding exactly n scored tokens (generations "
+        "that end earlier drop out of larger n). Detection rate = fraction with p < α = "
+        f"{power['alpha']} (the verdict's rule), Wilson 95% interval in brackets.",
+        "",
+        _meta_line(power["meta"]),
+        "",
+        "| scored tokens n | texts | " + " | ".join(names) + " |",
+        "|---|---|" + "---|" * len(names),
+    ]
+    for n in budgets:
+        entry = power["watermarked"][str(n)]
+        cells = [
+            f"{s['rate']:.3f} [{s['wilson95'][0]:.2f}, {s['wilson95'][1]:.2f}]"
+            for s in (entry["scores"][name] for name in names)
+        ]
+        lines.append(f"| {n} | {entry['texts']} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "TPR at 1% FPR with the threshold calibrated on the human passages at the same n "
+        "(MPFR paper App. D; removes the effect of how conservative each p-value is):",
+        "",
+        "| n | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    for n in budgets:
+        row = power["tpr_at_1pct_fpr"][str(n)]
+        lines.append(f"| {n} | " + " | ".join(f"{row[name]:.3f}" for name in names) + " |")
+    lines += [
+        "",
+        "Median ANLPPT (nats per scored token, −ln p / n) on the watermarked prefixes:",
+        "",
+        "| n | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    for n in budgets:
+        scores = power["watermarked"][str(n)]["scores"]
+        lines.append(
+            f"| {n} | " + " | ".join(f"{scores[name]['mean_anlppt']:.2f}" for name in names) + " |"
+        )
+    human_n = power["human"][str(budgets[0])]["texts"]
+    lines += [
+        "",
+        f"False-positive rate on the {human_n} human passages (`data/human-pydoc.jsonl`) under "
+        "the same key, cut the same way (a valid test stays near or below 0.01; "
+        f"Binomial({human_n}, 0.01) puts up to 6 rejections, 0.026, inside its 99% range):",
+        "",
+        "| n | texts | " + " | ".join(names) + " |",
+        "|---|---|" + "---|" * len(names),
+    ]
+    for n in budgets:
+        entry = power["human"][str(n)]
+        cells = [f"{entry['scores'][name]['rate']:.3f}" for name in names]
+        lines.append(f"| {n} | {entry['texts']} | " + " | ".join(cells) + " |")
+    lines += ["", "![detection rate and false-positive rate](detector_power.png)", ""]
+    return lines
+
+
+def throughput_section(throughput: dict[str, Any]) -> list[str]:
+    rows = throughput["results"]
+    load = ", ".join(f"{v:.1f}" for v in throughput["load_average_after"])
+    lines = [
+        "## Throughput",
+        "",
+        f"{throughput['texts']} texts of {throughput['text_tokens']} tokens (human passages), "
+        f"best of {throughput['repeats']} interleaved runs, one process; load average after the "
+        f"run: {load} (the machine is shared).",
+        "",
+        _meta_line(throughput["meta"]),
+        "",
+        "| pipeline | per second (best) | per second (median) | vs tokenizer only |",
+        "|---|---|---|---|",
+    ]
+    for name in ("tokenizer_only", "aaronson_evidence", "all_scores", "aaronson_spans"):
+        row = rows[name]
+        lines.append(
+            f"| {name} ({row['units']}) | {row['best_per_second']:,.0f} | "
+            f"{row['median_per_second']:,.0f} | {row['fraction_of_tokenizer_only']:.0%} |"
+        )
+    lines += [
+        "",
+        "Corpus mode (`detect_many`, Aaronson with evidence): wall clock including the pool's "
+        "start-up, time to the first result, and the rate after it:",
+        "",
+        "| workers | texts | scored tokens/s (wall) | seconds | first result (s) | "
+        "scored tokens/s after it |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, row in rows.items():
+        if name.startswith("corpus_workers_"):
+            workers = name.rsplit("_", 1)[1]
+            lines.append(
+                f"| {workers} | {row['texts']} | {row['per_second']:,.0f} | {row['seconds']} | "
+                f"{row['first_result_seconds']} | {row['per_second_after_first_result']:,.0f} |"
+            )
+    lines.append("")
+    return lines
+
+
+def main() -> None:
+    power = json.loads(POWER.read_text(encoding="utf-8"))
+    throughput = json.loads(THROUGHPUT.read_text(encoding="utf-8"))
+    decision = (RESULTS / "detector_decision.md").read_text(encoding="utf-8")
+    lines = [
+        "# Detector: power per score and throughput",
+        "",
+        "Generated by `python -m bench.detector_report` from `detector_power.json` and "
+        "`detector_throughput.json` (scripts: `bench/detector_generations.py`, "
+        "`bench/detector_power.py`, `bench/detector_throughput.py`).",
+        "",
+        decision.strip(),
+        "",
+        *power_section(power),
+        *throughput_section(throughput),
+    ]
+    REPORT.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print(f"wrote {REPORT}")
+
+
+if __name__ == "__main__":
+    main()
