@@ -1,7 +1,8 @@
 """Typed dependencies of the routes (``Annotated`` aliases, STYLE 13); tests override these.
 
 Each reads the lifespan's ``Resources`` from ``app.state``; before startup finished (or after
-shutdown began) a request gets 503 ``not-ready``.
+shutdown began) a request gets 503 ``not-ready``. They are ``async`` although they never wait:
+FastAPI runs a plain ``def`` dependency on a worker thread, a hop per dependency per request.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from service.settings import Settings
 from service.worker import GenerationWorker
 
 
-def get_resources(request: Request) -> Resources:
+async def get_resources(request: Request) -> Resources:
     resources: Resources | None = getattr(request.app.state, "resources", None)
     if resources is None:
         raise NotReady("the service is starting or stopping")
@@ -30,29 +31,29 @@ def get_resources(request: Request) -> Resources:
 ResourcesDep = Annotated[Resources, Depends(get_resources)]
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
 
-def get_metrics(request: Request) -> Metrics:
+async def get_metrics(request: Request) -> Metrics:
     metrics: Metrics = request.app.state.metrics
     return metrics
 
 
-def get_store(resources: ResourcesDep) -> KeyStore:
+async def get_store(resources: ResourcesDep) -> KeyStore:
     return resources.store
 
 
-def get_worker(resources: ResourcesDep) -> GenerationWorker:
+async def get_worker(resources: ResourcesDep) -> GenerationWorker:
     return resources.worker
 
 
-def get_pool(resources: ResourcesDep) -> DetectionPool:
+async def get_pool(resources: ResourcesDep) -> DetectionPool:
     return resources.pool
 
 
-def get_limiter(resources: ResourcesDep) -> RateLimiter:
+async def get_limiter(resources: ResourcesDep) -> RateLimiter:
     return resources.limiter
 
 
@@ -64,7 +65,7 @@ PoolDep = Annotated[DetectionPool, Depends(get_pool)]
 LimiterDep = Annotated[RateLimiter, Depends(get_limiter)]
 
 
-def no_unknown_query_parameters(request: Request) -> None:
+async def no_unknown_query_parameters(request: Request) -> None:
     """Refuse query parameters the route does not declare (like unknown body fields)."""
     route = request.scope.get("route")
     dependant = getattr(route, "dependant", None)

@@ -2,7 +2,9 @@
 
 The event loop only awaits: key lookups (sync Redis) and the detector (tokenizer + PRF + stats)
 run on a small thread pool, each thread with its own copy of the tokenizer (a fast tokenizer
-is not safe to share between threads that encode). Which keys a request tests is decided here:
+is not safe to share between threads that encode) and one torch thread (the detector's tensors
+are small: intra-op threads only add synchronisation; measured 10.7 -> 4.5 ms per 300-token
+text on 2 cores). Which keys a request tests is decided here:
 its ``key_id`` (revoked keys still detect: text they marked keeps its mark), or every key of the
 caller's tenant made for this tokenizer (active ones, revoked too on request). The statistics
 are the detector's (``detector.multikey.detect_multi``: per-key results, Bonferroni over keys).
@@ -17,6 +19,8 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
+
+import torch
 
 from detector.multikey import detect_multi
 from detector.tokens import check_tokenizer
@@ -43,7 +47,9 @@ class DetectionPool:
         self.fingerprint = fingerprint
         self._local = threading.local()
         self._copy_lock = threading.Lock()
-        self._executor = ThreadPoolExecutor(threads, thread_name_prefix="detect")
+        self._executor = ThreadPoolExecutor(
+            threads, thread_name_prefix="detect", initializer=torch.set_num_threads, initargs=(1,)
+        )
 
     def tokenizer(self) -> Any:
         """This thread's tokenizer copy (call from a pool thread)."""
