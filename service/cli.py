@@ -280,6 +280,8 @@ def detect(
     with _errors():
         if text is not None and file is not None:
             raise ValueError("give at most one of --text or --file")
+        if not 0.0 < alpha <= 0.5:
+            raise ValueError(f"--alpha: expected a level in (0, 0.5], got {alpha}")
         if jsonl is not None and (text is not None or file is not None or token_ids is not None):
             raise ValueError("--jsonl reads its inputs from the file: drop --text/--file/"
                              "--token-ids")
