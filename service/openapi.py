@@ -17,7 +17,7 @@ OPENAPI_PATH = Path(__file__).resolve().parents[1] / "openapi.yaml"
 def render() -> str:
     """The app's OpenAPI document as YAML (independent of the environment's settings)."""
     schema = create_app(Settings.model_construct()).openapi()
-    return yaml.safe_dump(schema, sort_keys=False, allow_unicode=True, width=100)
+    return str(yaml.safe_dump(schema, sort_keys=False, allow_unicode=True, width=100))
 
 
 def main() -> None:

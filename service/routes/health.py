@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Literal
 
 import redis
 from fastapi import APIRouter, Request, Response
@@ -28,7 +29,7 @@ async def healthz() -> Health:
 )
 async def readyz(request: Request) -> JSONResponse:
     resources: Resources | None = getattr(request.app.state, "resources", None)
-    checks = {"redis": "failing", "model": "failing"}
+    checks: dict[str, Literal["ok", "failing"]] = {"redis": "failing", "model": "failing"}
     if resources is not None:
         try:
             await resources.aredis.ping()
