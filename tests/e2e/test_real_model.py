@@ -17,7 +17,8 @@ from sampler.completion import complete, prompt_ids
 from sampler.decoder import SamplerConfig
 from sampler.models import LoadedModel
 
-pytestmark = pytest.mark.realmodel
+# generating 20 x 128 tokens in the module fixture counts against the first test's timeout
+pytestmark = [pytest.mark.realmodel, pytest.mark.timeout(3600)]
 
 N_PROMPTS = 20
 NEW_TOKENS = 128
