@@ -67,7 +67,7 @@ def power_section(power: dict[str, Any]) -> list[str]:
         lines.append(f"| {n} | " + " | ".join(f"{row[name]:.3f}" for name in names) + " |")
     lines += [
         "",
-        "Median ANLPPT (nats per scored token, −ln p / n) on the watermarked prefixes:",
+        "Mean ANLPPT (nats per scored token, −ln p / n) on the watermarked prefixes:",
         "",
         "| n | " + " | ".join(names) + " |",
         "|---|" + "---|" * len(names),
