@@ -75,7 +75,11 @@ async def closed_loop(
     latencies: list[float] = []
     errors: dict[str, int] = {}
     stop = time.perf_counter() + duration
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    # Idle connections expire here before uvicorn's 5 s keep-alive closes them there: with equal
+    # timeouts a request can race the server's close and fail with a ReadError.
+    limits = httpx.Limits(
+        max_connections=clients, max_keepalive_connections=clients, keepalive_expiry=2.0
+    )
 
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=600, limits=limits) as c:
 
