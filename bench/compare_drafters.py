@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import statistics
 from pathlib import Path
 
@@ -32,6 +33,8 @@ def main() -> None:
     parser.add_argument("--home", type=Path,
                         default=Path("~/.local/share/poissonmark").expanduser())
     parser.add_argument("--out", type=Path, default=RESULTS / "drafters_cpu.json")
+    parser.add_argument("--finalize", action="store_true",
+                        help="summarise the prompts finished so far without generating more")
     args = parser.parse_args()
 
     loaded = load_model(DEFAULT_MODEL, args.home, device="auto")
@@ -41,7 +44,7 @@ def main() -> None:
         done = {r["id"]: r for r in map(json.loads, partial.read_text().splitlines())}
     prompts = shared_prompts(args.prompts)
     for i, row in enumerate(track(prompts, description="prompts")):
-        if row["id"] in done:
+        if row["id"] in done or args.finalize:
             continue
         source = KeyedSource(Secret(hashlib.sha256(b"bench-key-%d" % i).digest()), 4, True, i)
         ids = prompt_ids(loaded, messages=row["messages"])
@@ -64,7 +67,7 @@ def main() -> None:
             f.write(json.dumps(record) + "\n")
         done[row["id"]] = record
 
-    rows = [done[r["id"]] for r in prompts]
+    rows = [done[r["id"]] for r in prompts if r["id"] in done]
     summary = {}
     for name in rows[0]["runs"]:
         cells = [r["runs"][name] for r in rows]
@@ -83,7 +86,9 @@ def main() -> None:
         "benchmark": "basic-uwm vs mpfr per drafter",
         "model": DEFAULT_MODEL, "device": str(loaded.device), "dtype": str(loaded.dtype),
         "config": {"drafts": 4, "lookahead": 4, "temperature": 1.0, "top_k": 50,
-                   "top_p": 1.0, "max_new_tokens": args.tokens, "prompts": len(rows)},
+                   "top_p": 1.0, "max_new_tokens": args.tokens, "prompts": len(rows),
+                   "prompts_planned": len(prompts)},
+        "load_average_at_end": os.getloadavg(),
         **environment(),
         "summary": summary,
         "per_prompt": rows,
