@@ -11,6 +11,7 @@ usual price of one round trip per request.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import redis
 import redis.asyncio
@@ -19,15 +20,24 @@ from service.errors import KeyStoreUnavailable, RateLimited
 
 
 class RateLimiter:
-    """``limit`` units per ``window_s`` seconds per token id."""
+    """``limit`` units per ``window_s`` seconds per token id (``clock``: seconds since the epoch,
+    replaceable in tests so a window never rolls over mid-test)."""
 
-    def __init__(self, client: redis.asyncio.Redis, prefix: str, limit: int, window_s: int) -> None:
+    def __init__(
+        self,
+        client: redis.asyncio.Redis,
+        prefix: str,
+        limit: int,
+        window_s: int,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         if limit < 1 or window_s < 1:
             raise ValueError(f"expected limit >= 1 and window_s >= 1, got {limit}, {window_s}")
         self._client = client
         self._prefix = prefix
         self.limit = limit
         self.window_s = window_s
+        self._clock = clock
 
     async def spend(self, token_id: str, cost: int = 1) -> None:
         """Count ``cost`` units for ``token_id``.
@@ -37,7 +47,7 @@ class RateLimiter:
                 client hammering a closed window gains nothing).
             KeyStoreUnavailable: Redis failed.
         """
-        now = time.time()
+        now = self._clock()
         window = int(now // self.window_s)
         key = f"{self._prefix}ratelimit:detect:{token_id}:{window}"
         try:

@@ -11,8 +11,9 @@ from collections.abc import Iterator
 import pytest
 
 from sampler.decoder import SamplerConfig
-from service.deps import get_worker
+from service.deps import get_limiter, get_worker
 from service.errors import PROBLEM_BASE, PROBLEMS, problem_for
+from service.ratelimit import RateLimiter
 from service.worker import Finished, GenerationWorker, Job
 from tests.service.conftest import Service, ServiceFactory
 from tests.service.test_api_keys import GEN, problem
@@ -244,22 +245,31 @@ def test_full_queue_is_503_with_retry_after(embedded_services: ServiceFactory) -
 
 
 def test_detect_rate_limit_is_429_with_retry_after(embedded_services: ServiceFactory) -> None:
-    svc = embedded_services(detect_rate_limit=3, detect_rate_window_s=60)
-    svc.create_key()
-    h = svc.token("default", ("detect",))
-    statuses = [
-        svc.client.post("/v1/detect", json={"text": "x"}, headers=h).status_code for _ in range(3)
-    ]
-    assert statuses == [200, 200, 200]
-    r = svc.client.post("/v1/detect", json={"text": "x"}, headers=h)
-    problem(r, 429, "rate-limited")
-    assert 1 <= int(r.headers["retry-after"]) <= 60
-    # the budget is per token: another token of the same tenant is unaffected
-    other = svc.token("default", ("detect",))
-    assert svc.client.post("/v1/detect", json={"text": "x"}, headers=other).status_code == 200
-    # batch items count one each
-    r = svc.client.post("/v1/detect/batch", json={"items": [{"text": "x"}] * 3}, headers=other)
-    problem(r, 429, "rate-limited")
+    svc = embedded_services()
+    # the app's Redis, a frozen clock (the fixed window must not roll over mid-test)
+    limiter = RateLimiter(
+        svc.resources.aredis, svc.settings.redis_prefix, 3, 60, clock=lambda: 1_000_010.0
+    )
+    svc.app.dependency_overrides[get_limiter] = lambda: limiter
+    try:
+        svc.create_key()
+        h = svc.token("default", ("detect",))
+        statuses = [
+            svc.client.post("/v1/detect", json={"text": "x"}, headers=h).status_code
+            for _ in range(3)
+        ]
+        assert statuses == [200, 200, 200]
+        r = svc.client.post("/v1/detect", json={"text": "x"}, headers=h)
+        problem(r, 429, "rate-limited")
+        assert r.headers["retry-after"] == "10"  # 1_000_010 s: 10 s to the next 60 s window
+        # the budget is per token: another token of the same tenant is unaffected
+        other = svc.token("default", ("detect",))
+        assert svc.client.post("/v1/detect", json={"text": "x"}, headers=other).status_code == 200
+        # batch items count one each
+        r = svc.client.post("/v1/detect/batch", json={"items": [{"text": "x"}] * 3}, headers=other)
+        problem(r, 429, "rate-limited")
+    finally:
+        svc.app.dependency_overrides.clear()
 
 
 def test_every_problem_type_is_stable_and_distinct() -> None:
