@@ -12,6 +12,16 @@ if ! python -c 'import redis; redis.Redis(host="127.0.0.1", port=6379, socket_co
     sleep 1
   fi
 fi
+# The web page's browser tests drive Debian's Chromium (Playwright's own browser download is
+# not reachable here): install it when missing and we may.
+if ! command -v chromium >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    { apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }; } \
+      >>.venv/setup.log 2>&1 || echo "test: could not install chromium (see .venv/setup.log)" >&2
+  else
+    echo "test: chromium is missing; install Debian's chromium for the browser tests" >&2
+  fi
+fi
 ruff check keyed sampler detector service tests bench
 mypy
 python -m pytest -q "$@"

@@ -24,7 +24,7 @@ from service.deps import no_unknown_query_parameters
 from service.metrics import Metrics
 from service.middleware import AccessLog, BodyLimit
 from service.resources import ModelLoader, load_served_model, open_resources
-from service.routes import detect, generate, health, keys
+from service.routes import detect, generate, health, keys, ui
 from service.settings import Settings, get_settings
 
 log = logging.getLogger("poissonmark.service")
@@ -69,7 +69,7 @@ def create_app(settings: Settings | None = None, *, loader: ModelLoader | None =
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.resources = None
-    for module in (generate, detect, keys, health):
+    for module in (generate, detect, keys, health, ui):
         app.include_router(module.router)
     problems.install(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)

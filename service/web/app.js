@@ -1,0 +1,469 @@
+// poissonmark page: check text for a watermark and see the evidence; generate and check.
+// It calls only the documented API (/v1/keys, /v1/detect, /v1/generate). Text from the user
+// or the server is only ever put into the page with textContent (never innerHTML).
+"use strict";
+
+const TOKEN_KEY = "poissonmark.token";
+const MAX_FILE_BYTES = 2 * 1024 * 1024;
+const SKIP_WORDS = {
+  no_context: "not scored: too close to the start to have a full context",
+  repeated_context: "not scored: its context appeared earlier in the text, so its randomness is not fresh",
+  special_token: "not scored: a special token",
+};
+const SUPERSCRIPT = {
+  "-": "\u207b", 0: "\u2070", 1: "\u00b9", 2: "\u00b2", 3: "\u00b3", 4: "\u2074",
+  5: "\u2075", 6: "\u2076", 7: "\u2077", 8: "\u2078", 9: "\u2079",
+};
+const VERDICT_WORDS = {
+  watermarked: "Watermarked",
+  not_detected: "No watermark detected",
+  insufficient_evidence: "Not enough text to decide",
+};
+
+const $ = (id) => document.getElementById(id);
+let lastAnswer = null; // {text, token_ids, key_id} of the last finished generation
+let generation = null; // AbortController of the running generation
+
+// ---- API ------------------------------------------------------------------------------------
+
+class ApiError extends Error {
+  constructor(status, problem) {
+    super(problem.detail || problem.title || `HTTP ${status}`);
+    this.status = status;
+    this.problem = problem;
+  }
+}
+
+function token() {
+  return sessionStorage.getItem(TOKEN_KEY) || "";
+}
+
+async function api(path, { method = "GET", body, signal } = {}) {
+  const headers = { Authorization: `Bearer ${token()}` };
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const response = await fetch(path, {
+    method,
+    headers,
+    body: body === undefined ? undefined : JSON.stringify(body),
+    signal,
+  });
+  if (!response.ok) {
+    let problem = {};
+    try {
+      problem = await response.json();
+    } catch {
+      problem = { title: response.statusText };
+    }
+    throw new ApiError(response.status, problem);
+  }
+  return response;
+}
+
+function say(element, message, isError = false) {
+  element.textContent = message;
+  element.classList.toggle("error", isError);
+}
+
+// ---- token and keys -------------------------------------------------------------------------
+
+async function loadKeys() {
+  const status = $("auth-status");
+  if (!token()) {
+    say(status, "Enter an API token to start.");
+    return;
+  }
+  try {
+    const keys = (await (await api("/v1/keys")).json()).keys;
+    fillKeys(keys);
+    const active = keys.filter((k) => !k.revoked).length;
+    say(status, `Token accepted: ${active} active key${active === 1 ? "" : "s"} in your tenant.`);
+  } catch (error) {
+    if (error instanceof ApiError && error.status === 403) {
+      fillKeys([]);
+      say(status, "This token cannot list keys; checks run against all keys of your tenant.");
+    } else {
+      say(status, `Token not accepted: ${error.message}`, true);
+    }
+  }
+}
+
+function fillKeys(keys) {
+  const check = $("check-key");
+  const gen = $("gen-key");
+  const chosen = { check: check.value, gen: gen.value };
+  check.replaceChildren(new Option("All keys of my tenant", ""));
+  gen.replaceChildren();
+  for (const key of keys) {
+    const label = `${key.key_id}${key.revoked ? " (revoked)" : ""}`;
+    check.append(new Option(label, key.key_id));
+    if (!key.revoked) gen.append(new Option(key.key_id, key.key_id));
+  }
+  check.value = chosen.check;
+  if (chosen.gen) gen.value = chosen.gen;
+  if (check.selectedIndex < 0) check.selectedIndex = 0;
+}
+
+async function newKey() {
+  const status = $("generate-status");
+  try {
+    const key = await (await api("/v1/keys", { method: "POST", body: {} })).json();
+    await loadKeys();
+    $("gen-key").value = key.key_id;
+    say(status, `Created key ${key.key_id}.`);
+  } catch (error) {
+    say(status, `Could not create a key: ${error.message}`, true);
+  }
+}
+
+// ---- check ----------------------------------------------------------------------------------
+
+function formatP(log10p) {
+  if (log10p > -4) return Number(10 ** log10p).toPrecision(3);
+  const exponent = Math.floor(log10p);
+  const mantissa = 10 ** (log10p - exponent);
+  const sup = String(exponent).replace(/[-0-9]/g, (c) => SUPERSCRIPT[c]);
+  return `${mantissa.toFixed(2)} × 10${sup}`;
+}
+
+function chanceNode(log10p) {
+  // "evidence this strong occurs by chance in about 1 text in N"
+  const fragment = document.createDocumentFragment();
+  const strength = -log10p;
+  fragment.append("Evidence this strong occurs by chance in about 1 text in ");
+  if (strength < 3) {
+    fragment.append(String(Math.max(1, Math.round(10 ** strength))));
+  } else {
+    const power = document.createElement("span");
+    power.className = "power";
+    const sup = document.createElement("sup");
+    sup.textContent = String(Math.floor(strength));
+    power.append("10", sup);
+    power.setAttribute("aria-label", `10 to the power ${Math.floor(strength)}`);
+    fragment.append(power);
+  }
+  fragment.append(".");
+  return fragment;
+}
+
+function addNumber(list, term, value) {
+  const dt = document.createElement("dt");
+  dt.textContent = term;
+  const dd = document.createElement("dd");
+  dd.textContent = value;
+  list.append(dt, dd);
+}
+
+function renderResult(text, response) {
+  const best = response.results.find((r) => r.key_id === response.best_key_id) || response.results[0];
+  $("result").hidden = false;
+  const verdict = $("verdict");
+  verdict.className = `verdict ${response.verdict}`;
+  verdict.textContent = VERDICT_WORDS[response.verdict] || response.verdict;
+  verdict.dataset.verdict = response.verdict;
+
+  const words = $("verdict-words");
+  words.replaceChildren();
+  if (response.verdict === "insufficient_evidence") {
+    words.append(
+      `Only ${best.num_scored} tokens could be scored; at least ${best.min_scored_tokens} are ` +
+        `needed before a watermark can be detected at level ${response.alpha}.`,
+    );
+  } else {
+    words.append(chanceNode(response.log10_p_value));
+    words.append(
+      response.verdict === "watermarked"
+        ? ` That is below the level ${response.alpha}: the text carries the watermark.`
+        : ` That is not below the level ${response.alpha}.`,
+    );
+  }
+
+  const numbers = $("numbers");
+  numbers.replaceChildren();
+  addNumber(numbers, "p-value", formatP(response.log10_p_value));
+  addNumber(numbers, "log10 p", response.log10_p_value.toFixed(2));
+  addNumber(numbers, "Scored tokens", `${best.num_scored} of ${best.num_tokens}`);
+  const skipped = Object.entries(best.skipped).filter(([, n]) => n > 0);
+  addNumber(
+    numbers,
+    "Not scored",
+    skipped.length ? skipped.map(([why, n]) => `${n} ${why.replace("_", " ")}`).join(", ") : "none",
+  );
+  addNumber(numbers, "Key", response.best_key_id);
+  if (response.num_keys > 1) {
+    addNumber(numbers, "Keys tested", `${response.num_keys} (p-value corrected for all of them)`);
+  }
+  if (best.retokenization_matches === false) {
+    addNumber(numbers, "Note", "the text does not re-tokenize to the generated token ids");
+  }
+  // Outline only the spans significant at alpha after the correction, in text order.
+  const limit = Math.log10(response.alpha);
+  const spans = best.spans
+    ? best.spans.spans
+        .filter((s) => s.corrected_log10_p_value <= limit)
+        .sort((a, b) => a.token_start - b.token_start)
+    : null;
+  renderSpansSummary(best.spans, spans, response.alpha);
+  renderEvidence(text, best.tokens || [], spans || []);
+}
+
+function renderSpansSummary(search, spans, alpha) {
+  const box = $("spans-summary");
+  box.replaceChildren();
+  if (!search) return;
+  const heading = document.createElement("p");
+  const count = spans.length;
+  heading.textContent =
+    count === 0
+      ? `No detected span: no window of the ${search.windows_scanned} scanned has a corrected ` +
+        `p-value below ${alpha}.`
+      : `${count} detected span${count === 1 ? "" : "s"} (corrected p-value below ${alpha} after ` +
+        `scanning ${search.windows_scanned} windows):`;
+  box.append(heading);
+  if (count === 0) return;
+  const list = document.createElement("ol");
+  list.className = "spans-list";
+  spans.forEach((span, i) => {
+    const item = document.createElement("li");
+    const link = document.createElement("a");
+    link.href = `#span-${i + 1}`;
+    link.textContent = `characters ${span.start}–${span.end}`;
+    item.append(
+      link,
+      `: ${span.num_scored} scored tokens, corrected p = ${formatP(span.corrected_log10_p_value)}`,
+    );
+    list.append(item);
+  });
+  box.append(list);
+}
+
+function tokenElement(chars, token) {
+  const element = document.createElement("span");
+  element.className = "tok";
+  element.textContent = chars.slice(token.start, token.end).join("");
+  if (token.status === "scored") {
+    // Aaronson term: Exp(1) without the watermark; the colour saturates at 5 (p ~ 0.007).
+    const level = Math.min(token.score / 5, 1);
+    element.style.setProperty("--level", level.toFixed(3));
+    element.dataset.level = level.toFixed(3);
+    element.title = `evidence ${token.score.toFixed(2)} (r = ${token.pivot.toFixed(3)})`;
+  } else {
+    element.classList.add("skipped");
+    element.dataset.skip = token.skip_reason;
+    element.title = SKIP_WORDS[token.skip_reason] || `not scored: ${token.skip_reason}`;
+  }
+  return element;
+}
+
+function renderEvidence(text, tokens, spans) {
+  // Offsets are in code points (the server's str indices), not UTF-16 units.
+  const chars = Array.from(text);
+  const box = $("evidence");
+  box.replaceChildren();
+  let cursor = 0;
+  let spanIndex = 0;
+  let container = box;
+  tokens.forEach((token, i) => {
+    const span = spans[spanIndex];
+    if (span && i === span.token_start) {
+      container = document.createElement("mark");
+      container.className = "span";
+      container.id = `span-${spanIndex + 1}`;
+      container.dataset.start = span.start;
+      container.dataset.end = span.end;
+      const label = document.createElement("span");
+      label.className = "span-label";
+      label.textContent = `span ${spanIndex + 1}: p ${formatP(span.corrected_log10_p_value)}`;
+      container.append(label);
+      box.append(container);
+    }
+    if (token.start > cursor) container.append(chars.slice(cursor, token.start).join(""));
+    if (token.end > token.start) container.append(tokenElement(chars, token));
+    cursor = Math.max(cursor, token.end);
+    if (span && i === span.token_end - 1) {
+      container = box;
+      spanIndex += 1;
+    }
+  });
+  if (cursor < chars.length) box.append(chars.slice(cursor).join(""));
+}
+
+async function check(event, tokenIds) {
+  if (event) event.preventDefault();
+  const status = $("check-status");
+  const text = $("check-text").value;
+  if (!text.trim()) {
+    say(status, "Paste some text first.", true);
+    return;
+  }
+  const body = {
+    text,
+    alpha: Number($("check-alpha").value),
+    evidence: true,
+    spans: true,
+  };
+  if ($("check-key").value) body.key_id = $("check-key").value;
+  if (tokenIds) body.token_ids = tokenIds;
+  $("check-button").disabled = true;
+  say(status, "Checking…");
+  try {
+    const response = await (await api("/v1/detect", { method: "POST", body })).json();
+    renderResult(text, response);
+    say(status, "");
+  } catch (error) {
+    $("result").hidden = true;
+    say(status, `Check failed: ${error.message}`, true);
+  } finally {
+    $("check-button").disabled = false;
+  }
+}
+
+async function readFile() {
+  const file = $("check-file").files[0];
+  if (!file) return;
+  if (file.size > MAX_FILE_BYTES) {
+    say($("check-status"), `That file is over ${MAX_FILE_BYTES / 1024 / 1024} MB.`, true);
+    return;
+  }
+  $("check-text").value = await file.text();
+  say($("check-status"), `Loaded ${file.name}.`);
+}
+
+// ---- generate -------------------------------------------------------------------------------
+
+function* serverSentEvents(buffer) {
+  // Complete events in `buffer.text`; what is left is kept there for the next chunk.
+  let end;
+  while ((end = buffer.text.indexOf("\n\n")) >= 0) {
+    const block = buffer.text.slice(0, end);
+    buffer.text = buffer.text.slice(end + 2);
+    let name = "message";
+    const data = [];
+    for (const line of block.split("\n")) {
+      if (line.startsWith("event:")) name = line.slice(6).trim();
+      else if (line.startsWith("data:")) data.push(line.slice(5).trimStart());
+    }
+    yield { name, data: data.length ? JSON.parse(data.join("\n")) : null };
+  }
+}
+
+async function generate(event) {
+  event.preventDefault();
+  const status = $("generate-status");
+  const answer = $("answer");
+  const keyId = $("gen-key").value;
+  if (!keyId) {
+    say(status, "Choose a key (or create one) first.", true);
+    return;
+  }
+  const body = {
+    key_id: keyId,
+    prompt: $("gen-prompt").value,
+    method: $("gen-method").value,
+    drafts: Number($("gen-drafts").value),
+    lookahead: Number($("gen-lookahead").value),
+    max_new_tokens: Number($("gen-max").value),
+    stream: true,
+  };
+  answer.textContent = "";
+  $("gen-stats").textContent = "";
+  $("check-answer").hidden = true;
+  lastAnswer = null;
+  generation = new AbortController();
+  $("generate-button").disabled = true;
+  $("stop-button").disabled = false;
+  say(status, "Generating…");
+  try {
+    const response = await api("/v1/generate", { method: "POST", body, signal: generation.signal });
+    const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+    const buffer = { text: "" };
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer.text += value;
+      for (const message of serverSentEvents(buffer)) {
+        if (message.name === "delta") {
+          answer.append(message.data.text);
+        } else if (message.name === "done") {
+          finishGeneration(message.data);
+        } else if (message.name === "error") {
+          throw new ApiError(500, message.data);
+        }
+      }
+    }
+    if (!lastAnswer) throw new Error("the stream ended before the answer was complete");
+  } catch (error) {
+    if (error.name === "AbortError") say(status, "Stopped.");
+    else say(status, `Generation failed: ${error.message}`, true);
+  } finally {
+    generation = null;
+    $("generate-button").disabled = false;
+    $("stop-button").disabled = true;
+  }
+}
+
+function finishGeneration(done) {
+  lastAnswer = { text: done.text, token_ids: done.token_ids, key_id: done.key_id };
+  $("answer").textContent = done.text;
+  const s = done.stats;
+  $("gen-stats").textContent =
+    `${s.emitted_tokens} tokens in ${s.seconds.toFixed(2)} s (${s.tokens_per_second.toFixed(1)} ` +
+    `tokens/s), ${s.target_forward_passes} target passes, AATPS ${s.aatps.toFixed(2)}; ` +
+    `finish: ${done.finish_reason}; watermark ${done.watermark_applied ? "applied" : "not applied"}.`;
+  say($("generate-status"), "Done.");
+  $("check-answer").hidden = false;
+}
+
+function checkAnswer() {
+  if (!lastAnswer) return;
+  $("check-text").value = lastAnswer.text;
+  $("check-key").value = lastAnswer.key_id;
+  selectTab($("tab-check"));
+  check(null, lastAnswer.token_ids);
+}
+
+// ---- tabs -----------------------------------------------------------------------------------
+
+function selectTab(tab) {
+  for (const other of document.querySelectorAll('[role="tab"]')) {
+    const selected = other === tab;
+    other.setAttribute("aria-selected", String(selected));
+    other.tabIndex = selected ? 0 : -1;
+    $(other.getAttribute("aria-controls")).hidden = !selected;
+  }
+  tab.focus();
+}
+
+function tabKeys(event) {
+  const tabs = [...document.querySelectorAll('[role="tab"]')];
+  const i = tabs.indexOf(event.target);
+  if (event.key === "ArrowRight") selectTab(tabs[(i + 1) % tabs.length]);
+  else if (event.key === "ArrowLeft") selectTab(tabs[(i - 1 + tabs.length) % tabs.length]);
+}
+
+// ---- wiring ---------------------------------------------------------------------------------
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("token-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    sessionStorage.setItem(TOKEN_KEY, $("token").value.trim());
+    $("token").value = "";
+    say($("auth-status"), "Checking the token…");
+    loadKeys();
+  });
+  $("forget-token").addEventListener("click", () => {
+    sessionStorage.removeItem(TOKEN_KEY);
+    fillKeys([]);
+    say($("auth-status"), "Token forgotten.");
+  });
+  for (const tab of document.querySelectorAll('[role="tab"]')) {
+    tab.addEventListener("click", () => selectTab(tab));
+    tab.addEventListener("keydown", tabKeys);
+  }
+  $("check-form").addEventListener("submit", (event) => check(event));
+  $("check-file").addEventListener("change", readFile);
+  $("generate-form").addEventListener("submit", generate);
+  $("stop-button").addEventListener("click", () => generation && generation.abort());
+  $("new-key").addEventListener("click", newKey);
+  $("check-answer").addEventListener("click", checkAnswer);
+  loadKeys();
+});

@@ -1,0 +1,317 @@
+"""The web page at ``/`` in a real headless browser (Debian's Chromium, driven by Playwright).
+
+A live server (uvicorn on loopback, embedded Redis) serves the page; the tiny random Llama
+behind the real tokenizer generates the watermarked text for the check tests (its near-uniform
+law carries a strong watermark per token), and the generate-tab test streams from the real
+SmolLM2 model. Screenshots go to ``test-artifacts/web/``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pytest
+import yaml
+
+from tests.service.conftest import Service
+
+playwright_sync = pytest.importorskip("playwright.sync_api")
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "test-artifacts" / "web"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+# As root in a sandbox: no setuid sandbox; no background traffic to a closed network.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+DOCUMENTED = {path for path in yaml.safe_load((ROOT / "openapi.yaml").read_text())["paths"]} | {
+    "/",
+    "/ui/app.js",
+    "/ui/style.css",
+}
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(
+            "Chromium is needed for the browser tests: apt-get install chromium "
+            "(scripts/setup.sh does it when run as root)"
+        )
+    with playwright_sync.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+def human_text(n: int = 1) -> str:
+    rows = [json.loads(line) for line in (ROOT / "data" / "human-pydoc.jsonl").open()]
+    return "\n\n".join(row["text"] for row in rows[:n])
+
+
+class Page:
+    """One browser tab on the service's page, with the requests it made recorded."""
+
+    def __init__(self, browser: Any, service: Service, width: int = 1100) -> None:
+        self.service = service
+        self.context = browser.new_context(viewport={"width": width, "height": 900})
+        self.page = self.context.new_page()
+        self.requests: list[str] = []
+        self.errors: list[str] = []
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.goto(str(service.client.base_url) + "/")
+
+    def sign_in(self, headers: dict[str, str]) -> None:
+        self.page.fill("#token", headers["Authorization"].removeprefix("Bearer "))
+        self.page.click("text=Use token")
+        self.page.wait_for_function(
+            "() => /^Token (accepted|not)|cannot list/.test("
+            "document.getElementById('auth-status').textContent)"
+        )
+
+    def check(self, text: str, key_id: str | None = None) -> str:
+        self.page.fill("#check-text", text)
+        if key_id is not None:
+            self.page.select_option("#check-key", key_id)
+        self.page.click("#check-button")
+        self.page.wait_for_selector("#result:not([hidden]) #verdict[data-verdict]")
+        return str(self.page.get_attribute("#verdict", "data-verdict"))
+
+    def evidence_text(self) -> str:
+        """The evidence view's text without the span badges: the checked text itself."""
+        return str(
+            self.page.evaluate(
+                """() => { const box = document.getElementById('evidence').cloneNode(true);
+                       box.querySelectorAll('.span-label').forEach(e => e.remove());
+                       return box.textContent; }"""
+            )
+        )
+
+    def screenshot(self, name: str) -> None:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        self.page.screenshot(path=str(ARTIFACTS / name), full_page=True)
+
+    def close(self) -> None:
+        assert not self.errors, self.errors
+        paths = {urlparse(url).path for url in self.requests}
+        assert paths <= DOCUMENTED, f"the page called undocumented paths: {paths - DOCUMENTED}"
+        self.context.close()
+
+
+@pytest.fixture
+def service(live: Callable[..., Service]) -> Service:
+    return live()
+
+
+@pytest.fixture
+def page(browser: Any, service: Service) -> Iterator[Page]:
+    tab = Page(browser, service)
+    yield tab
+    tab.close()
+
+
+def watermarked(service: Service, key_id: str, tokens: int = 200) -> dict[str, Any]:
+    r = service.client.post(
+        "/v1/generate",
+        json={
+            "key_id": key_id,
+            "prompt": "Tell me a story.",
+            "max_new_tokens": tokens,
+            "method": "basic-uwm",
+            "nonce": 7,
+        },
+        headers=service.admin,
+    )
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def test_page_and_assets_carry_a_strict_policy(service: Service) -> None:
+    page = service.client.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    policy = page.headers["content-security-policy"]
+    assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy
+    assert "<script" in page.text and re.search(r"<script[^>]*>[^<]", page.text) is None
+    assert service.client.get("/ui/app.js").headers["content-type"].startswith("text/javascript")
+    missing = service.client.get("/ui/../settings.py")
+    assert missing.status_code == 404
+    assert (
+        service.client.get("/ui/nothing.js")
+        .headers["content-type"]
+        .startswith("application/problem+json")
+    )
+
+
+def test_watermarked_text_is_found_with_its_evidence(page: Page, service: Service) -> None:
+    key = service.create_key()
+    answer = watermarked(service, key)
+    page.sign_in(service.admin)
+    assert "1 active key" in page.page.text_content("#auth-status")
+    assert page.check(answer["text"], key) == "watermarked"
+    words = page.page.text_content("#verdict-words")
+    assert words.startswith("Evidence this strong occurs by chance in about 1 text in 10")
+    exponent = int(page.page.text_content("#verdict-words sup"))
+    assert exponent >= 10
+    # Every token of the text is shown, in order: the evidence view reproduces the text.
+    assert page.evidence_text() == answer["text"]
+    levels = [
+        float(x)
+        for x in page.page.eval_on_selector_all(
+            "#evidence .tok:not(.skipped)", "els => els.map(e => e.dataset.level)"
+        )
+    ]
+    assert len(levels) > 150 and sum(levels) / len(levels) > 0.3
+    page.screenshot("watermarked.png")
+
+
+def test_human_text_is_not_flagged_and_skips_are_explained(page: Page, service: Service) -> None:
+    key = service.create_key()
+    page.sign_in(service.admin)
+    assert page.check(human_text(3), key) == "not_detected"
+    assert page.page.text_content("#spans-summary").startswith("No detected span")
+    skipped = page.page.query_selector_all("#evidence .tok.skipped")
+    assert skipped, "the first tokens have no full context and must be greyed"
+    titles = {s.get_attribute("title") for s in skipped}
+    assert any(t and "not scored" in t for t in titles)
+    page.screenshot("human.png")
+
+
+def test_all_keys_mode_finds_the_key(page: Page, service: Service) -> None:
+    keys = [service.create_key() for _ in range(3)]
+    answer = watermarked(service, keys[1], tokens=120)
+    page.sign_in(service.admin)
+    assert page.check(answer["text"]) == "watermarked"  # "All keys of my tenant"
+    numbers = page.page.text_content("#numbers")
+    assert keys[1] in numbers and "3 (p-value corrected" in numbers
+
+
+def test_a_watermarked_passage_inside_human_text_is_outlined(page: Page, service: Service) -> None:
+    key = service.create_key()
+    human = human_text(4)
+    answer = watermarked(service, key, tokens=256)
+    text = human + "\n\n" + answer["text"] + "\n\n" + human_text(1)
+    page.sign_in(service.admin)
+    page.check(text, key)
+    spans = page.page.query_selector_all("#evidence mark.span")
+    assert spans, page.page.text_content("#spans-summary")
+    first = spans[0]
+    start, end = int(first.get_attribute("data-start")), int(first.get_attribute("data-end"))
+    passage = (len(human) + 2, len(human) + 2 + len(answer["text"]))
+    assert passage[0] - 50 <= start and end <= passage[1] + 50, (start, end, passage)
+    label = first.query_selector(".span-label").text_content()
+    assert re.match(r"span 1: p (\d\.\d\d × 10⁻[⁰¹²³⁴⁵⁶⁷⁸⁹]+|0\.\d+)$", label), label
+    assert page.evidence_text() == text
+    page.screenshot("span.png")
+
+
+def test_text_is_shown_as_text_never_as_markup(page: Page, service: Service) -> None:
+    key = service.create_key()
+    page.sign_in(service.admin)
+    attack = '<img src=x onerror="window.pwned=1"><script>window.pwned=2</script> ' * 10
+    page.check(attack, key)
+    assert page.page.evaluate("window.pwned") is None
+    assert page.page.query_selector("#evidence img") is None
+    assert page.evidence_text() == attack
+
+
+def test_errors_are_shown_in_words(browser: Any, live: Callable[..., Service]) -> None:
+    service = live(max_text_chars=500)
+    tab = Page(browser, service)
+    tab.sign_in({"Authorization": "Bearer not-a-token"})
+    assert "Token not accepted" in tab.page.text_content("#auth-status")
+    tab.sign_in(service.admin)
+    tab.page.fill("#check-text", "x" * 600)
+    tab.page.click("#check-button")
+    tab.page.wait_for_selector("#check-status.error")
+    message = tab.page.text_content("#check-status")
+    assert "text" in message and "500" in message, message
+    assert tab.page.is_hidden("#result")
+    # The failed token got 401s: those paths are documented, so close() still passes.
+    tab.close()
+
+
+def test_token_lives_in_the_tab_session_only(browser: Any, service: Service) -> None:
+    tab = Page(browser, service)
+    tab.sign_in(service.admin)
+    token = service.admin["Authorization"].removeprefix("Bearer ")
+    assert tab.page.evaluate("sessionStorage.getItem('poissonmark.token')") == token
+    assert tab.page.evaluate("localStorage.length") == 0
+    assert tab.page.context.cookies() == []
+    assert tab.page.input_value("#token") == ""  # not left in the field
+    other = tab.context.new_page()  # a new tab has its own session storage
+    other.goto(str(service.client.base_url) + "/")
+    assert other.evaluate("sessionStorage.getItem('poissonmark.token')") is None
+    tab.page.click("#forget-token")
+    assert tab.page.evaluate("sessionStorage.getItem('poissonmark.token')") is None
+    tab.close()
+
+
+def test_keyboard_and_phone_width(browser: Any, service: Service) -> None:
+    tab = Page(browser, service, width=360)
+    tab.sign_in(service.admin)
+    width = tab.page.evaluate("document.documentElement.scrollWidth")
+    assert width <= 360, f"horizontal scrolling at phone width: {width}px"
+    # Every form control has a label.
+    unlabelled = tab.page.evaluate(
+        """[...document.querySelectorAll('input, select, textarea')]
+             .filter(e => !e.labels || e.labels.length === 0).map(e => e.id)"""
+    )
+    assert unlabelled == []
+    tab.page.focus("#tab-check")
+    tab.page.keyboard.press("ArrowRight")
+    assert tab.page.is_visible("#panel-generate") and tab.page.is_hidden("#panel-check")
+    assert tab.page.evaluate("document.activeElement.id") == "tab-generate"
+    tab.page.keyboard.press("ArrowLeft")
+    assert tab.page.is_visible("#panel-check")
+    tab.screenshot("phone.png")
+    tab.close()
+
+
+@pytest.mark.realmodel
+def test_generate_streams_then_one_click_checks(
+    browser: Any, live: Callable[..., Service], real_model: Any
+) -> None:
+    service = live(real_model)
+    tab = Page(browser, service)
+    tab.sign_in(service.admin)
+    tab.page.click("#tab-generate")
+    tab.page.click("#new-key")
+    tab.page.wait_for_function("() => document.getElementById('gen-key').value.startsWith('pmk_')")
+    tab.page.fill("#gen-prompt", "Explain why the sky is blue in three sentences.")
+    tab.page.fill("#gen-max", "48")
+    # Record the answer's text at every change: a stream shows it growing, step by step.
+    tab.page.evaluate(
+        """window.growth = [];
+           new MutationObserver(() => window.growth.push(
+               document.getElementById('answer').textContent.length))
+             .observe(document.getElementById('answer'), {childList: true, subtree: true,
+                                                          characterData: true});"""
+    )
+    tab.page.click("#generate-button")
+    tab.page.wait_for_selector("#check-answer:not([hidden])", timeout=300_000)
+    growth = tab.page.evaluate("window.growth")
+    final = tab.page.text_content("#answer")
+    assert len([g for g in growth if 0 < g < len(final)]) >= 2, growth  # partial text shown
+    assert "watermark applied" in tab.page.text_content("#gen-stats")
+    tab.page.click("#check-answer")
+    tab.page.wait_for_selector("#result:not([hidden]) #verdict[data-verdict]", timeout=60_000)
+    assert tab.page.is_visible("#panel-check")
+    assert tab.page.input_value("#check-text") == final
+    assert tab.page.get_attribute("#verdict", "data-verdict") == "watermarked"
+    tab.screenshot("generate-check.png")
+    tab.close()
