@@ -31,7 +31,14 @@ from detector.scores import ScoreFamily, resolve_scores
 from detector.spans import DEFAULT_MAX_SPANS, find_spans
 from detector.stats import PValue, min_scored_tokens
 from detector.tokens import TokenizedText, Tokenizer, tokenize
-from keyed import KeyedSource, SkipReason, detection_plan, label_keys, pivots
+from keyed import (
+    SKIP_CODES,
+    KeyedSource,
+    SkipReason,
+    detection_plan_arrays,
+    label_key_words,
+    pivots,
+)
 
 DEFAULT_ALPHA = 0.01
 MAX_ALPHA = 0.5
@@ -132,15 +139,11 @@ def detect_tokenized(
     # Repeated labels are skipped whatever the key's masking flag (DESIGN §2, detection): with
     # masking off, generation reuses a label's clocks, so a repeat would count the same pivot
     # twice and break the Gamma null on repetitive human text.
-    plan = detection_plan(tokenized.ids, source.context_width, masking=True, special_ids=special)
-    scored = [p for p in plan if p.skip is None]
-
-    labels = [p.label for p in scored if p.label is not None]
-    assert len(labels) == len(scored)  # the plan labels every scored position
-    words = np.array(label_keys(source.secret, labels), dtype=np.int64).reshape(-1, 2)
-    keys = torch.from_numpy(words)  # (M, 2) int64
     ids, token_spans, text = tokenized.ids, tokenized.spans, tokenized.text
-    observed = torch.from_numpy(np.array([ids[p.position] for p in scored], dtype=np.int64))
+    id_array = np.fromiter(ids, dtype=np.int64, count=len(ids))
+    plan = detection_plan_arrays(id_array, source.context_width, special)
+    keys = torch.from_numpy(label_key_words(source.secret, plan.labels))  # (M, 2) int64
+    observed = torch.from_numpy(id_array[plan.scored])  # (M,)
     r = pivots(keys, observed).numpy()  # (M,) float64
     evaluated = {family.name: family.evaluate(r) for family in families}
     aaronson_terms = evaluated["aaronson"][0]  # (M,)
@@ -152,54 +155,58 @@ def detect_tokenized(
         term_dicts = [{"aaronson": v} for v in aaronson_terms.tolist()]
     else:
         term_dicts = [dict(zip(names, row, strict=True)) for row in term_matrix.tolist()]
-    scores_per_token = aaronson_terms.tolist()
-    pivot_values = r.tolist()
-
-    tokens: list[TokenEvidence] = []
-    m = 0  # index of the next scored position in r
-    for p in plan:
-        position = p.position
-        start, end = token_spans[position]
-        if p.skip is None:
-            evidence = TokenEvidence(
-                ids[position],
-                text[start:end],
-                start,
-                end,
-                "scored",
-                None,
-                pivot_values[m],
-                scores_per_token[m],
-                term_dicts[m],
-            )
-            m += 1
-        else:
-            evidence = TokenEvidence(
-                ids[position], text[start:end], start, end, "skipped", p.skip.value, None, None
-            )
-        tokens.append(evidence)
-    counts = Counter(p.skip for p in plan if p.skip is not None)
+    tokens = _evidence(
+        ids, text, token_spans, plan.skip.tolist(), r.tolist(), aaronson_terms.tolist(), term_dicts
+    )
+    scored_positions = plan.scored.tolist()
+    counts = Counter(plan.skip.tolist())
     needed = min_scored_tokens(alpha)
     aaronson = evaluated["aaronson"][1]
     search = None
     if spans:
-        search = find_spans(
-            aaronson_terms, [p.position for p in scored], tokenized.spans, max_spans
-        )
+        search = find_spans(aaronson_terms, scored_positions, tokenized.spans, max_spans)
     return Detection(
         key_id=key_id,
-        num_tokens=len(plan),
-        num_scored=len(scored),
-        verdict=verdict(aaronson, len(scored), alpha, needed),
+        num_tokens=len(ids),
+        num_scored=len(scored_positions),
+        verdict=verdict(aaronson, len(scored_positions), alpha, needed),
         scores={name: p_value for name, (_, p_value) in evaluated.items()},
         tokens=tuple(tokens),
-        skipped={reason.value: counts.get(reason, 0) for reason in SkipReason},
+        skipped={reason.value: counts.get(SKIP_CODES.index(reason), 0) for reason in SkipReason},
         retokenization_matches=tokenized.retokenization_matches,
         alpha=alpha,
         min_scored_tokens=needed,
         spans=search,
         score_params={family.name: dict(family.params) for family in families},
     )
+
+
+def _evidence(
+    ids: Sequence[int],
+    text: str,
+    token_spans: Sequence[tuple[int, int]],
+    skip: list[int],
+    pivot_values: list[float],
+    scores: list[float],
+    terms: list[dict[str, float]],
+) -> tuple[TokenEvidence, ...]:
+    """One ``TokenEvidence`` per token, from the plan's skip codes and the scored values."""
+    reasons = [None if r is None else r.value for r in SKIP_CODES]
+    make = tuple.__new__  # TokenEvidence is a named tuple: build it without the keyword layer
+    out: list[TokenEvidence] = []
+    append = out.append
+    m = 0  # index of the next scored position
+    fields: tuple[object, ...]
+    for token, (start, end), code in zip(ids, token_spans, skip, strict=True):
+        if code == 0:
+            fields = (token, text[start:end], start, end, "scored", None,
+                      pivot_values[m], scores[m], terms[m])  # fmt: skip
+            m += 1
+        else:
+            fields = (token, text[start:end], start, end, "skipped", reasons[code],
+                      None, None, None)  # fmt: skip
+        append(make(TokenEvidence, fields))
+    return tuple(out)
 
 
 def verdict(p: PValue, num_scored: int, alpha: float, needed: int) -> Verdict:

@@ -1,6 +1,8 @@
 """What a detection returns: the verdict, p-values and per-token evidence (DESIGN §4).
 
-Frozen dataclasses validated at construction; ``Detection.to_json()`` is the wire shape the
+Frozen dataclasses validated at construction (``TokenEvidence`` is a named tuple, made 512
+times per 512-token text: its invariants are checked by ``TokenEvidence.check`` and the detector's
+tests rather than per construction); ``Detection.to_json()`` is the wire shape the
 service and the CLI return, and contains only finite numbers (no NaN/Infinity) and no key
 material.
 """
@@ -10,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, NamedTuple
 
 from detector.scores import anlppt
 from detector.spans import SpanSearch
@@ -35,8 +37,7 @@ class Verdict(StrEnum):
     INSUFFICIENT_EVIDENCE = "insufficient_evidence"
 
 
-@dataclass(frozen=True)
-class TokenEvidence:
+class TokenEvidence(NamedTuple):
     """One token of the input as the detector saw it.
 
     Attributes:
@@ -59,7 +60,12 @@ class TokenEvidence:
     score: float | None
     terms: dict[str, float] | None = None
 
-    def __post_init__(self) -> None:
+    def check(self) -> None:
+        """Raise ``ValueError`` unless the fields are consistent (status, pivot, score, reason).
+
+        Not run per construction (the detector builds one per token on its hot path); the
+        detector's tests run it on every token it returns.
+        """
         if not 0 <= self.start <= self.end:
             raise ValueError(f"expected 0 <= start <= end, got ({self.start}, {self.end})")
         if self.status == "scored":

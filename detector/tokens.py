@@ -21,6 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
+
 from detector.errors import TokenizerMismatch
 
 _REPLACEMENT = "\ufffd"  # what a decoder emits for an incomplete UTF-8 sequence
@@ -83,8 +85,9 @@ def encode(tokenizer: Tokenizer, text: str) -> tuple[list[int], list[tuple[int, 
     ``add_special_tokens=False``: the text is scored as given, no BOS/EOS added.
     """
     encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids = list(map(int, encoding["input_ids"]))
-    offsets = [(int(s), int(e)) for s, e in encoding["offset_mapping"]]
+    # A fast tokenizer returns plain lists of ints and of (int, int) tuples already.
+    ids: list[int] = encoding["input_ids"]
+    offsets: list[tuple[int, int]] = encoding["offset_mapping"]
     return ids, offsets
 
 
@@ -97,15 +100,17 @@ def partition_offsets(offsets: Sequence[tuple[int, int]], length: int) -> list[t
     Returns:
         (T,) contiguous ``(start, end)`` spans: the first starts at 0, the last ends at length.
     """
-    spans: list[tuple[int, int]] = []
-    previous_end = 0
-    for i, (_, end) in enumerate(offsets):
-        # A character shared with the next token goes to the later token; the tail to the last.
-        end = min(end, offsets[i + 1][0]) if i + 1 < len(offsets) else length
-        end = min(max(end, previous_end), length)
-        spans.append((previous_end, end))
-        previous_end = end
-    return spans
+    if len(offsets) == 0:
+        return []
+    raw = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+    # A character shared with the next token goes to the later token; the tail to the last:
+    # end_i = min(end_i, start_{i+1}), end_last = length; then ends never go back or past length
+    # (a running maximum of the clipped ends), and each span starts where the previous ended.
+    ends = np.minimum(raw[:, 1], np.append(raw[1:, 0], length))
+    ends[-1] = length
+    ends = np.maximum.accumulate(np.clip(ends, 0, length))
+    starts = np.concatenate(([0], ends[:-1]))
+    return list(zip(starts.tolist(), ends.tolist(), strict=True))
 
 
 def _decode(tokenizer: Tokenizer, ids: Sequence[int]) -> str:

@@ -4,11 +4,14 @@ The only home of keyed randomness in poissonmark (DESIGN §1-§2).
 """
 
 from keyed.context import (
+    SKIP_CODES,
+    DetectionPlan,
     KeyedSource,
     Label,
     PlannedPosition,
     SkipReason,
     detection_plan,
+    detection_plan_arrays,
     label_at,
 )
 from keyed.prf import (
@@ -20,6 +23,7 @@ from keyed.prf import (
     exponential_clocks,
     keys_tensor,
     label_key,
+    label_key_words,
     label_keys,
     nonce_key,
     philox4x32_10,
@@ -31,6 +35,8 @@ __all__ = [
     "PRF_VERSION",
     "SECRET_BYTES",
     "SENTINEL",
+    "SKIP_CODES",
+    "DetectionPlan",
     "KeyedSource",
     "Label",
     "PlannedPosition",
@@ -38,10 +44,12 @@ __all__ = [
     "SkipReason",
     "clock_uniforms",
     "detection_plan",
+    "detection_plan_arrays",
     "exponential_clocks",
     "keys_tensor",
     "label_at",
     "label_key",
+    "label_key_words",
     "label_keys",
     "nonce_key",
     "philox4x32_10",

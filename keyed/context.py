@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+import numpy as np
+
 from keyed.prf import PRF_VERSION, SENTINEL, Secret, label_key, nonce_key
 
 Label = tuple[int, ...]
@@ -138,3 +140,64 @@ def detection_plan(
         seen.add(label)
         plan.append(PlannedPosition(t, label, None))
     return plan
+
+
+# Codes of ``DetectionPlan.skip``: 0 = scored, then one per ``SkipReason`` in this order.
+SKIP_CODES: tuple[SkipReason | None, ...] = (
+    None,
+    SkipReason.NO_CONTEXT,
+    SkipReason.REPEATED_CONTEXT,
+    SkipReason.SPECIAL_TOKEN,
+)
+
+
+@dataclass(frozen=True)
+class DetectionPlan:
+    """``detection_plan`` as arrays (the detector's fast path; the same decisions).
+
+    Attributes:
+        skip: (T,) int8, 0 where the position is scored, else the index of its reason in
+            ``SKIP_CODES``.
+        scored: (M,) int64 positions scored, increasing.
+        labels: (M, m) int64 labels of the scored positions (``label_at``), oldest id first.
+    """
+
+    skip: np.ndarray
+    scored: np.ndarray
+    labels: np.ndarray
+
+
+def detection_plan_arrays(
+    tokens: np.ndarray, width: int, special_ids: frozenset[int] = frozenset()
+) -> DetectionPlan:
+    """``detection_plan(tokens, width, masking=True, special_ids)`` vectorised with NumPy.
+
+    A position t >= m that is not a special token is a candidate; a candidate is scored iff no
+    earlier candidate has the same label (first occurrence; ``np.unique`` over the label rows),
+    which is exactly the reference loop's "not in ``seen``", since ``seen`` collects the labels
+    of scored positions and every candidate's label is first seen at a scored position.
+
+    Args:
+        tokens: (T,) integer token ids of the text alone.
+        width: the context width m >= 1.
+        special_ids: ids never scored.
+    Returns:
+        a ``DetectionPlan``; checked against ``detection_plan`` in ``tests/keyed``.
+    """
+    ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+    skip = np.zeros(ids.shape[0], dtype=np.int8)
+    skip[:width] = 1  # no_context
+    special = np.isin(ids, np.fromiter(special_ids, dtype=np.int64, count=len(special_ids)))
+    skip[special] = 3  # special tokens first, as the reference loop checks them first
+    if ids.shape[0] <= width:
+        return DetectionPlan(skip, np.zeros(0, np.int64), np.zeros((0, width), np.int64))
+    windows = np.lib.stride_tricks.sliding_window_view(ids, width)[:-1]  # label of t = width + i
+    candidates = np.flatnonzero(skip[width:] == 0)  # indices i into windows
+    rows = np.ascontiguousarray(windows[candidates])
+    keyed_rows = rows.view(np.dtype((np.void, rows.dtype.itemsize * width))).reshape(-1)
+    _, first = np.unique(keyed_rows, return_index=True)
+    is_first = np.zeros(candidates.shape[0], dtype=bool)
+    is_first[first] = True
+    skip[width + candidates[~is_first]] = 2  # repeated_context
+    chosen = candidates[is_first]
+    return DetectionPlan(skip, chosen + width, rows[is_first])

@@ -145,6 +145,43 @@ def label_keys(secret: Secret, labels: Sequence[Sequence[int]]) -> list[tuple[in
     return keys
 
 
+def label_key_words(secret: Secret, labels: np.ndarray) -> np.ndarray:
+    """``label_keys`` of an (N, m) array of labels, as an (N, 2) array: the detector's path.
+
+    The same words as ``label_key``, bit for bit: the payloads ``m ‖ ids`` (uint32 LE) are laid
+    out by NumPy in one buffer and each is hashed from a copy of the keyed state after the tag.
+
+    Args:
+        secret: the key's secret.
+        labels: (N, m) integer array of token ids in [0, 2^32), oldest first, m >= 1.
+    Returns:
+        (N, 2) int64 array of (κ0, κ1) uint32 words.
+    Raises:
+        ValueError: a label id outside [0, 2^32), or not a 2-D array.
+    """
+    labels = np.asarray(labels)
+    if labels.ndim != 2 or labels.shape[1] < 1:
+        raise ValueError(f"expected an (N, m) array of labels, got shape {labels.shape}")
+    if labels.size and (labels.min() < 0 or labels.max() > _MASK32):
+        raise ValueError("expected label ids in [0, 2^32)")
+    n, m = labels.shape
+    payload = np.empty((n, m + 1), dtype="<u4")
+    payload[:, 0] = m
+    payload[:, 1:] = labels
+    view = memoryview(payload.tobytes())
+    row = 4 * (m + 1)
+    base = hashlib.blake2b(key=secret.reveal(), digest_size=8)
+    base.update(struct.pack("<I", len(TAG_CLOCK)))
+    base.update(TAG_CLOCK)
+    digests = bytearray()
+    copy = base.copy
+    for offset in range(0, n * row, row):
+        h = copy()
+        h.update(view[offset : offset + row])
+        digests += h.digest()
+    return np.frombuffer(bytes(digests), dtype="<u4").astype(np.int64).reshape(n, 2)
+
+
 def nonce_key(secret: Secret, nonce: int, position: int) -> tuple[int, int]:
     """Philox key for the nonce stream at a response position (repeated-context rule).
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -9,7 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from detector import Detection, PValue, Verdict, detect, min_scored_tokens, verdict
+from detector import (
+    Detection,
+    PValue,
+    TokenEvidence,
+    Verdict,
+    detect,
+    min_scored_tokens,
+    verdict,
+)
 from detector.scores import SCORE_NAMES
 from keyed import KeyedSource, keys_tensor, label_key, pivots
 from tests.detector.helpers import (
@@ -369,3 +378,38 @@ def test_rejects_bad_input_naming_field_and_limit(real_tokenizer, kwargs, messag
 def test_rejects_a_source_that_is_not_keyed(real_tokenizer) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match="source to be a KeyedSource"):
         detect(real_tokenizer, fixed_secret("raw"), text="x")  # type: ignore[arg-type]
+
+
+# --- every token of the evidence is consistent (TokenEvidence.check) --------------------------
+
+
+@pytest.mark.parametrize("scores", [("aaronson",), SCORE_NAMES])
+def test_every_evidence_token_is_consistent(real_tokenizer, human_passages, scores) -> None:  # type: ignore[no-untyped-def]
+    text = human_passages[0] + "\n\n" + "again " * 40 + "<|im_end|>" + human_passages[1]
+    detection = detect(real_tokenizer, fixed_source("check"), text=text, scores=scores)
+    reasons = {t.skip_reason for t in detection.tokens}
+    assert {"no_context", "repeated_context", "special_token"} <= reasons
+    for token in detection.tokens:
+        token.check()
+        assert token.text == text[token.start : token.end]
+        if token.status == "scored":
+            assert token.terms is not None and set(token.terms) == set(scores)
+    spans = [(t.start, t.end) for t in detection.tokens]
+    assert spans[0][0] == 0 and spans[-1][1] == len(text)
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        (1, "a", 2, 1, "scored", None, 0.5, 0.7, None),  # start > end
+        (1, "a", 0, 1, "scored", "no_context", 0.5, 0.7, None),  # scored with a reason
+        (1, "a", 0, 1, "scored", None, 1.0, 0.7, None),  # pivot outside (0, 1)
+        (1, "a", 0, 1, "skipped", "bogus", None, None, None),  # unknown reason
+        (1, "a", 0, 1, "skipped", "no_context", 0.5, None, None),  # skipped with a pivot
+        (1, "a", 0, 1, "maybe", None, None, None, None),  # unknown status
+    ],
+)
+def test_evidence_check_rejects_inconsistent_tokens(fields) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match=r"expected|a scored token|a skipped token"):
+        TokenEvidence(*fields).check()

@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from keyed.context import PlannedPosition, SkipReason, detection_plan, label_at
+from keyed.context import (
+    SKIP_CODES,
+    DetectionPlan,
+    PlannedPosition,
+    SkipReason,
+    detection_plan,
+    detection_plan_arrays,
+    label_at,
+)
 from keyed.prf import SENTINEL
 
 S = SENTINEL
@@ -150,3 +158,42 @@ def test_special_token_reason_wins_over_no_context():
     plan = detection_plan([0, 1, 2, 3, 4], width=4, special_ids=frozenset({0}))
     assert plan[0].skip is SkipReason.SPECIAL_TOKEN
     assert plan[1].skip is SkipReason.NO_CONTEXT
+
+
+# ------------------------------------------------------------- the vectorised plan (fast path)
+
+
+def _as_reference(
+    plan: DetectionPlan, width: int
+) -> list[tuple[int, tuple[int, ...] | None, SkipReason | None]]:
+    labels = iter(plan.labels.tolist())
+    out = []
+    for t, code in enumerate(plan.skip.tolist()):
+        reason = SKIP_CODES[code]
+        out.append((t, tuple(next(labels)) if reason is None else None, reason))
+    return out
+
+
+@pytest.mark.parametrize("width", [1, 2, 4, 7])
+@pytest.mark.parametrize(
+    "kind", ["random", "one_token", "short_cycle", "few_symbols", "empty", "shorter_than_m"]
+)
+def test_plan_arrays_equal_the_reference_loop(width: int, kind: str) -> None:
+    """``detection_plan_arrays`` makes the same decisions as ``detection_plan`` (masking on),
+    on random and on adversarially repetitive texts, with special tokens sprinkled in."""
+    rng = np.random.default_rng(width * 31 + len(kind))
+    tokens = {
+        "random": rng.integers(0, 49_152, 400),
+        "one_token": np.full(300, 17),
+        "short_cycle": np.tile([5, 6, 7], 120),
+        "few_symbols": rng.integers(0, 3, 500),
+        "empty": np.zeros(0, np.int64),
+        "shorter_than_m": np.arange(width - 1 if width > 1 else 0),
+    }[kind]
+    special = frozenset({0, 2, 99})
+    plan = detection_plan_arrays(tokens, width, special)
+    reference = detection_plan(list(map(int, tokens)), width, masking=True, special_ids=special)
+    expected = [(p.position, p.label if p.skip is None else None, p.skip) for p in reference]
+    assert _as_reference(plan, width) == expected
+    assert plan.scored.tolist() == [p.position for p in reference if p.skip is None]
+    assert plan.labels.shape == (len(plan.scored), width)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from keyed import SENTINEL, Secret, label_key, label_keys
+from keyed import SENTINEL, Secret, label_key, label_key_words, label_keys
 
 
 def test_label_keys_equals_label_key() -> None:
@@ -21,3 +21,22 @@ def test_label_keys_equals_label_key() -> None:
 def test_label_keys_rejects_out_of_range_ids(bad: tuple[int, ...]) -> None:
     with pytest.raises(ValueError, match=r"label ids in \[0, 2\^32\)"):
         label_keys(Secret(bytes(32)), [(1, 2, 3), bad])
+
+
+@pytest.mark.parametrize("m", [1, 2, 4, 8, 64])
+def test_label_key_words_equals_label_key(m: int) -> None:
+    rng = np.random.default_rng(m)
+    secret = Secret(bytes(rng.integers(0, 256, 32, dtype=np.uint8)))
+    labels = rng.integers(0, 2**32, size=(300, m), dtype=np.int64)
+    labels[0] = 0
+    labels[1] = SENTINEL
+    words = label_key_words(secret, labels)
+    assert words.shape == (300, 2) and words.dtype == np.int64
+    assert [tuple(w) for w in words.tolist()] == [label_key(secret, tuple(row)) for row in labels]
+    assert label_key_words(secret, np.zeros((0, m), np.int64)).shape == (0, 2)
+
+
+@pytest.mark.parametrize("bad", [[[1, 2**32]], [[-1, 2]], [1, 2]])
+def test_label_key_words_rejects_bad_labels(bad: list[object]) -> None:
+    with pytest.raises(ValueError, match=r"label ids in \[0, 2\^32\)|\(N, m\) array"):
+        label_key_words(Secret(bytes(32)), np.array(bad, dtype=np.int64))
