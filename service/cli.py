@@ -238,7 +238,14 @@ def generate(
 
 @app.command()
 def detect(
-    key: Annotated[str, typer.Option("--key", help="Key id.")],
+    key: Annotated[
+        str | None,
+        typer.Option(
+            "--key",
+            help="Key id. Omit to test every active key of --tenant made for this model's "
+            "tokenizer (multi-key: the best key's p-value is corrected for their number).",
+        ),
+    ] = None,
     text: Annotated[str | None, typer.Option("--text", help="Text to check.")] = None,
     file: Annotated[Path | None, typer.Option("--file", help="Read the text from a file.")
                     ] = None,
@@ -266,11 +273,17 @@ def detect(
     no_tokens: Annotated[bool, typer.Option(
         "--no-tokens", help="With --jsonl: leave per-token evidence out of each result.")
     ] = False,
+    tenant: Annotated[
+        str, typer.Option(help="Without --key: the tenant whose keys are tested.")
+    ] = "default",
+    include_revoked: Annotated[
+        bool, typer.Option("--include-revoked", help="Without --key: test revoked keys too.")
+    ] = False,
     model: ModelOpt = None,
     as_json: Json = False,
 ) -> None:
     """Test a text for the key's watermark (text from --text, --file or stdin), or every line
-    of a JSONL corpus (--jsonl)."""
+    of a JSONL corpus (--jsonl). Without --key, test every key of the tenant (multi-key)."""
     from detector import TokenizerMismatch, check_tokenizer
     from detector import detect as run_detect
     from keyed import KeyedSource
@@ -302,6 +315,14 @@ def detect(
             if sys.stdin.isatty():
                 raise ValueError("give --text, --file, --token-ids or pipe the text on stdin")
             text = sys.stdin.read()
+        if key is None:
+            if jsonl is not None:
+                raise ValueError("--jsonl needs --key (corpus mode tests one key)")
+            _detect_all_keys(
+                settings, tenant, include_revoked, model, as_json,
+                text=text, token_ids=ids, alpha=alpha, scores=families, spans=spans,
+            )  # fmt: skip
+            return
         with _store(settings) as store:
             record = store.get(key)
         tokenizer = _tokenizer(settings, model, as_json or jsonl is not None)
@@ -323,6 +344,47 @@ def detect(
         _emit_json(result.to_json())
         return
     _print_detection(result)
+
+
+def _detect_all_keys(
+    settings: Settings,
+    tenant: str,
+    include_revoked: bool,
+    model: str | None,
+    as_json: bool,
+    **options: Any,
+) -> None:
+    """``detect`` without ``--key``: ``detector.detect_multi`` over the tenant's keys made for
+    this tokenizer; prints the corrected result, then the best key's evidence."""
+    from detector import detect_multi
+    from keyed import KeyedSource
+    from sampler.models import tokenizer_fingerprint
+
+    with _store(settings) as store:
+        records = store.list(tenant, include_revoked=include_revoked)
+    tokenizer = _tokenizer(settings, model, as_json)
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    sources = {
+        r.key_id: KeyedSource(r.secret, r.context_width, r.masking)
+        for r in records
+        if r.tokenizer == fingerprint
+    }
+    if not sources:
+        which = "active or revoked" if include_revoked else "active"
+        _fail(f"tenant {tenant!r} has no {which} key for this model's tokenizer ({fingerprint})")
+    result = detect_multi(tokenizer, sources, **options)
+    if as_json:
+        _emit_json(result.to_json())
+        return
+    out.print(
+        f"tested {result.num_keys} key{'s' if result.num_keys != 1 else ''} of tenant "
+        f"{tenant}; best key [bold]{result.best_key_id}[/]; p-value corrected for "
+        f"{result.num_keys} keys: {result.p_value:.3g} (log10 p {result.log10_p_value:.2f})",
+        highlight=False,
+    )
+    out.print(f"verdict (corrected): [bold]{result.verdict.value}[/]")
+    out.print("[dim]best key's own result:[/]")
+    _print_detection(result.best)
 
 
 def _print_detection(result: Any) -> None:

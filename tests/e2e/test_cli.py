@@ -75,8 +75,22 @@ def test_keys_generate_detect_round_trip(cli_env):
     for output in (created.stdout, gen.stdout, gen.stderr, by_ids.stdout):
         assert "secret" not in output.lower()
 
+    # Multi-key: without --key every active key of the tenant is tried, the best is corrected.
+    other = json.loads(run(cli_env, "keys", "create", "--json").stdout)["key_id"]
+    multi = run(cli_env, "detect", "--json", "--text", g["text"])
+    assert multi.returncode == 0, multi.stderr
+    m = json.loads(multi.stdout)
+    assert m["best_key_id"] == key["key_id"] and m["verdict"] == "watermarked"
+    assert m["num_keys"] == len(m["keys"]) >= 2 and other in m["keys"]
+    assert m["log10_p_value"] >= m["uncorrected_log10_p_value"]  # Bonferroni never helps
+
     revoked = run(cli_env, "keys", "revoke", key["key_id"], "--json")
     assert json.loads(revoked.stdout)["revoked"] is True
+    active_only = json.loads(run(cli_env, "detect", "--json", "--text", g["text"]).stdout)
+    assert key["key_id"] not in active_only["keys"] and active_only["verdict"] != "watermarked"
+    with_revoked = run(cli_env, "detect", "--include-revoked", "--text", g["text"])
+    assert f"best key {key['key_id']}" in with_revoked.stdout, with_revoked.stdout
+    assert "verdict (corrected): watermarked" in with_revoked.stdout
     refused = run(cli_env, "generate", "--key", key["key_id"], "--prompt", "hi", "--json")
     assert refused.returncode != 0 and key["key_id"] in refused.stderr
 

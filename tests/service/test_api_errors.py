@@ -296,3 +296,24 @@ def test_worker_refuses_when_closed(tiny_loaded) -> None:  # type: ignore[no-unt
 
     with pytest.raises(NotReady):
         asyncio.run(submit())
+
+
+def test_a_key_of_another_tokenizer_is_409_and_skipped_by_multi_key(svc: Service) -> None:
+    """A key bound to another tokenizer cannot score this model's ids (every pivot would be
+    unrelated to the key): asked by id, 409 ``tokenizer-mismatch``; multi-key leaves it out."""
+    foreign = svc.store.create("sha256:" + "0" * 64)
+    body = problem(
+        svc.client.post(
+            "/v1/detect",
+            json={"text": "hello there", "key_id": foreign.key_id},
+            headers=svc.admin,
+        ),
+        409,
+        "tokenizer-mismatch",
+    )
+    assert foreign.key_id in body["detail"]
+    own = svc.create_key()
+    r = svc.client.post("/v1/detect", json={"text": "hello there " * 8}, headers=svc.admin)
+    assert r.status_code == 200, r.text
+    tested = {result["key_id"] for result in r.json()["results"]}
+    assert own in tested and foreign.key_id not in tested
