@@ -28,15 +28,20 @@ import torch
 from transformers import PreTrainedModel
 
 from keyed import KeyedSource, Label, Secret, exponential_clocks, label_at
+from sampler.baselines import BASELINES, generate_baseline
 from sampler.cached_lm import CachedLM
 from sampler.drafters import Drafter
 from sampler.processing import Processing, Support, process
 from sampler.race import mpfr_samples, race_winner
 from sampler.tree import DraftTree
 
-Method = Literal["ar", "basic-uwm", "pfr", "mpfr", "pfr-nowm", "mpfr-nowm"]
-METHODS: tuple[str, ...] = ("ar", "basic-uwm", "pfr", "mpfr", "pfr-nowm", "mpfr-nowm")
-SPECULATIVE = frozenset({"pfr", "mpfr", "pfr-nowm", "mpfr-nowm"})
+Method = Literal["ar", "basic-uwm", "pfr", "mpfr", "pfr-nowm", "mpfr-nowm", "vsps", "gls"]
+METHODS: tuple[str, ...] = (
+    "ar", "basic-uwm", "pfr", "mpfr", "pfr-nowm", "mpfr-nowm", "vsps", "gls"
+)  # fmt: skip
+SPECULATIVE = frozenset({"pfr", "mpfr", "pfr-nowm", "mpfr-nowm", "vsps", "gls"})
+"""Methods that draft; ``vsps`` and ``gls`` are the unwatermarked baselines
+(``sampler.baselines``)."""
 MAX_DRAFTS = 64
 MAX_LOOKAHEAD = 32
 
@@ -77,7 +82,7 @@ class SamplerConfig:
 
     @property
     def effective_drafts(self) -> int:
-        return 1 if self.method in ("pfr", "pfr-nowm") else self.drafts
+        return 1 if self.method in ("pfr", "pfr-nowm", "vsps") else self.drafts
 
 
 @dataclass(frozen=True)
@@ -203,6 +208,8 @@ def generate(
         raise ValueError("a keyed source (key or nonce) is required")
     if config.speculative and drafter is None:
         raise ValueError(f"method {config.method!r} needs a drafter")
+    if config.method in BASELINES:
+        return _baseline(target, prompt, config, source, drafter, eos_ids, on_tokens)
     generator: torch.Generator | None = None
     keyed: KeyedSource | None = source
     if config.method == "ar":
@@ -300,3 +307,30 @@ def generate(
         watermark_applied=watermark,
         stats=stats,
     )
+
+
+def _baseline(
+    target: PreTrainedModel,
+    prompt: list[int],
+    config: SamplerConfig,
+    source: KeyedSource,
+    drafter: Drafter | None,
+    eos_ids: frozenset[int],
+    on_tokens: Callable[[list[int]], None] | None,
+) -> GenerationResult:
+    """``vsps``/``gls`` through ``sampler.baselines``, seeded with the request nonce."""
+    assert drafter is not None  # checked by generate()
+    run = generate_baseline(
+        target, prompt, config.method, config.effective_drafts, config.lookahead,
+        config.max_new_tokens, config.processing, drafter, source.nonce, eos_ids, on_tokens,
+    )  # fmt: skip
+    stats = GenerationStats(
+        emitted_tokens=len(run.token_ids) + (1 if run.finish_reason == "eos" else 0),
+        target_forward_passes=run.target_forward_passes,
+        drafter_calls=run.drafter_calls,
+        accepted_per_level=run.accepted_per_level,
+        drafted_per_level=run.drafted_per_level,
+        prefill_seconds=run.prefill_seconds,
+        seconds=run.seconds,
+    )
+    return GenerationResult(tuple(run.token_ids), run.finish_reason, config.method, False, stats)

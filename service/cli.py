@@ -153,8 +153,12 @@ def generate(
     prompt: Annotated[str | None, typer.Option("--prompt", help="User message.")] = None,
     messages_file: Annotated[Path | None, typer.Option(
         "--messages-file", help="JSON list of {role, content} chat messages.")] = None,
-    method: Annotated[str, typer.Option(help="ar, basic-uwm, pfr, mpfr, pfr-nowm, mpfr-nowm")
-                      ] = "mpfr",
+    method: Annotated[
+        str,
+        typer.Option(
+            help="ar, basic-uwm, pfr, mpfr, pfr-nowm, mpfr-nowm; unwatermarked baselines vsps, gls"
+        ),
+    ] = "mpfr",
     drafter: Annotated[str, typer.Option(help="ngram, self:N or model:PATH")] = "ngram",
     drafts: Annotated[int, typer.Option("--drafts", "-B", help="Drafts B.")] = 4,
     lookahead: Annotated[int, typer.Option("--lookahead", "-L", help="Lookahead L.")] = 4,
