@@ -24,7 +24,6 @@ from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
-import torch
 
 from detector.evidence import Detection, TokenEvidence, Verdict
 from detector.scores import ScoreFamily, resolve_scores
@@ -37,7 +36,7 @@ from keyed import (
     SkipReason,
     detection_plan_arrays,
     label_key_words,
-    pivots,
+    pivot_array,
 )
 
 DEFAULT_ALPHA = 0.01
@@ -142,9 +141,8 @@ def detect_tokenized(
     ids, token_spans, text = tokenized.ids, tokenized.spans, tokenized.text
     id_array = np.fromiter(ids, dtype=np.int64, count=len(ids))
     plan = detection_plan_arrays(id_array, source.context_width, special)
-    keys = torch.from_numpy(label_key_words(source.secret, plan.labels))  # (M, 2) int64
-    observed = torch.from_numpy(id_array[plan.scored])  # (M,)
-    r = pivots(keys, observed).numpy()  # (M,) float64
+    keys = label_key_words(source.secret, plan.labels)  # (M, 2) int64
+    r = pivot_array(keys, id_array[plan.scored])  # (M,) float64
     evaluated = {family.name: family.evaluate(r) for family in families}
     aaronson_terms = evaluated["aaronson"][0]  # (M,)
     term_matrix = np.stack([terms for terms, _ in evaluated.values()], axis=1)  # (M, F)

@@ -27,6 +27,7 @@ from keyed.prf import (
     label_keys,
     nonce_key,
     philox4x32_10,
+    pivot_array,
     pivots,
     uniforms_from_keys,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "label_keys",
     "nonce_key",
     "philox4x32_10",
+    "pivot_array",
     "pivots",
     "uniforms_from_keys",
 ]

@@ -336,6 +336,29 @@ def exponential_clocks(keys: torch.Tensor, tokens: torch.Tensor, num_arrivals: i
     return -torch.log(clock_uniforms(keys, tokens, num_arrivals))
 
 
+def pivot_array(keys: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """``pivots`` on NumPy arrays (the detector's CPU path; the same bits).
+
+    Args:
+        keys: (T, 2) integer context keys (uint32 words). tokens: (T,) integer observed ids.
+    Returns:
+        (T,) float64 pivots in (0, 1).
+    """
+    keys = np.asarray(keys)
+    tokens = np.asarray(tokens)
+    if keys.ndim != 2 or keys.shape[1] != 2 or tokens.shape != (keys.shape[0],):
+        raise ValueError(
+            f"expected keys (T, 2) and tokens (T,), got {keys.shape} and {tokens.shape}"
+        )
+    u64 = np.uint64
+    n0, n1 = _philox4x32_10_numpy(
+        tokens.astype(u64), np.ones(tokens.shape, u64), keys[:, 0].astype(u64),
+        keys[:, 1].astype(u64),
+    )  # fmt: skip
+    top = ((n1 << u64(21)) | (n0 >> u64(11))).astype(np.float64)
+    return np.minimum((top + 0.5) / _TWO_POW_53, _BELOW_ONE)
+
+
 def pivots(keys: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """Pivots r_t = U(κ_t, w_t, 1) of observed tokens, for the detector.
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
-from keyed import SENTINEL, Secret, label_key, label_key_words, label_keys
+from keyed import SENTINEL, Secret, label_key, label_key_words, label_keys, pivot_array, pivots
 
 
 def test_label_keys_equals_label_key() -> None:
@@ -40,3 +41,19 @@ def test_label_key_words_equals_label_key(m: int) -> None:
 def test_label_key_words_rejects_bad_labels(bad: list[object]) -> None:
     with pytest.raises(ValueError, match=r"label ids in \[0, 2\^32\)|\(N, m\) array"):
         label_key_words(Secret(bytes(32)), np.array(bad, dtype=np.int64))
+
+
+def test_pivot_array_equals_pivots_bit_for_bit() -> None:
+    rng = np.random.default_rng(77)
+    keys = rng.integers(0, 2**32, size=(5000, 2), dtype=np.int64)
+    keys[0] = (0, 0)
+    keys[1] = (2**32 - 1, 2**32 - 1)
+    tokens = rng.integers(0, 2**31, size=5000, dtype=np.int64)
+    fast = pivot_array(keys, tokens)
+    reference = pivots(torch.from_numpy(keys), torch.from_numpy(tokens)).numpy()
+    assert fast.dtype == np.float64 and np.array_equal(
+        fast.view(np.int64), reference.view(np.int64)
+    )
+    assert ((fast > 0) & (fast < 1)).all()
+    with pytest.raises(ValueError, match=r"keys \(T, 2\)"):
+        pivot_array(keys[:, :1], tokens)
