@@ -168,18 +168,18 @@ def label_key_words(secret: Secret, labels: np.ndarray) -> np.ndarray:
     payload = np.empty((n, m + 1), dtype="<u4")
     payload[:, 0] = m
     payload[:, 1:] = labels
-    view = memoryview(payload.tobytes())
+    raw = payload.tobytes()
     row = 4 * (m + 1)
     base = hashlib.blake2b(key=secret.reveal(), digest_size=8)
     base.update(struct.pack("<I", len(TAG_CLOCK)))
     base.update(TAG_CLOCK)
-    digests = bytearray()
-    copy = base.copy
+    digests: list[bytes] = []
+    append, copy = digests.append, base.copy
     for offset in range(0, n * row, row):
         h = copy()
-        h.update(view[offset : offset + row])
-        digests += h.digest()
-    return np.frombuffer(bytes(digests), dtype="<u4").astype(np.int64).reshape(n, 2)
+        h.update(raw[offset : offset + row])
+        append(h.digest())
+    return np.frombuffer(b"".join(digests), dtype="<u4").astype(np.int64).reshape(n, 2)
 
 
 def nonce_key(secret: Secret, nonce: int, position: int) -> tuple[int, int]:
