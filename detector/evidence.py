@@ -150,13 +150,13 @@ class Detection:
         """The Aaronson p-value, the one the verdict uses."""
         return self.scores["aaronson"]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, tokens: bool = True) -> dict[str, Any]:
         """The wire shape: plain JSON types, finite numbers only, no key material.
 
         ``{"key_id", "num_tokens", "num_scored", "verdict", "alpha", "scores": {name: {"score",
         "p_value", "log10_p_value", "method", "anlppt", "params"}}, "tokens": [...],
         "skipped": {...}, "retokenization_matches", "spans"}``; ``spans`` is null unless the
-        span search ran.
+        span search ran; ``tokens`` is null when ``tokens=False`` (evidence not asked for).
         """
         params = self.score_params or {}
         return {
@@ -176,7 +176,7 @@ class Detection:
                 }
                 for name, p in self.scores.items()
             },
-            "tokens": [t.to_json() for t in self.tokens],
+            "tokens": [t.to_json() for t in self.tokens] if tokens else None,
             "skipped": dict(self.skipped),
             "retokenization_matches": self.retokenization_matches,
             "spans": None if self.spans is None else self.spans.to_json(),

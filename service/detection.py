@@ -112,11 +112,9 @@ class DetectionPool:
         )
         results = []
         for key_id, detection in found.results.items():
-            out = detection.to_json()
+            out = detection.to_json(tokens=options.evidence)
             out["key_id"] = key_id
             out["min_scored_tokens"] = detection.min_scored_tokens
-            if not options.evidence:
-                out["tokens"] = None
             results.append(out)
         return {
             "verdict": found.verdict.value,
