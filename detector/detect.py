@@ -3,7 +3,8 @@
 Pipeline (DESIGN §4; MPFR paper Alg. 8 and App. E; Aaronson & Kirchner 2023):
 1. tokens: the text with the key's tokenizer (``add_special_tokens=False``, offsets kept,
    never trimmed or normalised), or the exact ``token_ids`` supplied (case C9).
-2. plan: ``keyed.detection_plan`` scores position t iff its whole label window lies in the
+2. plan: ``keyed.detection_plan_arrays`` (the columnar form of ``keyed.detection_plan``,
+   tested equal) scores position t iff its whole label window lies in the
    text (t >= m), the token is not special, and its label was not scored earlier in the text;
    other positions are skipped with a reason (``no_context``, ``special_token``,
    ``repeated_context``). The prompt never enters: the count does not depend on it (case C4).

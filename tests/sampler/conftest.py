@@ -8,6 +8,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from sampler.cached_lm import CachedLM
+from sampler.processing import Processing, dense_logp, process
+
 VOCAB = 64
 
 
@@ -47,3 +50,32 @@ def target() -> LlamaForCausalLM:
 @pytest.fixture(scope="session")
 def other_drafter_model() -> LlamaForCausalLM:
     return tiny_llama(1, layers=1)
+
+
+C10_CASES = [
+    pytest.param([0.6, 0.4], [0.8, 0.2], None, [0.6, 0.4], id="probs_q08_p06"),
+    pytest.param(
+        [2.0, 1.0, 0.5],
+        [1.5, 1.2, 0.3],
+        Processing(0.7, 2, 1.0),
+        [0.80668, 0.19332, 0.0],
+        id="logits_T07_top2",
+    ),
+]
+"""Case C10's (P, Q, processing, expected law) pairs: ``p_values``/``q_values`` are
+probabilities when ``processing`` is None, else logits."""
+
+
+def first_two_token_law(
+    target: LlamaForCausalLM, prompt: list[int], processing: Processing
+) -> dict[tuple[int, int], float]:
+    """The enumerated law P(y1) P(y2 | y1) of the first two tokens after ``prompt``."""
+    first = dense_logp(process(CachedLM(target).extend(prompt)[-1:], processing), VOCAB).exp()[0]
+    law = {}
+    for y1 in torch.nonzero(first).flatten().tolist():
+        second = dense_logp(
+            process(CachedLM(target).extend([*prompt, y1])[-1:], processing), VOCAB
+        ).exp()[0]
+        for y2 in torch.nonzero(second).flatten().tolist():
+            law[(y1, y2)] = float(first[y1] * second[y2])
+    return law

@@ -15,25 +15,13 @@ from scipy import stats
 
 from keyed import KeyedSource, Secret
 from sampler.baselines import gls_drafts, gls_target, gumbels, residual_logp, vsps_accepts
-from sampler.cached_lm import CachedLM
 from sampler.decoder import SamplerConfig, generate
 from sampler.drafters import ModelDrafter, self_drafter
 from sampler.processing import Processing, dense_logp, process
-from tests.sampler.conftest import VOCAB, tiny_llama
+from tests.sampler.conftest import C10_CASES, VOCAB, first_two_token_law, tiny_llama
 
 ALPHA = 1e-3
 DRAWS = 20_000
-
-C10_CASES = [
-    pytest.param([0.6, 0.4], [0.8, 0.2], None, [0.6, 0.4], id="probs_q08_p06"),
-    pytest.param(
-        [2.0, 1.0, 0.5],
-        [1.5, 1.2, 0.3],
-        Processing(0.7, 2, 1.0),
-        [0.80668, 0.19332, 0.0],
-        id="logits_T07_top2",
-    ),
-]
 
 
 def chisquare_p(counts: np.ndarray, probs: np.ndarray) -> float:
@@ -129,14 +117,7 @@ def test_decoder_law_of_first_two_tokens(method: str) -> None:
     processing = Processing(1.0, 4, 1.0)
     target = tiny_llama(3, layers=2)
     prompt = [3, 14, 15, 9, 26]
-    first = dense_logp(process(CachedLM(target).extend(prompt)[-1:], processing), VOCAB).exp()[0]
-    law = {}
-    for y1 in torch.nonzero(first).flatten().tolist():
-        second = dense_logp(
-            process(CachedLM(target).extend([*prompt, y1])[-1:], processing), VOCAB
-        ).exp()[0]
-        for y2 in torch.nonzero(second).flatten().tolist():
-            law[(y1, y2)] = float(first[y1] * second[y2])
+    law = first_two_token_law(target, prompt, processing)
     drafter = self_drafter(target, 1)
     config = SamplerConfig(method, 2, 2, 2, processing)
     counts = dict.fromkeys(law, 0)

@@ -14,8 +14,8 @@ from keyed import KeyedSource, Secret
 from sampler.cached_lm import CachedLM
 from sampler.decoder import SamplerConfig, generate
 from sampler.drafters import FixedTokenDrafter, ModelDrafter, NgramDrafter, self_drafter
-from sampler.processing import Processing, dense_logp, process
-from tests.sampler.conftest import VOCAB, tiny_llama
+from sampler.processing import Processing
+from tests.sampler.conftest import VOCAB, first_two_token_law, tiny_llama
 
 
 def source(i: int, nonce: int = 0, width: int = 4) -> KeyedSource:
@@ -88,15 +88,7 @@ def test_decoder_law_of_first_two_tokens():
     processing = Processing(1.0, 6, 1.0)  # 36 outcomes: enough keys per cell for chi-square
     target = tiny_llama(3, layers=2)  # two layers keep 10,000 generations near a minute
     prompt = [3, 14, 15, 9, 26]
-    lm = CachedLM(target)
-    first = dense_logp(process(lm.extend(prompt)[-1:], processing), VOCAB).exp()[0]  # (V,)
-    law = {}
-    for y1 in torch.nonzero(first).flatten().tolist():
-        second = dense_logp(
-            process(CachedLM(target).extend([*prompt, y1])[-1:], processing), VOCAB
-        ).exp()[0]
-        for y2 in torch.nonzero(second).flatten().tolist():
-            law[(y1, y2)] = float(first[y1] * second[y2])
+    law = first_two_token_law(target, prompt, processing)
     drafter = self_drafter(target, 1)
     config = SamplerConfig("mpfr", 4, 2, 2, processing)
     counts = dict.fromkeys(law, 0)

@@ -12,6 +12,7 @@ from scipy import stats
 from keyed import Secret, exponential_clocks, keys_tensor, label_key
 from sampler.processing import Processing, process
 from sampler.race import acceptance_lower_bound, mpfr_samples, race_winner
+from tests.sampler.conftest import C10_CASES
 
 N_KEYS = 20_000
 # Every statistical assertion below uses α = 0.001: with fixed keys the tests are deterministic,
@@ -82,19 +83,7 @@ def test_case_c6_keyed_race_follows_processed_law():
     assert chisquare_p(counts, wrong_order) < 1e-12
 
 
-@pytest.mark.parametrize(
-    ("p_logits", "q_logits", "processing", "expected"),
-    [
-        pytest.param([0.6, 0.4], [0.8, 0.2], None, [0.6, 0.4], id="probs_q08_p06"),
-        pytest.param(
-            [2.0, 1.0, 0.5],
-            [1.5, 1.2, 0.3],
-            Processing(0.7, 2, 1.0),
-            [0.80668, 0.19332, 0.0],
-            id="logits_T07_top2",
-        ),
-    ],
-)
+@pytest.mark.parametrize(("p_logits", "q_logits", "processing", "expected"), C10_CASES)
 @pytest.mark.parametrize("drafts", [1, 4])
 def test_case_c10_multidraft_coupling_keeps_target_law(
     p_logits, q_logits, processing, expected, drafts
