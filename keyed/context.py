@@ -187,17 +187,32 @@ def detection_plan_arrays(
     ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
     skip = np.zeros(ids.shape[0], dtype=np.int8)
     skip[:width] = 1  # no_context
-    special = np.isin(ids, np.fromiter(special_ids, dtype=np.int64, count=len(special_ids)))
-    skip[special] = 3  # special tokens first, as the reference loop checks them first
+    for special in special_ids:  # a handful of ids: cheaper than np.isin's sort
+        skip[ids == special] = 3  # special tokens first, as the reference loop checks them first
     if ids.shape[0] <= width:
         return DetectionPlan(skip, np.zeros(0, np.int64), np.zeros((0, width), np.int64))
     windows = np.lib.stride_tricks.sliding_window_view(ids, width)[:-1]  # label of t = width + i
     candidates = np.flatnonzero(skip[width:] == 0)  # indices i into windows
     rows = np.ascontiguousarray(windows[candidates])
-    keyed_rows = rows.view(np.dtype((np.void, rows.dtype.itemsize * width))).reshape(-1)
-    _, first = np.unique(keyed_rows, return_index=True)
+    _, first = np.unique(_row_keys(rows, ids), return_index=True)
     is_first = np.zeros(candidates.shape[0], dtype=bool)
     is_first[first] = True
     skip[width + candidates[~is_first]] = 2  # repeated_context
     chosen = candidates[is_first]
     return DetectionPlan(skip, chosen + width, rows[is_first])
+
+
+def _row_keys(rows: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """One comparable value per label row, equal iff the rows are equal.
+
+    The ids packed into one uint64 when they fit (m * bits <= 64: m = 4 with a vocabulary
+    below 2^16, as SmolLM2's); otherwise the raw bytes of each row (a void scalar).
+    """
+    width = rows.shape[1]
+    bits = max(int(ids.max()).bit_length(), 1) if ids.size else 1
+    if ids.size and ids.min() >= 0 and bits * width <= 64:
+        packed = np.zeros(rows.shape[0], dtype=np.uint64)
+        for j in range(width):
+            packed = (packed << np.uint64(bits)) | rows[:, j].astype(np.uint64)
+        return packed
+    return rows.view(np.dtype((np.void, rows.dtype.itemsize * width))).reshape(-1)

@@ -176,7 +176,8 @@ def _as_reference(
 
 @pytest.mark.parametrize("width", [1, 2, 4, 7])
 @pytest.mark.parametrize(
-    "kind", ["random", "one_token", "short_cycle", "few_symbols", "empty", "shorter_than_m"]
+    "kind",
+    ["random", "one_token", "short_cycle", "few_symbols", "big_ids", "empty", "shorter_than_m"],
 )
 def test_plan_arrays_equal_the_reference_loop(width: int, kind: str) -> None:
     """``detection_plan_arrays`` makes the same decisions as ``detection_plan`` (masking on),
@@ -187,6 +188,7 @@ def test_plan_arrays_equal_the_reference_loop(width: int, kind: str) -> None:
         "one_token": np.full(300, 17),
         "short_cycle": np.tile([5, 6, 7], 120),
         "few_symbols": rng.integers(0, 3, 500),
+        "big_ids": np.tile(rng.integers(0, 2**31, 7), 40),  # ids too wide to pack: bytes path
         "empty": np.zeros(0, np.int64),
         "shorter_than_m": np.arange(width - 1 if width > 1 else 0),
     }[kind]
