@@ -151,6 +151,8 @@ def generate_baseline(
                 break
             q = dense_logp(process(drafter.propose(tree, level, committed), processing), vocab)
             for row, parent in enumerate(parents):
+                if not bool(torch.isfinite(q[row]).any()):
+                    continue  # the drafter proposes nothing here: no children, P decides
                 alive = members[parent]
                 q_at[parent] = q[row]
                 if noise is not None:

@@ -68,6 +68,8 @@ LimiterDep = Annotated[RateLimiter, Depends(get_limiter)]
 async def no_unknown_query_parameters(request: Request) -> None:
     """Refuse query parameters the route does not declare (like unknown body fields)."""
     route = request.scope.get("route")
+    if not getattr(route, "include_in_schema", True):
+        return  # the web page and its assets are not API: a query string there is harmless
     dependant = getattr(route, "dependant", None)
     if dependant is None or not request.query_params:
         return

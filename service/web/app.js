@@ -153,7 +153,7 @@ function addNumber(list, term, value) {
   list.append(dt, dd);
 }
 
-function renderResult(text, response) {
+function renderResult(response) {
   const best = response.results.find((r) => r.key_id === response.best_key_id) || response.results[0];
   $("result").hidden = false;
   const verdict = $("verdict");
@@ -195,18 +195,21 @@ function renderResult(text, response) {
   if (best.retokenization_matches === false) {
     addNumber(numbers, "Note", "the text does not re-tokenize to the generated token ids");
   }
-  // Outline only the spans significant at alpha after the correction, in text order.
-  const limit = Math.log10(response.alpha);
+  // Outline only the spans significant at alpha after the correction for the windows scanned
+  // and, when several keys were tested, for their number too (Bonferroni), in text order.
+  const keys = Math.log10(Math.max(response.num_keys, 1));
   const spans = best.spans
     ? best.spans.spans
-        .filter((s) => s.corrected_log10_p_value <= limit)
+        .map((s) => ({ ...s, shown_log10_p: Math.min(0, s.corrected_log10_p_value + keys) }))
+        .filter((s) => s.shown_log10_p <= Math.log10(response.alpha))
         .sort((a, b) => a.token_start - b.token_start)
     : null;
-  renderSpansSummary(best.spans, spans, response.alpha);
-  renderEvidence(text, best.tokens || [], spans || []);
+  renderSpansSummary(best.spans, spans, response.alpha, response.num_keys);
+  renderEvidence(best.tokens || [], spans || []);
 }
 
-function renderSpansSummary(search, spans, alpha) {
+function renderSpansSummary(search, spans, alpha, numKeys) {
+  const keysNote = numKeys > 1 ? ` and testing ${numKeys} keys` : "";
   const box = $("spans-summary");
   box.replaceChildren();
   if (!search) return;
@@ -217,7 +220,7 @@ function renderSpansSummary(search, spans, alpha) {
       ? `No detected span: no window of the ${search.windows_scanned} scanned has a corrected ` +
         `p-value below ${alpha}.`
       : `${count} detected span${count === 1 ? "" : "s"} (corrected p-value below ${alpha} after ` +
-        `scanning ${search.windows_scanned} windows):`;
+        `scanning ${search.windows_scanned} windows${keysNote}):`;
   box.append(heading);
   if (count === 0) return;
   const list = document.createElement("ol");
@@ -229,17 +232,17 @@ function renderSpansSummary(search, spans, alpha) {
     link.textContent = `characters ${span.start}–${span.end}`;
     item.append(
       link,
-      `: ${span.num_scored} scored tokens, corrected p = ${formatP(span.corrected_log10_p_value)}`,
+      `: ${span.num_scored} scored tokens, corrected p = ${formatP(span.shown_log10_p)}`,
     );
     list.append(item);
   });
   box.append(list);
 }
 
-function tokenElement(chars, token) {
+function tokenElement(token) {
   const element = document.createElement("span");
   element.className = "tok";
-  element.textContent = chars.slice(token.start, token.end).join("");
+  element.textContent = token.text;
   if (token.status === "scored") {
     // Aaronson term: Exp(1) without the watermark; the colour saturates at 5 (p ~ 0.007).
     const level = Math.min(token.score / 5, 1);
@@ -254,12 +257,11 @@ function tokenElement(chars, token) {
   return element;
 }
 
-function renderEvidence(text, tokens, spans) {
-  // Offsets are in code points (the server's str indices), not UTF-16 units.
-  const chars = Array.from(text);
+function renderEvidence(tokens, spans) {
+  // The tokens' pieces partition the text the server scored (its own decoding when token ids
+  // were sent), so the view is built from them alone: no offsets to translate.
   const box = $("evidence");
   box.replaceChildren();
-  let cursor = 0;
   let spanIndex = 0;
   let container = box;
   tokens.forEach((token, i) => {
@@ -272,19 +274,16 @@ function renderEvidence(text, tokens, spans) {
       container.dataset.end = span.end;
       const label = document.createElement("span");
       label.className = "span-label";
-      label.textContent = `span ${spanIndex + 1}: p ${formatP(span.corrected_log10_p_value)}`;
+      label.textContent = `span ${spanIndex + 1}: p ${formatP(span.shown_log10_p)}`;
       container.append(label);
       box.append(container);
     }
-    if (token.start > cursor) container.append(chars.slice(cursor, token.start).join(""));
-    if (token.end > token.start) container.append(tokenElement(chars, token));
-    cursor = Math.max(cursor, token.end);
+    if (token.text) container.append(tokenElement(token));
     if (span && i === span.token_end - 1) {
       container = box;
       spanIndex += 1;
     }
   });
-  if (cursor < chars.length) box.append(chars.slice(cursor).join(""));
 }
 
 async function check(event, tokenIds) {
@@ -307,7 +306,7 @@ async function check(event, tokenIds) {
   say(status, "Checking…");
   try {
     const response = await (await api("/v1/detect", { method: "POST", body })).json();
-    renderResult(text, response);
+    renderResult(response);
     say(status, "");
   } catch (error) {
     $("result").hidden = true;

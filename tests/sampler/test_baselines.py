@@ -16,7 +16,7 @@ from scipy import stats
 from keyed import KeyedSource, Secret
 from sampler.baselines import gls_drafts, gls_target, gumbels, residual_logp, vsps_accepts
 from sampler.decoder import SamplerConfig, generate
-from sampler.drafters import ModelDrafter, self_drafter
+from sampler.drafters import ModelDrafter, NgramDrafter, self_drafter
 from sampler.processing import Processing, dense_logp, process
 from tests.sampler.conftest import C10_CASES, VOCAB, first_two_token_law, tiny_llama
 
@@ -172,3 +172,16 @@ def test_counters_callback_and_eos(target, method: str) -> None:  # type: ignore
     )  # fmt: skip
     assert stopped.finish_reason == "eos" and eos not in stopped.token_ids
     assert stopped.token_ids == out.token_ids[: out.token_ids.index(eos)]
+
+
+@pytest.mark.parametrize("method", ["vsps", "gls"])
+def test_a_drafter_with_nothing_to_propose_adds_no_drafts(target, method: str) -> None:  # type: ignore[no-untyped-def]
+    """An all −inf drafter row (the n-gram drafter when the suffix never occurred) means no
+    proposal: no child is added and the target alone decides (no crash, no bogus token-0
+    drafts)."""
+    out = generate(
+        target, [1, 2, 3], SamplerConfig(method, 4, 4, 32), KeyedSource(Secret(bytes(32)), nonce=1),
+        NgramDrafter(VOCAB),
+    )  # fmt: skip
+    assert len(out.token_ids) == 32
+    assert sum(out.stats.drafted_per_level) <= out.stats.drafter_calls

@@ -148,6 +148,7 @@ def test_page_and_assets_carry_a_strict_policy(service: Service) -> None:
     assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy
     assert "<script" in page.text and re.search(r"<script[^>]*>[^<]", page.text) is None
     assert service.client.get("/ui/app.js").headers["content-type"].startswith("text/javascript")
+    assert service.client.get("/?utm_source=mail").status_code == 200  # not API: no 400
     missing = service.client.get("/ui/../settings.py")
     assert missing.status_code == 404
     assert (
