@@ -170,7 +170,7 @@ def detect_tokenized(
         num_scored=len(scored_positions),
         verdict=verdict(aaronson, len(scored_positions), alpha, needed),
         scores={name: p_value for name, (_, p_value) in evaluated.items()},
-        tokens=tuple(tokens),
+        tokens=tokens,
         skipped={reason.value: counts.get(SKIP_CODES.index(reason), 0) for reason in SkipReason},
         retokenization_matches=tokenized.retokenization_matches,
         alpha=alpha,

@@ -22,32 +22,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from transformers import PreTrainedModel
 
 from sampler.cached_lm import CachedLM
+from sampler.decoder import (
+    BASELINES,
+    GenerationResult,
+    GenerationStats,
+    SamplerConfig,
+    count_at,
+    verify_tree,
+)
 from sampler.drafters import Drafter
-from sampler.processing import Processing, dense_logp, process
+from sampler.processing import dense_logp, process
 from sampler.tree import DraftTree
-
-BASELINES = frozenset({"vsps", "gls"})
-
-
-@dataclass(frozen=True)
-class BaselineRun:
-    """What ``generate_baseline`` returns: the response (no prompt, no EOS) and its counters."""
-
-    token_ids: list[int]
-    finish_reason: Literal["eos", "length"]
-    target_forward_passes: int
-    drafter_calls: int
-    accepted_per_level: tuple[int, ...]
-    drafted_per_level: tuple[int, ...]
-    prefill_seconds: float
-    seconds: float
 
 
 def gumbels(generator: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
@@ -104,29 +95,30 @@ def _sample(logp: torch.Tensor, generator: torch.Generator) -> int:
 def generate_baseline(
     target: PreTrainedModel,
     prompt: list[int],
-    method: str,
-    drafts: int,
-    lookahead: int,
-    max_new_tokens: int,
-    processing: Processing,
+    config: SamplerConfig,
     drafter: Drafter,
     seed: int,
     eos_ids: frozenset[int],
     on_tokens: Callable[[list[int]], None] | None,
-) -> BaselineRun:
-    """Run ``vsps`` or ``gls`` (module docstring); called by ``sampler.decoder.generate``.
+) -> GenerationResult:
+    """Run ``vsps`` or ``gls`` (module docstring); called by ``sampler.decoder.generate``,
+    which validated the prompt, the config and the drafter.
 
     The step structure is the decoder's: one drafter call per tree level, one tree-attention
-    target forward per step over the KV cache, realised-path KV selection, bonus token.
+    target forward per step over the KV cache (``verify_tree``), realised-path KV selection,
+    bonus token.
 
+    Args:
+        seed: seeds the generator of every draw (the request nonce).
     Returns:
-        a ``BaselineRun``.
+        the decoder's ``GenerationResult`` (``watermark_applied`` False).
     """
+    method, processing, max_new_tokens = config.method, config.processing, config.max_new_tokens
     if method not in BASELINES:
         raise ValueError(f"expected a baseline method in {sorted(BASELINES)}, got {method!r}")
     vocab = target.config.vocab_size
     generator = torch.Generator().manual_seed(seed)
-    b = 1 if method == "vsps" else drafts
+    b, lookahead = config.effective_drafts, config.lookahead
     start = time.perf_counter()
     lm = CachedLM(target)
     if len(prompt) > 1:
@@ -162,15 +154,9 @@ def generate_baseline(
                 tree.add_drafts(parent, tokens)
                 for i, token in zip(alive, tokens, strict=True):
                     members.setdefault(tree.nodes[parent].children[token], []).append(i)
-            while len(drafted) < level:
-                drafted.append(0)
-            drafted[level - 1] += 1
+            count_at(drafted, level - 1)
         base = len(committed) - 1
-        visible = torch.ones((len(tree), base + len(tree)), dtype=torch.bool)
-        visible[:, base:] = tree.ancestors()
-        logits = lm.forward(
-            [n.token for n in tree.nodes], [n.depth for n in tree.nodes], visible, base
-        )
+        logits = verify_tree(lm, tree, base)
         p = dense_logp(process(logits, processing), vocab)  # (n, V)
         emitted_before = len(committed)
         node, visited = 0, []
@@ -194,9 +180,7 @@ def generate_baseline(
             committed.append(token)
             child = children.get(token)
             if child is not None:
-                while len(accepted) <= level:
-                    accepted.append(0)
-                accepted[level] += 1
+                count_at(accepted, level)
             if child is None or len(committed) - len(prompt) >= max_new_tokens:
                 break
             node = child
@@ -206,9 +190,9 @@ def generate_baseline(
             on_tokens(committed[emitted_before:])
         if finish == "eos":
             break
-    return BaselineRun(
-        token_ids=committed[len(prompt) :],
-        finish_reason=finish,
+    ids = committed[len(prompt) :]
+    stats = GenerationStats(
+        emitted_tokens=len(ids) + (1 if finish == "eos" else 0),
         target_forward_passes=lm.forward_calls - target_before,
         drafter_calls=drafter.calls - calls_before,
         accepted_per_level=tuple(accepted),
@@ -216,3 +200,4 @@ def generate_baseline(
         prefill_seconds=prefill,
         seconds=time.perf_counter() - start - prefill,
     )
+    return GenerationResult(tuple(ids), finish, method, False, stats)

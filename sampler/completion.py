@@ -28,7 +28,8 @@ class Completion:
 
 
 def prompt_ids(
-    loaded: LoadedModel, prompt: str | None = None,
+    loaded: LoadedModel,
+    prompt: str | None = None,
     messages: Sequence[dict[str, str]] | None = None,
 ) -> list[int]:
     """Token ids of the chat-templated prompt.
@@ -44,8 +45,10 @@ def prompt_ids(
     if not 1 <= len(messages) <= MAX_MESSAGES:
         raise ValueError(f"messages: expected 1..{MAX_MESSAGES} messages, got {len(messages)}")
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(
-            m.get("content"), str
+        if (
+            not isinstance(m, dict)
+            or not isinstance(m.get("role"), str)
+            or not isinstance(m.get("content"), str)
         ):
             raise ValueError(f"messages[{i}]: expected {{'role': str, 'content': str}}")
     encoded = loaded.tokenizer.apply_chat_template(
@@ -57,8 +60,10 @@ def prompt_ids(
 def eos_ids(loaded: LoadedModel) -> frozenset[int]:
     """End-of-sequence ids of the model (tokenizer and generation config)."""
     ids: set[int] = set()
-    for source in (loaded.tokenizer.eos_token_id,
-                   getattr(loaded.model.generation_config, "eos_token_id", None)):
+    for source in (
+        loaded.tokenizer.eos_token_id,
+        getattr(loaded.model.generation_config, "eos_token_id", None),
+    ):
         if isinstance(source, int):
             ids.add(source)
         elif isinstance(source, list):

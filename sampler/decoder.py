@@ -28,7 +28,6 @@ import torch
 from transformers import PreTrainedModel
 
 from keyed import KeyedSource, Label, Secret, exponential_clocks, label_at
-from sampler.baselines import BASELINES, generate_baseline
 from sampler.cached_lm import CachedLM
 from sampler.drafters import Drafter
 from sampler.processing import Processing, Support, process
@@ -42,6 +41,7 @@ METHODS: tuple[str, ...] = (
 SPECULATIVE = frozenset({"pfr", "mpfr", "pfr-nowm", "mpfr-nowm", "vsps", "gls"})
 """Methods that draft; ``vsps`` and ``gls`` are the unwatermarked baselines
 (``sampler.baselines``)."""
+BASELINES = frozenset({"vsps", "gls"})
 MAX_DRAFTS = 64
 MAX_LOOKAHEAD = 32
 
@@ -133,6 +133,21 @@ class _State:
         return len(self.committed) - self.prompt_len
 
 
+def count_at(counts: list[int], index: int) -> None:
+    """``counts[index] += 1``, growing ``counts`` with zeros (per-level counters)."""
+    while len(counts) <= index:
+        counts.append(0)
+    counts[index] += 1
+
+
+def verify_tree(lm: CachedLM, tree: DraftTree, base: int) -> torch.Tensor:
+    """One target forward over the root and every tree node (tree-attention mask over the
+    cached prefix of ``base`` tokens): (len(tree), V) logits, node order."""
+    visible = torch.ones((len(tree), base + len(tree)), dtype=torch.bool)
+    visible[:, base:] = tree.ancestors()
+    return lm.forward([n.token for n in tree.nodes], [n.depth for n in tree.nodes], visible, base)
+
+
 def _winners(
     support: Support, tree: DraftTree, source: KeyedSource | None, generator: torch.Generator | None
 ) -> list[int]:
@@ -164,9 +179,7 @@ def _grow_tree(
             parents, mpfr_samples(q.logp, q.tokens, clocks, counts), strict=True
         ):
             tree.add_drafts(parent, drafts)
-        while len(state.drafted) < level:
-            state.drafted.append(0)
-        state.drafted[level - 1] += 1
+        count_at(state.drafted, level - 1)
 
 
 def generate(
@@ -209,7 +222,11 @@ def generate(
     if config.speculative and drafter is None:
         raise ValueError(f"method {config.method!r} needs a drafter")
     if config.method in BASELINES:
-        return _baseline(target, prompt, config, source, drafter, eos_ids, on_tokens)
+        from sampler.baselines import generate_baseline  # it builds on this module
+
+        return generate_baseline(
+            target, prompt, config, drafter, source.nonce, eos_ids, on_tokens
+        )  # fmt: skip
     generator: torch.Generator | None = None
     keyed: KeyedSource | None = source
     if config.method == "ar":
@@ -252,12 +269,7 @@ def generate(
             _grow_tree(tree, drafter, depth, state, config.processing)
         # 2. verification: one target forward over root + every node, tree-attention mask
         base = len(state.committed) - 1
-        anc = tree.ancestors()
-        visible = torch.ones((len(tree), base + len(tree)), dtype=torch.bool)
-        visible[:, base:] = anc
-        logits = lm.forward(
-            [n.token for n in tree.nodes], [n.depth for n in tree.nodes], visible, base
-        )
+        logits = verify_tree(lm, tree, base)
         winners = _winners(process(logits, config.processing), tree, keyed, generator)
         # 3. walk the realised target path; emit target winners while they were drafted
         emitted_before = len(state.committed)
@@ -272,9 +284,7 @@ def generate(
             state.committed.append(token)
             child = tree.nodes[node].children.get(token) if level < depth else None
             if child is not None:  # the target winner was drafted: accepted at this level
-                while len(state.accepted) <= level:
-                    state.accepted.append(0)
-                state.accepted[level] += 1
+                count_at(state.accepted, level)
             if child is None or state.emitted >= config.max_new_tokens:
                 break
             node = child
@@ -307,30 +317,3 @@ def generate(
         watermark_applied=watermark,
         stats=stats,
     )
-
-
-def _baseline(
-    target: PreTrainedModel,
-    prompt: list[int],
-    config: SamplerConfig,
-    source: KeyedSource,
-    drafter: Drafter | None,
-    eos_ids: frozenset[int],
-    on_tokens: Callable[[list[int]], None] | None,
-) -> GenerationResult:
-    """``vsps``/``gls`` through ``sampler.baselines``, seeded with the request nonce."""
-    assert drafter is not None  # checked by generate()
-    run = generate_baseline(
-        target, prompt, config.method, config.effective_drafts, config.lookahead,
-        config.max_new_tokens, config.processing, drafter, source.nonce, eos_ids, on_tokens,
-    )  # fmt: skip
-    stats = GenerationStats(
-        emitted_tokens=len(run.token_ids) + (1 if run.finish_reason == "eos" else 0),
-        target_forward_passes=run.target_forward_passes,
-        drafter_calls=run.drafter_calls,
-        accepted_per_level=run.accepted_per_level,
-        drafted_per_level=run.drafted_per_level,
-        prefill_seconds=run.prefill_seconds,
-        seconds=run.seconds,
-    )
-    return GenerationResult(tuple(run.token_ids), run.finish_reason, config.method, False, stats)
