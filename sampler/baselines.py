@@ -36,7 +36,7 @@ from sampler.decoder import (
     count_at,
     verify_tree,
 )
-from sampler.drafters import Drafter
+from sampler.drafters import Drafter, feed_target_hidden, wants_target_hidden
 from sampler.processing import dense_logp, process
 from sampler.tree import DraftTree
 
@@ -121,9 +121,11 @@ def generate_baseline(
     b, lookahead = config.effective_drafts, config.lookahead
     start = time.perf_counter()
     lm = CachedLM(target)
+    lm.keep_hidden = wants_target_hidden(drafter)
+    drafter.start(prompt)
     if len(prompt) > 1:
         lm.extend(prompt[:-1])
-    drafter.start(prompt)
+        feed_target_hidden(drafter, lm, -1)
     calls_before = drafter.calls
     prefill = time.perf_counter() - start
     target_before = lm.forward_calls
@@ -186,6 +188,7 @@ def generate_baseline(
             node = child
         lm.keep(base, [base + i for i in visited][: len(committed) - 1 - base])
         drafter.finish_step(tree, visited, committed)
+        feed_target_hidden(drafter, lm, visited[-1])
         if on_tokens is not None:
             on_tokens(committed[emitted_before:])
         if finish == "eos":

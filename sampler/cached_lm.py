@@ -29,6 +29,8 @@ class CachedLM:
         self.cache = DynamicCache(config=model.config)
         self.cached = 0
         self.forward_calls = 0
+        self.keep_hidden = False  # when set, ``last_hidden`` holds the final hidden states
+        self.last_hidden: torch.Tensor | None = None  # (q, d) of the latest forward
 
     @torch.inference_mode()
     def forward(
@@ -59,7 +61,10 @@ class CachedLM:
             position_ids=pos,
             cache=self.cache,
             use_cache=True,
+            output_hidden_states=self.keep_hidden,
         )
+        if self.keep_hidden:
+            self.last_hidden = out.hidden_states[-1][0]
         self.cached += q
         self.forward_calls += 1
         return out.logits[0]

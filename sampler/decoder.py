@@ -29,7 +29,7 @@ from transformers import PreTrainedModel
 
 from keyed import KeyedSource, Label, Secret, exponential_clocks, label_at
 from sampler.cached_lm import CachedLM
-from sampler.drafters import Drafter
+from sampler.drafters import Drafter, feed_target_hidden, wants_target_hidden
 from sampler.processing import Processing, Support, process
 from sampler.race import mpfr_samples, race_winner
 from sampler.tree import DraftTree
@@ -247,10 +247,13 @@ def generate(
 
     start = time.perf_counter()
     lm = CachedLM(target)
-    if len(prompt) > 1:
-        lm.extend(prompt[:-1])
+    lm.keep_hidden = config.speculative and wants_target_hidden(drafter)
     if drafter is not None and config.speculative:
         drafter.start(prompt)
+    if len(prompt) > 1:
+        lm.extend(prompt[:-1])
+        feed_target_hidden(drafter, lm, -1)
+    if drafter is not None and config.speculative:
         drafter_calls_before = drafter.calls
     prefill = time.perf_counter() - start
     target_calls_before = lm.forward_calls
@@ -294,6 +297,7 @@ def generate(
         lm.keep(base, [base + i for i in visited][: len(state.committed) - 1 - base])
         if drafter is not None and config.speculative:
             drafter.finish_step(tree, visited, state.committed)
+            feed_target_hidden(drafter, lm, visited[-1])
         if on_tokens is not None:
             on_tokens(state.committed[emitted_before:])
         if finish == "eos":

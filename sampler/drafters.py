@@ -1,9 +1,10 @@
 """Drafters: Q_k(·|c) for every context of one tree level, in one call (DESIGN §3).
 
 Specs: ``model:PATH`` (an autoregressive HF model sharing the tokenizer), ``self:N`` (the
-target's first N layers + its norm and head), ``ngram`` (prompt lookup over prompt + output),
-``fixed:TOKEN`` (always proposes one token; a test drafter for case C11). A drafter's logits may
-put -inf everywhere (no proposal): the tree simply stops growing there.
+target's first N layers + its norm and head), ``heads:PATH`` (parallel heads on the target's
+hidden state, ``sampler.heads``; trained by ``poissonmark distill``), ``ngram`` (prompt
+lookup over prompt + output), ``fixed:TOKEN`` (always proposes one token; a test drafter for case
+C11). A drafter's logits may put -inf everywhere (no proposal): the tree simply stops growing there.
 
 Shapes: n contexts of a level, V target vocabulary.
 """
@@ -18,6 +19,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from sampler.cached_lm import CachedLM
+from sampler.heads import heads_drafter
 from sampler.tree import DraftTree
 
 
@@ -35,6 +37,18 @@ class Drafter(Protocol):
 
     def finish_step(self, tree: DraftTree, visited: list[int], committed: list[int]) -> None:
         """The step emitted tokens through ``visited`` nodes; ``committed`` is the new prefix."""
+
+
+def wants_target_hidden(drafter: Drafter | None) -> bool:
+    """Whether ``drafter`` reads the target's hidden states (``sampler.heads.HeadsDrafter``)."""
+    return bool(getattr(drafter, "uses_target_hidden", False))
+
+
+def feed_target_hidden(drafter: Drafter | None, lm: CachedLM, row: int) -> None:
+    """Hand row ``row`` of the target's latest final hidden states (the token before the next
+    step's root) to a drafter that reads them; a no-op for every other drafter."""
+    if wants_target_hidden(drafter) and lm.last_hidden is not None:
+        drafter.see_target_hidden(lm.last_hidden[row])  # type: ignore[union-attr]
 
 
 def _fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -192,7 +206,8 @@ class FixedTokenDrafter:
 
 
 def make_drafter(spec: str, target: PreTrainedModel) -> Drafter:
-    """Build a drafter from its spec: ``model:PATH``, ``self:N``, ``ngram``, ``fixed:TOKEN``.
+    """Build a drafter from its spec: ``model:PATH``, ``self:N``, ``heads:PATH``, ``ngram``,
+    ``fixed:TOKEN``.
 
     Raises:
         ValueError: an unknown spec, naming the accepted forms.
@@ -204,10 +219,14 @@ def make_drafter(spec: str, target: PreTrainedModel) -> Drafter:
             return self_drafter(target, int(arg))
         if kind == "model" and arg:
             return model_drafter(arg, target)
+        if kind == "heads" and arg:
+            return heads_drafter(arg, target)
         if kind == "ngram" and not arg:
             return NgramDrafter(vocab)
         if kind == "fixed" and arg:
             return FixedTokenDrafter(vocab, int(arg))
     except ValueError as exc:
         raise ValueError(f"drafter {spec!r}: {exc}") from None
-    raise ValueError(f"unknown drafter {spec!r}: expected model:PATH, self:N, ngram or fixed:TOKEN")
+    raise ValueError(
+        f"unknown drafter {spec!r}: expected model:PATH, self:N, heads:PATH, ngram or fixed:TOKEN"
+    )

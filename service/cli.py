@@ -159,7 +159,7 @@ def generate(
             help="ar, basic-uwm, pfr, mpfr, pfr-nowm, mpfr-nowm; unwatermarked baselines vsps, gls"
         ),
     ] = "mpfr",
-    drafter: Annotated[str, typer.Option(help="ngram, self:N or model:PATH")] = "ngram",
+    drafter: Annotated[str, typer.Option(help="ngram, self:N, heads:PATH or model:PATH")] = "ngram",
     drafts: Annotated[int, typer.Option("--drafts", "-B", help="Drafts B.")] = 4,
     lookahead: Annotated[int, typer.Option("--lookahead", "-L", help="Lookahead L.")] = 4,
     max_new_tokens: Annotated[int, typer.Option(help="At most this many new tokens.")] = 128,
@@ -567,6 +567,86 @@ def _detect_jsonl(
 
 tokens_app = typer.Typer(no_args_is_help=True, help="Create, list and revoke API bearer tokens.")
 app.add_typer(tokens_app, name="tokens")
+
+
+DEFAULT_PROMPTS = (
+    Path(__file__).resolve().parents[1] / "data" / "prompts-eli5.jsonl",
+    Path(__file__).resolve().parents[1] / "data" / "prompts-summarize.jsonl",
+)
+
+
+@app.command()
+def distill(
+    out_dir: Annotated[Path, typer.Option("--out", help="Where heads, checkpoint and logs go.")],
+    objective: Annotated[str, typer.Option(help="mdraft, rkl, fkl or ce.")] = "mdraft",
+    alpha: Annotated[float, typer.Option(help="MDraft blending coefficient α in [0, 1].")] = 0.9,
+    proposals: Annotated[int, typer.Option(
+        "--proposals", "-K", help="MDraft drafts K per context.")] = 4,
+    lookahead: Annotated[int, typer.Option("--lookahead", "-L", help="Heads L.")] = 4,
+    steps: Annotated[int, typer.Option(help="Optimiser steps.")] = 300,
+    anchors: Annotated[int, typer.Option(help="Contexts per step.")] = 32,
+    lr: Annotated[float, typer.Option(help="AdamW peak learning rate.")] = 2e-3,
+    seed: int = 0,
+    eval_every: Annotated[int, typer.Option(help="Held-out τ every N steps (0 = off).")] = 100,
+    prompts: Annotated[list[Path] | None, typer.Option(
+        "--prompts", help="Prompt JSONL files (default: the shared ELI5 and summarise sets)."
+    )] = None,
+    max_new_tokens: Annotated[int, typer.Option(help="Rollout length per prompt.")] = 128,
+    model: ModelOpt = None,
+    device: Annotated[str | None, typer.Option(help="auto, cpu, cuda…")] = None,
+    as_json: Json = False,
+) -> None:
+    """Train parallel drafter heads (MDraft); resumes from OUT/checkpoint.pt. Use the result
+    as ``--drafter heads:OUT``."""
+    from rich.progress import Progress
+
+    from sampler.distill import DistillConfig, evaluate, prepare_data, reach_summary, train
+    from sampler.mdraft import Objective
+
+    settings = Settings()
+    with _errors():
+        config = DistillConfig(
+            Objective.named(objective, alpha, proposals), lookahead, steps, anchors, lr,
+            seed=seed, eval_every=eval_every,
+        )
+        files = list(prompts or DEFAULT_PROMPTS)
+        for path in files:
+            if not path.is_file():
+                raise ValueError(f"--prompts: {path} does not exist")
+        loaded = _load(settings, model, device, as_json)
+        with Progress(console=err, disable=as_json, transient=False) as progress:
+            tasks: dict[str, Any] = {}
+
+            def data_progress(what: str, done: int, total: int) -> None:
+                if what not in tasks:
+                    tasks[what] = progress.add_task(what, total=total)
+                progress.update(tasks[what], completed=done)
+
+            data = prepare_data(loaded.model, loaded.tokenizer, files, settings.home,
+                                max_new_tokens, seed, data_progress)
+            task = progress.add_task(f"training ({objective})", total=steps)
+
+            def on_step(state: Any, loss: float) -> None:
+                last = state.log[-1]
+                note = f" · held-out {reach_summary(last['eval'])}" if "eval" in last else ""
+                progress.update(task, completed=state.step,
+                                description=f"training ({objective}) loss {loss:.3f}{note}")
+
+            heads, state = train(loaded.model, data.train, data.train_hidden, data.heldout,
+                                 data.heldout_hidden, config, out_dir, on_step)
+            status = err.status("evaluating on held-out prompts…")
+            with status if not as_json else contextlib.nullcontext():
+                result = evaluate(heads, loaded.model, data.heldout, data.heldout_hidden)
+        (out_dir / "evaluation.json").write_text(json.dumps(result, indent=1) + "\n")
+    payload = {"out": str(out_dir), "objective": objective, "steps": state.step,
+               "train_seconds": state.seconds, "train_rollouts": len(data.train),
+               "heldout_rollouts": len(data.heldout), "evaluation": result}
+    if as_json:
+        _emit_json(payload)
+        return
+    out.print(f"heads written to {out_dir} after {state.step} steps "
+              f"({state.seconds / 60:.1f} min) · held-out {reach_summary(result)}")
+    out.print(f"[dim]use: poissonmark generate --drafter heads:{out_dir} …[/]")
 
 
 @app.command()

@@ -119,3 +119,53 @@ def test_bad_input_is_one_clear_line(cli_env, args, needle):
     assert needle in result.stderr
     assert result.exception is None or isinstance(result.exception, SystemExit)
     assert "Traceback" not in result.stderr
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, real_tokenizer) -> Path:
+    """A tiny random Llama with the real tokenizer (49,152 ids, hidden 32): the CLI's distill
+    path end to end in seconds (the real model's run is the benchmark's)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tinyllm")
+    config = LlamaConfig(vocab_size=len(real_tokenizer), hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=2048, tie_word_embeddings=True,
+                         eos_token_id=real_tokenizer.eos_token_id)
+    LlamaForCausalLM(config).save_pretrained(path)
+    real_tokenizer.save_pretrained(path)
+    return path
+
+
+def test_distill_trains_resumes_and_refuses_bad_input(cli_env, tiny_model_dir, tmp_path,
+                                                      data_files):
+    prompts = tmp_path / "prompts.jsonl"
+    rows = [json.loads(line) for line in
+            (data_files / "prompts-eli5.jsonl").read_text().splitlines()[:10]]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out_dir = tmp_path / "heads"
+    args = ["distill", "--model", str(tiny_model_dir), "--prompts", str(prompts),
+            "--out", str(out_dir), "--steps", "4", "--anchors", "4", "--max-new-tokens", "12",
+            "--eval-every", "2", "--device", "cpu", "--json"]
+    first = run(cli_env, *args)
+    assert first.returncode == 0, first.stderr
+    result = json.loads(first.stdout)
+    assert result["steps"] == 4 and result["train_rollouts"] + result["heldout_rollouts"] == 10
+    assert set(result["evaluation"]) == {"T=0", "T=0.6", "T=1"}
+    assert all(1.0 <= v["tau"] <= 5.0 for v in result["evaluation"].values())
+    for name in ("heads.safetensors", "heads.json", "checkpoint.pt", "training.json",
+                 "evaluation.json"):
+        assert (out_dir / name).is_file(), name
+    assert json.loads((out_dir / "heads.json").read_text())["objective"] == "mdraft"
+    again = run(cli_env, *args)  # resumes from the finished checkpoint: no new steps
+    assert again.returncode == 0 and json.loads(again.stdout)["steps"] == 4
+
+    for bad, message in ((["--objective", "dpo"], "objective must be one of"),
+                         (["--alpha", "2"], "alpha must be in [0, 1]"),
+                         (["--steps", "0"], "steps must be >= 1"),
+                         (["--prompts", str(tmp_path / "none.jsonl")], "does not exist")):
+        res = CliRunner().invoke(app, ["distill", "--out", str(tmp_path / "x"), *bad],
+                                 env=cli_env)
+        assert res.exit_code == 2 and message in " ".join(res.output.split()), (bad, res.output)

@@ -1,0 +1,215 @@
+"""Parallel drafter heads on the target's hidden state (MDraft paper §3-4; DESIGN §7).
+
+At a step whose committed prefix is x_{≤t} (root token x_t), the heads read the target's final
+hidden state h_{t−1} (after its last norm, at the token before the root: computed by the previous
+verification forward or the prefill) and the embedding of the root token, and predict the L next
+tokens x_{t+1}, ..., x_{t+L} in one pass:
+
+    u = W_in [h_{t−1}; E(x_t)] + h_{t−1}                    (fusion, shared by the heads)
+    z_s = u + W_s,2 · SiLU(W_s,1 · u)                         (head s = 1..L, a residual block)
+    Q_s(· | x_{≤t}) = softmax(LM_head(norm(z_s)))             (the target's own norm and head)
+
+The target's embedding, norm and LM head are frozen and never stored with the heads; W_s,2 and
+W_in start at zero, so untrained heads all predict what the target predicted at t−1 (a weak
+but sane drafter). Q_s does not depend on the drafted tokens before position s: every node of
+tree level s gets the same law. That is what "parallel" means; exactness never depends on it.
+
+Files: ``<dir>/heads.safetensors`` (the trainable weights, float16 by default) and
+``<dir>/heads.json`` (``HeadsConfig``: lookahead, hidden size, vocabulary, target fingerprint).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import PreTrainedModel
+
+from sampler.tree import DraftTree
+
+FORMAT = "poissonmark-heads/1"
+
+
+def target_fingerprint(target: PreTrainedModel) -> str:
+    """``"sha256:<16 hex>"`` of the target's shape and its LM-head and embedding weights.
+
+    Heads are only valid on the target they were trained on; loading them elsewhere is refused.
+    Cached on the model object (hashing ~110 MB takes ~0.2 s).
+    """
+    cached = getattr(target, "_poissonmark_fingerprint", None)
+    if cached is not None:
+        return str(cached)
+    digest = hashlib.sha256()
+    config = target.config
+    digest.update(
+        json.dumps(
+            [config.vocab_size, config.hidden_size, config.num_hidden_layers], sort_keys=True
+        ).encode()
+    )
+    for weight in (target.get_output_embeddings().weight, target.get_input_embeddings().weight):
+        digest.update(weight.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    value = "sha256:" + digest.hexdigest()[:16]
+    target._poissonmark_fingerprint = value
+    return value
+
+
+@dataclass(frozen=True)
+class HeadsConfig:
+    """What a heads file was trained for.
+
+    Attributes:
+        lookahead: L, the number of heads (positions predicted per pass).
+        hidden_size: d of the target's hidden state.
+        vocab_size: V of the target.
+        target: ``target_fingerprint`` of the target.
+        objective: the training objective's name (informational).
+    """
+
+    lookahead: int
+    hidden_size: int
+    vocab_size: int
+    target: str
+    objective: str = ""
+    format: str = FORMAT
+
+
+class ParallelHeads(nn.Module):
+    """The trainable part: fusion W_in (d × 2d) and L residual blocks (2 · d × d each).
+
+    ``features(hidden, tokens)`` maps (n, d) hidden states and (n,) root tokens to (n, L, d)
+    features; ``logits`` applies the frozen target norm and LM head: (n, L, V).
+    """
+
+    def __init__(self, config: HeadsConfig) -> None:
+        super().__init__()
+        d = config.hidden_size
+        self.config = config
+        self.fuse = nn.Linear(2 * d, d, bias=False)
+        self.up = nn.ModuleList(nn.Linear(d, d, bias=False) for _ in range(config.lookahead))
+        self.down = nn.ModuleList(nn.Linear(d, d, bias=False) for _ in range(config.lookahead))
+        nn.init.zeros_(self.fuse.weight)
+        for layer in self.down:
+            nn.init.zeros_(layer.weight)
+
+    def features(
+        self, hidden: torch.Tensor, token_embedding: torch.Tensor
+    ) -> torch.Tensor:  # (n, L, d)
+        u = hidden + self.fuse(torch.cat([hidden, token_embedding], dim=-1))
+        return torch.stack(
+            [
+                u + down(nn.functional.silu(up(u)))
+                for up, down in zip(self.up, self.down, strict=True)
+            ],
+            dim=1,
+        )
+
+    def logits(
+        self, target: PreTrainedModel, hidden: torch.Tensor, tokens: torch.Tensor
+    ) -> torch.Tensor:
+        """(n, L, V) drafter logits for (n, d) hidden states h_{t−1} and (n,) root tokens x_t."""
+        embedding = target.get_input_embeddings()(tokens).to(hidden.dtype)
+        z = self.features(hidden, embedding)
+        return target.get_output_embeddings()(target.model.norm(z))
+
+    def save(self, directory: Path, dtype: torch.dtype = torch.float16) -> None:
+        """Write ``heads.safetensors`` (weights in ``dtype``) and ``heads.json``."""
+        directory.mkdir(parents=True, exist_ok=True)
+        tensors = {
+            k: v.detach().to("cpu", dtype).contiguous() for k, v in self.state_dict().items()
+        }
+        save_file(tensors, str(directory / "heads.safetensors"), metadata={"format": FORMAT})
+        (directory / "heads.json").write_text(json.dumps(asdict(self.config), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, directory: Path, target: PreTrainedModel) -> ParallelHeads:
+        """Load heads for ``target`` (on its device and dtype).
+
+        Raises:
+            ValueError: missing files, another format, or heads trained for another target
+                (fingerprint, hidden size or vocabulary differ).
+        """
+        config_path, weights_path = directory / "heads.json", directory / "heads.safetensors"
+        if not config_path.is_file() or not weights_path.is_file():
+            raise ValueError(f"{directory} must hold heads.json and heads.safetensors")
+        config = HeadsConfig(**json.loads(config_path.read_text()))
+        if config.format != FORMAT:
+            raise ValueError(f"{config_path}: format {config.format!r}, expected {FORMAT!r}")
+        fingerprint = target_fingerprint(target)
+        if config.target != fingerprint:
+            raise ValueError(
+                f"heads in {directory} were trained for target {config.target}, "
+                f"this target is {fingerprint}"
+            )
+        param = next(target.parameters())
+        heads = cls(config).to(param.device, param.dtype)
+        heads.load_state_dict(load_file(str(weights_path)))  # copies, converting the dtype
+        return heads.eval()
+
+
+def new_heads(target: PreTrainedModel, lookahead: int, objective: str = "") -> ParallelHeads:
+    """Fresh heads for ``target`` (zero-initialised residuals: Q_s = the target at t−1)."""
+    config = HeadsConfig(
+        lookahead=lookahead,
+        hidden_size=target.config.hidden_size,
+        vocab_size=target.config.vocab_size,
+        target=target_fingerprint(target),
+        objective=objective,
+    )
+    param = next(target.parameters())
+    return ParallelHeads(config).to(param.device, param.dtype)
+
+
+class HeadsDrafter:
+    """``heads:PATH`` — the decoder's drafter from parallel heads (``uses_target_hidden``).
+
+    The decoder hands it the target's hidden state at the token before each step's root
+    (``see_target_hidden``) before drafting; level s returns Q_s for every node of that level.
+    Without a hidden state (a one-token prompt) it proposes nothing: the tree stays empty.
+    One heads pass per step (at level 1); ``calls`` counts levels like every drafter.
+    """
+
+    uses_target_hidden = True
+
+    def __init__(self, heads: ParallelHeads, target: PreTrainedModel, name: str) -> None:
+        self.heads = heads
+        self.target = target
+        self.vocab_size = target.config.vocab_size
+        self.name = name
+        self.calls = 0
+        self._hidden: torch.Tensor | None = None
+        self._laws: torch.Tensor | None = None  # (L, V) logits of this step
+
+    def start(self, prompt: list[int]) -> None:
+        self._hidden = None
+        self._laws = None
+
+    def see_target_hidden(self, hidden: torch.Tensor) -> None:
+        """(d,) the target's final (normed) hidden state at the token before the next root."""
+        self._hidden = hidden
+        self._laws = None
+
+    @torch.inference_mode()
+    def propose(self, tree: DraftTree, level: int, committed: list[int]) -> torch.Tensor:
+        self.calls += 1
+        n = len(tree.levels[level - 1])
+        if self._hidden is None or level > self.heads.config.lookahead:
+            return torch.full((n, self.vocab_size), -torch.inf, dtype=torch.float32)
+        if self._laws is None:
+            root = torch.tensor([committed[-1]], device=self._hidden.device)
+            self._laws = self.heads.logits(self.target, self._hidden[None], root)[0]
+        return self._laws[level - 1].expand(n, -1)
+
+    def finish_step(self, tree: DraftTree, visited: list[int], committed: list[int]) -> None:
+        self._laws = None
+
+
+def heads_drafter(path: str, target: PreTrainedModel) -> HeadsDrafter:
+    """Load ``heads:PATH`` for ``target`` (``ParallelHeads.load``'s errors)."""
+    return HeadsDrafter(
+        ParallelHeads.load(Path(path).expanduser(), target), target, f"heads:{path}"
+    )
