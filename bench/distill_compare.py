@@ -9,7 +9,8 @@ seed: train parallel heads (``sampler.distill.train``; resumable checkpoints und
    output identical to ``basic-uwm`` for the same key and nonce, plus ``vsps`` (B = 1, L = 4) to
    check τ measured against τ computed.
 Writes ``bench/results/distill_objectives.json``, ``distill_objectives.md`` and
-``distill_acceptance.png``; copies the best heads (by τ at T = 1) to ``<repo>/drafters/``.
+``distill_acceptance.png``; copies the best heads (by τ at T = 1) to ``sampler/heads_data/``
+(the ``heads`` drafter).
 
     python -m bench.distill_compare [--steps 300] [--anchors 32] [--prompts 10] [--tokens 64]
 """
@@ -31,13 +32,13 @@ from bench.common import RESULTS, environment
 from keyed import KeyedSource, Secret
 from sampler.decoder import SamplerConfig, generate
 from sampler.distill import DistillConfig, evaluate, prepare_data, train
-from sampler.heads import HeadsDrafter, ParallelHeads
+from sampler.heads import SHIPPED_HEADS, HeadsDrafter, ParallelHeads
 from sampler.mdraft import Objective
 from sampler.models import DEFAULT_MODEL, load_model
 from sampler.processing import Processing
 
 REPO = Path(__file__).resolve().parents[1]
-SHIPPED = REPO / "drafters" / "smollm2-135m-instruct-heads"
+SHIPPED = SHIPPED_HEADS
 OBJECTIVES = ("mdraft", "rkl", "fkl", "ce")
 CELLS = [("mpfr", 1, 2), ("mpfr", 1, 4), ("mpfr", 4, 2), ("mpfr", 4, 4), ("vsps", 1, 4)]
 

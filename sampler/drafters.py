@@ -2,9 +2,10 @@
 
 Specs: ``model:PATH`` (an autoregressive HF model sharing the tokenizer), ``self:N`` (the
 target's first N layers + its norm and head), ``heads:PATH`` (parallel heads on the target's
-hidden state, ``sampler.heads``; trained by ``poissonmark distill``), ``ngram`` (prompt
-lookup over prompt + output), ``fixed:TOKEN`` (always proposes one token; a test drafter for case
-C11). A drafter's logits may put -inf everywhere (no proposal): the tree simply stops growing there.
+hidden state, ``sampler.heads``, trained by ``poissonmark distill``; plain ``heads`` = the
+shipped ones), ``ngram`` (prompt lookup over prompt + output), ``fixed:TOKEN`` (always proposes
+one token; a test drafter for case C11). A drafter's logits may put -inf everywhere (no
+proposal): the tree simply stops growing there.
 
 Shapes: n contexts of a level, V target vocabulary.
 """
@@ -219,7 +220,7 @@ def make_drafter(spec: str, target: PreTrainedModel) -> Drafter:
             return self_drafter(target, int(arg))
         if kind == "model" and arg:
             return model_drafter(arg, target)
-        if kind == "heads" and arg:
+        if kind == "heads":
             return heads_drafter(arg, target)
         if kind == "ngram" and not arg:
             return NgramDrafter(vocab)
@@ -228,5 +229,5 @@ def make_drafter(spec: str, target: PreTrainedModel) -> Drafter:
     except ValueError as exc:
         raise ValueError(f"drafter {spec!r}: {exc}") from None
     raise ValueError(
-        f"unknown drafter {spec!r}: expected model:PATH, self:N, heads:PATH, ngram or fixed:TOKEN"
+        f"unknown drafter {spec!r}: expected model:PATH, self:N, heads[:PATH], ngram or fixed:TOKEN"
     )

