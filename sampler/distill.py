@@ -207,6 +207,8 @@ class DistillConfig:
         lr, weight_decay, warmup, clip: AdamW, cosine schedule warm-up steps, grad-norm clip.
         seed: sequence order, anchors, drafts.
         eval_every, checkpoint_every: in steps (0 = never).
+        init: a heads directory to start from (e.g. off-policy ``ce`` heads, as the MDraft
+            paper post-trains a DFlash drafter), else fresh heads.
     """
 
     objective: Objective = field(default_factory=Objective)
@@ -220,6 +222,7 @@ class DistillConfig:
     seed: int = 0
     eval_every: int = 100
     checkpoint_every: int = 50
+    init: str | None = None
 
     def __post_init__(self) -> None:
         for name, low in (("lookahead", 1), ("steps", 1), ("anchors", 1), ("warmup", 0)):
@@ -372,7 +375,17 @@ def train(
     for p in target.parameters():
         p.requires_grad_(False)
     torch.manual_seed(config.seed)
-    heads = new_heads(target, config.lookahead, config.objective.name).float()
+    if config.init is not None:
+        start = ParallelHeads.load(Path(config.init), target)
+        if start.config.lookahead != config.lookahead:
+            raise ValueError(
+                f"init: {config.init} has {start.config.lookahead} heads, lookahead is "
+                f"{config.lookahead}"
+            )
+        heads = new_heads(target, config.lookahead, config.objective.name).float()
+        heads.load_state_dict(start.state_dict())
+    else:
+        heads = new_heads(target, config.lookahead, config.objective.name).float()
     heads.train()
     optimiser = torch.optim.AdamW(
         heads.parameters(), lr=config.lr, weight_decay=config.weight_decay

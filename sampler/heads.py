@@ -5,11 +5,12 @@ hidden state h_{t−1} (after its last norm, at the token before the root: compu
 verification forward or the prefill) and the embedding of the root token, and predict the L next
 tokens x_{t+1}, ..., x_{t+L} in one pass:
 
-    u = W_in [h_{t−1}; E(x_t)] + h_{t−1}                    (fusion, shared by the heads)
+    u = W_in [ĥ; ê] + ĥ,  ĥ = rms(h_{t−1}), ê = rms(E(x_t))  (fusion, shared by the heads)
     z_s = u + W_s,2 · SiLU(W_s,1 · u)                         (head s = 1..L, a residual block)
     Q_s(· | x_{≤t}) = softmax(LM_head(norm(z_s)))             (the target's own norm and head)
 
-The target's embedding, norm and LM head are frozen and never stored with the heads; W_s,2 and
+rms(v) = v / sqrt(mean(v²) + 1e-6) puts both inputs on one scale (the target's final hidden
+states are ~15× larger than its embeddings). The target's embedding, norm and LM head are frozen and never stored with the heads; W_s,2 and
 W_in start at zero, so untrained heads all predict what the target predicted at t−1 (a weak
 but sane drafter). Q_s does not depend on the drafted tokens before position s: every node of
 tree level s gets the same law. That is what "parallel" means; exactness never depends on it.
@@ -32,7 +33,7 @@ from transformers import PreTrainedModel
 
 from sampler.tree import DraftTree
 
-FORMAT = "poissonmark-heads/1"
+FORMAT = "poissonmark-heads/2"
 SHIPPED_HEADS = Path(__file__).resolve().parent / "heads_data" / "smollm2-135m-instruct"
 """Heads trained for SmolLM2-135M-Instruct by ``bench/distill_compare.py`` (spec ``heads``)."""
 
@@ -80,6 +81,10 @@ class HeadsConfig:
     format: str = FORMAT
 
 
+def _rms(v: torch.Tensor) -> torch.Tensor:
+    return v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
 class ParallelHeads(nn.Module):
     """The trainable part: fusion W_in (d × 2d) and L residual blocks (2 · d × d each).
 
@@ -101,7 +106,8 @@ class ParallelHeads(nn.Module):
     def features(
         self, hidden: torch.Tensor, token_embedding: torch.Tensor
     ) -> torch.Tensor:  # (n, L, d)
-        u = hidden + self.fuse(torch.cat([hidden, token_embedding], dim=-1))
+        h, e = _rms(hidden), _rms(token_embedding)
+        u = h + self.fuse(torch.cat([h, e], dim=-1))
         return torch.stack(
             [
                 u + down(nn.functional.silu(up(u)))

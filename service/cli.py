@@ -588,6 +588,8 @@ def distill(
     lr: Annotated[float, typer.Option(help="AdamW peak learning rate.")] = 2e-3,
     seed: int = 0,
     eval_every: Annotated[int, typer.Option(help="Held-out τ every N steps (0 = off).")] = 100,
+    init: Annotated[Path | None, typer.Option(
+        help="Start from these heads (e.g. off-policy ce heads), as MDraft post-trains.")] = None,
     prompts: Annotated[list[Path] | None, typer.Option(
         "--prompts", help="Prompt JSONL files (default: the shared ELI5 and summarise sets)."
     )] = None,
@@ -607,7 +609,7 @@ def distill(
     with _errors():
         config = DistillConfig(
             Objective.named(objective, alpha, proposals), lookahead, steps, anchors, lr,
-            seed=seed, eval_every=eval_every,
+            seed=seed, eval_every=eval_every, init=str(init) if init else None,
         )
         files = list(prompts or DEFAULT_PROMPTS)
         for path in files:

@@ -202,7 +202,7 @@ class GenerationWorker:
 
     def _drafter(self, spec: str | None) -> Drafter:
         if spec is None:
-            raise ValueError("drafter: a speculative method needs one (ngram or self:N)")
+            raise ValueError("drafter: a speculative method needs one (ngram, heads or self:N)")
         if spec not in self._drafters:
             self._drafters[spec] = make_drafter(spec, self.loaded.model)
         return self._drafters[spec]

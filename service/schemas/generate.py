@@ -32,8 +32,9 @@ class GenerateRequest(RequestModel):
     method: Method = "mpfr"
     drafter: str = Field(
         default="ngram",
-        pattern=r"^(ngram|self:[1-9][0-9]?)$",
-        description="`ngram` (prompt lookup) or `self:N` (the target's first N layers).",
+        pattern=r"^(ngram|heads|self:[1-9][0-9]?)$",
+        description="`ngram` (prompt lookup), `heads` (the shipped MDraft-trained parallel heads "
+        "for SmolLM2-135M-Instruct) or `self:N` (the target's first N layers).",
     )
     drafts: int = Field(default=4, ge=1, le=MAX_DRAFTS, description="B, drafts per step.")
     lookahead: int = Field(default=4, ge=1, le=MAX_LOOKAHEAD, description="L, draft length.")

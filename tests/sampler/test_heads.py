@@ -136,7 +136,9 @@ def test_a_few_steps_lower_the_loss_and_raise_acceptance(target, rollouts, tmp_p
     after = evaluate(heads, target, rollouts[1], held_hidden, (1.0,))
     losses = [e["loss"] for e in state.log]
     assert sum(losses[-8:]) / 8 < 0.8 * sum(losses[:8]) / 8
-    assert after["T=1"]["tau"] > before["T=1"]["tau"] + 0.1, (before, after)
+    # on-policy distillation fits the target's laws; CE only its sampled tokens (noisier)
+    gain = {"mdraft": 0.1, "ce": 0.03}[name]
+    assert after["T=1"]["tau"] > before["T=1"]["tau"] + gain, (before, after)
     assert (tmp_path / "heads.safetensors").is_file() and (tmp_path / "training.json").is_file()
 
 

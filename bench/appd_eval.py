@@ -1,0 +1,350 @@
+"""The MPFR paper's App. D evaluation in one harness, real model, this machine (issue 5).
+
+Cells (same prompts, keys, processing T = 1 / top-k 50 / top-p 1, stopping):
+- single-draft: ``basic-uwm``; ``vsps``, ``pfr-nowm``, ``pfr`` for L ∈ {1, 2, 3, 4};
+- multi-draft: ``mpfr`` and ``gls`` at L = 4, B ∈ {2, 4, 6, 8}; ``mpfr-nowm`` at B = 4;
+- drafter substitution: ``mpfr`` and ``gls`` (B = 4, L = 4) with two more drafters;
+- detection budget: ``basic-uwm``, ``pfr`` (L = 4), ``mpfr`` (B = 4, L = 4) at 128 tokens.
+Every cell runs every held-out prompt under every key (nonce from prompt and key).
+
+Per run: AATPS, tokens/s, ANLPPT (−ln p / M, natural log) for the Aaronson, U, Li and
+Lattimore scores, LPPL (mean −ln P(y_t | prefix) under the raw target), the empirical first-level
+acceptance (steps that accepted ≥ 1 draft / steps) and — with the ``heads`` drafter — the
+Theorem 5.1 bound 1 − Σ_i P(i) (P(i)/(P(i)+Q(i)))^B averaged over the output's contexts (P, Q the
+processed target law and level-1 drafter law there). Per cell: mean ± std over runs and the std
+of the per-key means. TPR at 1 % FPR per token budget (16, 32, 64, 128): thresholds are the
+per-key 1 % quantiles of the Aaronson p-value on the human passages (``human-pydoc.jsonl``),
+truncated to the same budget. Drafter substitution: min-pair ROUGE-L (``rouge-score``) across
+drafters per (prompt, key).
+
+Resumable (``<out>.partial.jsonl``). Writes ``bench/results/appd.json``, ``appd.md`` and
+``appd_*.png``.
+
+    python -m bench.appd_eval [--prompts 4] [--keys 3] [--tokens 64] [--drafter heads]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import itertools
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from rich.progress import track
+
+from bench.common import DATA, RESULTS, environment
+from detector.detect import detect
+from detector.scores import anlppt
+from keyed import KeyedSource, Secret
+from sampler.decoder import SamplerConfig, generate
+from sampler.distill import load_prompts, split_of
+from sampler.drafters import make_drafter
+from sampler.heads import HeadsDrafter
+from sampler.models import DEFAULT_MODEL, load_model
+from sampler.processing import Processing, dense_logp, process
+from sampler.race import acceptance_lower_bound
+
+PROCESSING = Processing(1.0, 50, 1.0)
+SCORES = ("aaronson", "u", "li", "lattimore")
+BUDGETS = (16, 32, 64, 128)
+
+
+@dataclass(frozen=True)
+class Cell:
+    name: str
+    method: str
+    drafts: int
+    lookahead: int
+    drafter: str | None
+    tokens: int
+    group: str
+
+
+def cells(drafter: str, others: list[str], tokens: int) -> list[Cell]:
+    out = [Cell("basic-uwm", "basic-uwm", 1, 1, None, tokens, "single")]
+    for lookahead, method in itertools.product((1, 2, 3, 4), ("vsps", "pfr-nowm", "pfr")):
+        out.append(Cell(f"{method} L={lookahead}", method, 1, lookahead, drafter, tokens, "single"))
+    for b, method in itertools.product((2, 4, 6, 8), ("mpfr", "gls")):
+        out.append(Cell(f"{method} B={b}", method, b, 4, drafter, tokens, "multi"))
+    out.append(Cell("mpfr-nowm B=4", "mpfr-nowm", 4, 4, drafter, tokens, "multi"))
+    for other, method in itertools.product(others, ("mpfr", "gls")):
+        out.append(Cell(f"{method} B=4 / {other}", method, 4, 4, other, tokens, "substitution"))
+    out.append(Cell("tpr basic-uwm", "basic-uwm", 1, 1, None, 128, "tpr"))
+    out.append(Cell("tpr pfr L=4", "pfr", 1, 4, drafter, 128, "tpr"))
+    out.append(Cell("tpr mpfr B=4", "mpfr", 4, 4, drafter, 128, "tpr"))
+    return out
+
+
+def key_source(key: int, prompt_id: str) -> KeyedSource:
+    secret = Secret(hashlib.sha256(b"appd-key-%d" % key).digest())
+    nonce = int.from_bytes(hashlib.sha256(f"{prompt_id}/{key}".encode()).digest()[:7], "little")
+    return KeyedSource(secret, 4, True, nonce)
+
+
+@torch.inference_mode()
+def audit(loaded: Any, prompt: list[int], ids: list[int], drafter: Any, drafts: int) -> dict:
+    """LPPL under the raw target and, for a heads drafter, the Thm 5.1 bound per context."""
+    full = torch.tensor([prompt + ids])
+    out = loaded.model(input_ids=full, output_hidden_states=drafter is not None)
+    n = len(prompt)
+    logits = out.logits[0, n - 1 : n - 1 + len(ids)].double()
+    logp = torch.log_softmax(logits, -1)
+    lppl = float(-logp.gather(1, torch.tensor(ids)[:, None]).mean()) if ids else 0.0
+    result: dict[str, Any] = {"lppl": lppl}
+    if isinstance(drafter, HeadsDrafter) and ids:
+        hidden = out.hidden_states[-1][0]
+        roots = full[0, n - 1 : n - 1 + len(ids)]  # root token x_t of each context
+        before = hidden[n - 2 : n - 2 + len(ids)]  # h_{t−1}
+        q_logits = drafter.heads.logits(loaded.model, before, roots)[:, 0, :]
+        vocab = loaded.model.config.vocab_size
+        p = dense_logp(process(logits, PROCESSING), vocab).exp()
+        q = dense_logp(process(q_logits.double(), PROCESSING), vocab).exp()
+        bounds = [acceptance_lower_bound(p[t], q[t], drafts) for t in range(len(ids))]
+        result["thm51_bound"] = statistics.fmean(bounds)
+    return result
+
+
+def run_cell(loaded: Any, cell: Cell, row: dict, key: int, drafter_cache: dict) -> dict:
+    prompt = row["ids"]
+    source = key_source(key, row["id"])
+    drafter = None
+    if cell.drafter is not None:
+        if cell.drafter not in drafter_cache:
+            drafter_cache[cell.drafter] = make_drafter(cell.drafter, loaded.model)
+        drafter = drafter_cache[cell.drafter]
+    config = SamplerConfig(cell.method, cell.drafts, cell.lookahead, cell.tokens, PROCESSING)
+    result = generate(loaded.model, prompt, config, source, drafter,
+                      frozenset({loaded.tokenizer.eos_token_id}))
+    ids = list(result.token_ids)
+    stats = result.stats
+    found = detect(loaded.tokenizer, source, token_ids=ids, scores=SCORES[1:])
+    record = {
+        "cell": cell.name, "prompt": row["id"], "key": key, "ids": ids,
+        "text": loaded.tokenizer.decode(ids),
+        "aatps": stats.aatps, "tokens_per_second": stats.tokens_per_second,
+        "emitted": stats.emitted_tokens, "steps": stats.target_forward_passes,
+        "first_level_acceptance": (stats.accepted_per_level[0] if stats.accepted_per_level
+                                   else 0) / max(stats.target_forward_passes, 1),
+        "anlppt": {name: anlppt(found.scores[name], found.num_scored) for name in SCORES},
+        "scored": found.num_scored,
+    }
+    record.update(audit(loaded, prompt, ids, drafter, config.effective_drafts))
+    return record
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def summarise(records: list[dict], keys: int) -> dict[str, Any]:
+    by_cell: dict[str, list[dict]] = {}
+    for r in records:
+        by_cell.setdefault(r["cell"], []).append(r)
+    table = {}
+    for cell, runs in by_cell.items():
+        row: dict[str, Any] = {"runs": len(runs)}
+        metrics = {"aatps": [r["aatps"] for r in runs],
+                   "tokens_per_second": [r["tokens_per_second"] for r in runs],
+                   "lppl": [r["lppl"] for r in runs],
+                   "first_level_acceptance": [r["first_level_acceptance"] for r in runs]}
+        for name in SCORES:
+            metrics[f"anlppt_{name}"] = [r["anlppt"][name] for r in runs]
+        if all("thm51_bound" in r for r in runs):
+            metrics["thm51_bound"] = [r["thm51_bound"] for r in runs]
+        for name, values in metrics.items():
+            mean, std = _mean_std(values)
+            per_key = [statistics.fmean(v for r, v in zip(runs, values, strict=True)
+                                        if r["key"] == k) for k in range(keys)
+                       if any(r["key"] == k for r in runs)]
+            row[name] = {"mean": mean, "std": std,
+                         "std_over_keys": statistics.stdev(per_key) if len(per_key) > 1 else 0.0}
+        table[cell] = row
+    return table
+
+
+def human_thresholds(loaded: Any, keys: int) -> dict[int, dict[int, float]]:
+    """Per key and budget: the 1 % quantile of the Aaronson log10 p on human passages."""
+    texts = [json.loads(line)["text"] for line in
+             (DATA / "human-pydoc.jsonl").read_text().splitlines()]
+    ids = [loaded.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    out: dict[int, dict[int, float]] = {}
+    for key in range(keys):
+        source = key_source(key, "human")
+        out[key] = {}
+        for budget in BUDGETS:
+            logs = [detect(loaded.tokenizer, source, token_ids=i[:budget]).scores["aaronson"]
+                    .log10_p_value for i in ids]
+            out[key][budget] = float(np.quantile(logs, 0.01, method="lower"))
+    return out
+
+
+def tpr(records: list[dict], thresholds: dict[int, dict[int, float]], loaded: Any) -> dict:
+    out: dict[str, dict[str, float]] = {}
+    for r in records:
+        if not r["cell"].startswith("tpr "):
+            continue
+        source = key_source(r["key"], r["prompt"])
+        for budget in BUDGETS:
+            log10 = detect(loaded.tokenizer, source, token_ids=r["ids"][:budget]).scores[
+                "aaronson"].log10_p_value
+            hit = log10 <= thresholds[r["key"]][budget]
+            cell = out.setdefault(r["cell"][4:], {})
+            cell.setdefault(str(budget), []).append(float(hit))  # type: ignore[arg-type]
+    return {c: {b: statistics.fmean(v) for b, v in d.items()} for c, d in out.items()}  # type: ignore[misc]
+
+
+def substitution(records: list[dict], drafter: str, others: list[str]) -> dict[str, Any]:
+    from rouge_score import rouge_scorer
+
+    scorer = rouge_scorer.RougeScorer(["rougeL"])
+    texts: dict[tuple[str, str, int], dict[str, str]] = {}
+    for r in records:
+        for method in ("mpfr", "gls"):
+            if r["cell"] == f"{method} B=4":
+                texts.setdefault((method, r["prompt"], r["key"]), {})[drafter] = r["text"]
+            for other in others:
+                if r["cell"] == f"{method} B=4 / {other}":
+                    texts.setdefault((method, r["prompt"], r["key"]), {})[other] = r["text"]
+    out: dict[str, Any] = {}
+    for method in ("mpfr", "gls"):
+        mins, identical = [], 0
+        for (m, _, _), by_drafter in texts.items():
+            if m != method or len(by_drafter) < 1 + len(others):
+                continue
+            pairs = itertools.combinations(by_drafter.values(), 2)
+            mins.append(min(scorer.score(a, b)["rougeL"].fmeasure for a, b in pairs))
+            identical += len(set(by_drafter.values())) == 1
+        if mins:
+            out[method] = {"min_pair_rouge_l_mean": statistics.fmean(mins),
+                           "min_pair_rouge_l_min": min(mins), "identical_outputs": identical,
+                           "runs": len(mins), "drafters": [drafter, *others]}
+    return out
+
+
+def plots(summary: dict, rates: dict, out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = []
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for method, marker in (("vsps", "s"), ("pfr-nowm", "^"), ("pfr", "o")):
+        xs = [summary[f"{method} L={k}"]["aatps"]["mean"] for k in (1, 2, 3, 4)]
+        ys = [summary[f"{method} L={k}"]["anlppt_u"]["mean"] for k in (1, 2, 3, 4)]
+        ax.plot(xs, ys, marker=marker, label=method)
+    base = summary["basic-uwm"]
+    ax.scatter([base["aatps"]["mean"]], [base["anlppt_u"]["mean"]], marker="*", s=150,
+               color="k", label="basic-uwm", zorder=3)
+    ax.set_xlabel("AATPS")
+    ax.set_ylabel("ANLPPT-U (nats / token)")
+    ax.set_title("single-draft frontier, L = 1..4", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "appd_frontier.png", dpi=110)
+    names.append("appd_frontier.png")
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    bs = (2, 4, 6, 8)
+    for method in ("mpfr", "gls"):
+        axes[0].errorbar(bs, [summary[f"{method} B={b}"]["aatps"]["mean"] for b in bs],
+                         yerr=[summary[f"{method} B={b}"]["aatps"]["std_over_keys"] for b in bs],
+                         marker="o", capsize=3, label=method)
+        axes[1].plot(bs, [summary[f"{method} B={b}"]["first_level_acceptance"]["mean"]
+                          for b in bs], marker="o", label=f"{method} measured")
+    if "thm51_bound" in summary["mpfr B=2"]:
+        axes[1].plot(bs, [summary[f"mpfr B={b}"]["thm51_bound"]["mean"] for b in bs],
+                     linestyle="--", color="k", label="Thm 5.1 bound")
+    axes[0].set_xlabel("drafts B (L = 4)")
+    axes[0].set_ylabel("AATPS")
+    axes[1].set_xlabel("drafts B (L = 4)")
+    axes[1].set_ylabel("P(step accepts ≥ 1 draft)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "appd_multidraft.png", dpi=110)
+    names.append("appd_multidraft.png")
+
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for method, by_budget in rates.items():
+        ax.plot(BUDGETS, [by_budget[str(b)] for b in BUDGETS], marker="o", label=method)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("token budget")
+    ax.set_ylabel("TPR at 1 % FPR (human-text thresholds)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "appd_tpr.png", dpi=110)
+    names.append("appd_tpr.png")
+    return names
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--prompts", type=int, default=4, help="held-out prompts per task")
+    parser.add_argument("--keys", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--drafter", default="heads")
+    parser.add_argument("--others", nargs="+", default=["ngram", "self:4"])
+    parser.add_argument("--home", type=Path,
+                        default=Path("~/.local/share/poissonmark").expanduser())
+    parser.add_argument("--out", type=Path, default=RESULTS / "appd.json")
+    args = parser.parse_args()
+
+    loaded = load_model(DEFAULT_MODEL, args.home, device="auto")
+    rows = []
+    for name in ("prompts-eli5.jsonl", "prompts-summarize.jsonl"):
+        held = [p for p in load_prompts([DATA / name]) if split_of(p["id"]) == "heldout"]
+        held.sort(key=lambda p: hashlib.sha256(p["id"].encode()).hexdigest())
+        rows += held[: args.prompts]
+    for row in rows:
+        row["ids"] = list(loaded.tokenizer.apply_chat_template(
+            row["messages"], add_generation_prompt=True, tokenize=True, return_dict=False))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    partial = args.out.with_suffix(".partial.jsonl")
+    done: dict[tuple[str, str, int], dict] = {}
+    if partial.exists():
+        for line in partial.read_text().splitlines():
+            r = json.loads(line)
+            done[(r["cell"], r["prompt"], r["key"])] = r
+    plan = [(c, row, k) for c in cells(args.drafter, args.others, args.tokens) for row in rows
+            for k in range(args.keys)]
+    drafter_cache: dict[str, Any] = {}
+    with partial.open("a") as sink:
+        for cell, row, key in track(plan, description="App. D cells"):
+            if (cell.name, row["id"], key) in done:
+                continue
+            record = run_cell(loaded, cell, row, key, drafter_cache)
+            done[(cell.name, row["id"], key)] = record
+            sink.write(json.dumps(record) + "\n")
+            sink.flush()
+    records = list(done.values())
+    summary = summarise(records, args.keys)
+    thresholds = human_thresholds(loaded, args.keys)
+    rates = tpr(records, thresholds, loaded)
+    stability = substitution(records, args.drafter, args.others)
+    images = plots(summary, rates, args.out.parent)
+    payload = {
+        "benchmark": "appd_eval", "model": DEFAULT_MODEL, "environment": environment(),
+        "setup": {"drafter": args.drafter, "substitution_drafters": args.others,
+                  "prompts": [r["id"] for r in rows], "keys": args.keys, "tokens": args.tokens,
+                  "processing": {"temperature": 1.0, "top_k": 50, "top_p": 1.0},
+                  "device": str(loaded.device), "dtype": str(loaded.dtype)},
+        "cells": summary, "tpr_at_1pct_fpr": rates, "human_log10_thresholds": thresholds,
+        "drafter_substitution": stability, "plots": images,
+    }
+    args.out.write_text(json.dumps(payload, indent=1) + "\n")
+    print(json.dumps({"tpr": rates, "substitution": stability}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
