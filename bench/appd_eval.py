@@ -298,6 +298,8 @@ def main() -> None:
     parser.add_argument("--home", type=Path,
                         default=Path("~/.local/share/poissonmark").expanduser())
     parser.add_argument("--out", type=Path, default=RESULTS / "appd.json")
+    parser.add_argument("--finalize", action="store_true",
+                        help="summarise the runs finished so far without generating more")
     args = parser.parse_args()
 
     loaded = load_model(DEFAULT_MODEL, args.home, device="auto")
@@ -321,7 +323,7 @@ def main() -> None:
     drafter_cache: dict[str, Any] = {}
     with partial.open("a") as sink:
         for cell, row, key in track(plan, description="App. D cells"):
-            if (cell.name, row["id"], key) in done:
+            if (cell.name, row["id"], key) in done or args.finalize:
                 continue
             record = run_cell(loaded, cell, row, key, drafter_cache)
             done[(cell.name, row["id"], key)] = record

@@ -1,8 +1,11 @@
 """Drafter objectives compared (issue 6; MDraft paper Table 1 in miniature), real model, this CPU.
 
-For each objective (``mdraft``, ``rkl``, ``fkl``, ``ce``) with the same data, steps, anchors and
-seed: train parallel heads (``sampler.distill.train``; resumable checkpoints under
-``<home>/drafters/<objective>``), then on the held-out prompts
+As in the MDraft paper (which post-trains an off-policy DFlash drafter), every objective starts
+from the same off-policy heads (``--init``: ``poissonmark distill --objective ce``) and gets the
+same post-training: steps, anchors, learning rate and seed, for ``mdraft`` (α = 0.9, K = 4,
+survival weights), per-prefix ``rkl`` and ``fkl`` (K = 1, uniform) and ``ce`` continued
+(resumable checkpoints under ``<home>/drafters/``). Then, for the start and each result, on the
+held-out prompts
 1. τ, the expected acceptance length of standard speculative sampling with one chain of L = 4
    drafts, at T ∈ {0, 0.6, 1}, and the acceptance per draft position (``distill.evaluate``);
 2. the real decoder: ``mpfr`` at B ∈ {1, 4}, L ∈ {2, 4} (T = 1, top-k 50), AATPS and tokens/s,
@@ -12,7 +15,7 @@ Writes ``bench/results/distill_objectives.json``, ``distill_objectives.md`` and
 ``distill_acceptance.png``; copies the best heads (by τ at T = 1) to ``sampler/heads_data/``
 (the ``heads`` drafter).
 
-    python -m bench.distill_compare [--steps 300] [--anchors 32] [--prompts 10] [--tokens 64]
+    python -m bench.distill_compare --init DIR [--steps 200] [--anchors 32] [--lr 5e-4]
 """
 
 from __future__ import annotations
@@ -118,7 +121,9 @@ def _plot(results: dict[str, Any], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--init", type=Path, required=True, help="off-policy heads to start from")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--anchors", type=int, default=32)
     parser.add_argument("--proposals", type=int, default=4)
     parser.add_argument("--objectives", nargs="+", default=list(OBJECTIVES))
@@ -136,27 +141,29 @@ def main() -> None:
     data = prepare_data(loaded.model, loaded.tokenizer, files, args.home)
     results: dict[str, Any] = {}
     heads_of: dict[str, ParallelHeads] = {}
+    start = ParallelHeads.load(args.init, loaded.model)
+    start_log = json.loads((args.init / "training.json").read_text())
+    heads_of["start (ce)"] = start
+    results["start (ce)"] = {
+        "objective": {"name": "ce", "stage": "off-policy start"},
+        "steps": start_log["steps"],
+        "train_seconds": start_log["train_seconds"],
+        "evaluation": evaluate(start, loaded.model, data.heldout, data.heldout_hidden),
+        "out_dir": str(args.init),
+    }
+    print("start", {k: round(v["tau"], 3) for k, v in results["start (ce)"]["evaluation"].items()},
+          flush=True)
     for name in args.objectives:
-        config = DistillConfig(
-            Objective.named(name, proposals=args.proposals),
-            4,
-            args.steps,
-            args.anchors,
-            eval_every=100,
-        )
-        out_dir = args.home / "drafters" / f"{name}-s{args.steps}-a{args.anchors}"
+        config = DistillConfig(Objective.named(name, proposals=args.proposals), 4, args.steps,
+                               args.anchors, args.lr, warmup=10, eval_every=100,
+                               init=str(args.init))
+        out_dir = args.home / "drafters" / f"post-{name}-s{args.steps}-a{args.anchors}"
         started = time.perf_counter()
         heads, state = train(
-            loaded.model,
-            data.train,
-            data.train_hidden,
-            data.heldout,
-            data.heldout_hidden,
-            config,
-            out_dir,
+            loaded.model, data.train, data.train_hidden, data.heldout, data.heldout_hidden,
+            config, out_dir,
             lambda s, loss, n=name: (
-                print(f"{n} step {s.step} loss {loss:.4f}", flush=True)
-                if s.step % 25 == 0
+                print(f"{n} step {s.step} loss {loss:.4f}", flush=True) if s.step % 25 == 0
                 else None
             ),
         )
@@ -164,7 +171,9 @@ def main() -> None:
         heads_of[name] = heads
         results[name] = {
             "objective": json.loads(json.dumps(config.objective.__dict__)),
-            "train_seconds": state.seconds,
+            "steps": start_log["steps"] + state.step,
+            "train_seconds": start_log["train_seconds"] + state.seconds,
+            "post_train_seconds": state.seconds,
             "wall_seconds_this_call": time.perf_counter() - started,
             "evaluation": evaluation,
             "loss_first_last_25": [
@@ -178,7 +187,12 @@ def main() -> None:
     SHIPPED.parent.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(SHIPPED, ignore_errors=True)
     heads_of[best].save(SHIPPED)
-    shutil.copy(Path(results[best]["out_dir"]) / "training.json", SHIPPED / "training.json")
+    (SHIPPED / "README.md").write_text(
+        f"Parallel heads for SmolLM2-135M-Instruct: off-policy ce start "
+        f"({start_log['steps']} steps) then `{best}` post-training ({args.steps} steps, "
+        f"{args.anchors} anchors, lr {args.lr}); made by `python -m bench.distill_compare`; "
+        "figures in bench/results/distill_objectives.md.\n"
+    )
 
     heldout = data.heldout[: args.prompts]
     drafters = {
@@ -193,14 +207,12 @@ def main() -> None:
         "model": DEFAULT_MODEL,
         "environment": environment(),
         "setup": {
-            "steps": args.steps,
-            "anchors": args.anchors,
-            "lookahead": 4,
-            "train_rollouts": len(data.train),
-            "heldout_rollouts": len(data.heldout),
-            "rollout_tokens": 128,
-            "decode_prompts": len(heldout),
-            "decode_tokens": args.tokens,
+            "init": str(args.init), "init_steps": start_log["steps"],
+            "init_anchors": start_log["config"]["anchors"], "init_lr": start_log["config"]["lr"],
+            "steps": args.steps, "anchors": args.anchors, "lr": args.lr, "lookahead": 4,
+            "proposals": args.proposals, "train_rollouts": len(data.train),
+            "heldout_rollouts": len(data.heldout), "rollout_tokens": 128,
+            "decode_prompts": len(heldout), "decode_tokens": args.tokens,
         },
         "objectives": results,
         "best": best,

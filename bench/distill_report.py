@@ -18,10 +18,15 @@ def render(data: dict) -> str:
         f"Model {data['model']}; {env['hardware']['cpu']}, {env['hardware']['cores']} cores, "
         f"torch threads {env['hardware']['torch_threads']}; commit `{env['commit'][:10]}`"
         f"{' (dirty tree)' if env['dirty_tree'] else ''}; {env['date']}.",
-        f"Parallel heads, L = {setup['lookahead']}; {setup['steps']} steps × {setup['anchors']} "
-        f"anchors on {setup['train_rollouts']} training rollouts (target samples, T = 1, "
-        f"{setup['rollout_tokens']} new tokens); evaluated on {setup['heldout_rollouts']} "
-        "held-out rollouts (prompts split by a hash of their id).",
+        f"Parallel heads, L = {setup['lookahead']}, trained on {setup['train_rollouts']} rollouts "
+        f"(target samples, T = 1, {setup['rollout_tokens']} new tokens per prompt). As in the "
+        "MDraft paper (which post-trains a DFlash drafter), every objective starts from the same "
+        f"off-policy heads (`ce`, {setup['init_steps']} steps × {setup['init_anchors']} anchors, "
+        f"lr {setup['init_lr']}) and gets the same post-training: {setup['steps']} steps × "
+        f"{setup['anchors']} anchors, lr {setup['lr']}, seed 0 (`mdraft`: α = 0.9, "
+        f"K = {setup['proposals']}, survival weights; `rkl`/`fkl`: per-prefix, K = 1, uniform; "
+        "`ce`: DFlash weights, continued). Evaluated on "
+        f"{setup['heldout_rollouts']} held-out rollouts (prompts split by a hash of their id).",
         "",
         "## Acceptance (held-out), standard speculative sampling, one chain of 4 drafts",
         "",
@@ -30,7 +35,7 @@ def render(data: dict) -> str:
         "rollout; ± is the std over rollouts.",
         "",
         "| objective | τ T=0 | τ T=0.6 | τ T=1 | P(accept ℓ=1..4 \\| previous) at T=1 "
-        "| train min |",
+        "| train min (total) |",
         "|---|---|---|---|---|---|",
     ]
     for name, row in data["objectives"].items():
