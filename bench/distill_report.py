@@ -62,9 +62,14 @@ def render(data: dict) -> str:
         "|---|---|---|---|",
     ]
     for cell, row in data["decoding"].items():
+        same = (
+            "— (unkeyed baseline)"
+            if cell.startswith("vsps")
+            else f"{row['identical']}/{row['prompts']}"
+        )
         lines.append(
             f"| {cell} | {row['aatps_mean']:.2f} ± {row['aatps_std']:.2f} | "
-            f"{row['tokens_per_second_mean']:.1f} | {row['identical']}/{row['prompts']} |"
+            f"{row['tokens_per_second_mean']:.1f} | {same} |"
         )
     lines.append("")
     return "\n".join(lines)
