@@ -109,6 +109,7 @@ def _plot(results: dict[str, Any], path: Path) -> None:
             ax.plot(range(1, len(conditional) + 1), conditional, marker="o", label=name)
         ax.set_title(f"held-out, {temp}")
         ax.set_xlabel("draft position ℓ")
+        ax.set_xticks(range(1, 5))
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("P(accept ℓ | ℓ−1 accepted)")
     axes[-1].legend()

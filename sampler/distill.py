@@ -294,6 +294,8 @@ def evaluate(
     """Expected acceptance length τ and per-position acceptance of standard speculative sampling
     (one chain of L drafts) on held-out sequences (module docstring, step 4).
 
+    Raises:
+        ValueError: no rollout is long enough for L draft positions.
     Returns:
         ``{"T=<t>": {"tau": float, "tau_std_over_sequences": float, "reach": [L floats],
         "conditional": [L floats], "contexts": int}}``; ``reach[ℓ−1]`` = P(ℓ drafts accepted),
@@ -325,7 +327,8 @@ def evaluate(
             per_sequence.append(float(1 + reach.sum(1).mean()))
             reach_sum = reach.sum(0) if reach_sum is None else reach_sum + reach.sum(0)
             count += reach.shape[0]
-        assert reach_sum is not None, "no held-out sequence has room for L tokens"
+        if reach_sum is None:
+            raise ValueError(f"no held-out rollout has room for {heads.config.lookahead} tokens")
         reach_mean = (reach_sum / count).tolist()
         conditional = [reach_mean[0]] + [
             reach_mean[i] / reach_mean[i - 1] if reach_mean[i - 1] > 0 else 0.0

@@ -10,9 +10,11 @@ tokens x_{t+1}, ..., x_{t+L} in one pass:
     Q_s(· | x_{≤t}) = softmax(LM_head(norm(z_s)))             (the target's own norm and head)
 
 rms(v) = v / sqrt(mean(v²) + 1e-6) puts both inputs on one scale (the target's final hidden
-states are ~15× larger than its embeddings). The target's embedding, norm and LM head are frozen and never stored with the heads; W_s,2 and
-W_in start at zero, so untrained heads all predict what the target predicted at t−1 (a weak
-but sane drafter). Q_s does not depend on the drafted tokens before position s: every node of
+states are ~15× larger than its embeddings; training stalled without it). The target's
+embedding, norm and LM head are frozen and never stored with the heads; W_s,2 and W_in start
+at zero, so untrained heads all predict what the target predicted at t−1 (a weak but sane
+drafter). Trained heads for SmolLM2-135M-Instruct ship in ``heads_data/`` (``bench/results/
+distill_objectives.md``). Q_s does not depend on the drafted tokens before position s: every node of
 tree level s gets the same law. That is what "parallel" means; exactness never depends on it.
 
 Files: ``<dir>/heads.safetensors`` (the trainable weights, float16 by default) and

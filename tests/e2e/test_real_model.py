@@ -54,11 +54,11 @@ def generations(real_model: LoadedModel, data_files: Path) -> list[dict]:
 
 def test_mpfr_equals_basic_uwm_on_real_model(real_model: LoadedModel, generations):
     """mpfr (B = 4, L = 4; drafter ngram (chains) on 12 prompts, early-exit self:4 (branching
-    trees; ~3x slower on CPU) on four, the shipped MDraft heads on four;
-    bench/results/drafters_cpu.json runs each on all 20) reproduces keyed AR decoding token for
-    token on >= 19 of 20 prompts x 64 tokens. float32 tree logits can differ from single-token logits in the last bits, so a
-    near-tie between the top two race scores may flip; any divergence is reported with the
-    target's top-2 logit gap there."""
+    trees; ~3x slower on CPU) on four, the shipped trained heads (branching trees) on four)
+    reproduces keyed AR decoding token for token on >= 19 of 20 prompts x 64 tokens. float32
+    tree logits can differ from single-token logits in the last bits, so a near-tie between the
+    top two race scores may flip; any divergence is reported with the target's top-2 logit gap
+    there."""
     equal, report = 0, []
     for i, g in enumerate(generations):
         done = complete(real_model, g["prompt"], SamplerConfig("mpfr", 4, 4, EQUAL_TOKENS),

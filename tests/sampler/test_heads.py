@@ -111,22 +111,15 @@ def rollouts(target):
     return _rollouts(target, 12, 0), _rollouts(target, 4, 1)
 
 
-def _run(target, rollouts, tmp: Path, objective: Objective, steps: int, **kw):
+def _run(target, rollouts, tmp: Path, objective: Objective, steps: int, on_step=None):
+    """Train tiny heads (L = 3); returns ((heads, state), held-out hidden states)."""
     train_set, heldout = rollouts
-    config = DistillConfig(
-        objective,
-        lookahead=3,
-        steps=steps,
-        anchors=16,
-        lr=2e-2,
-        warmup=2,
-        eval_every=0,
-        checkpoint_every=5,
-        **kw,
-    )
+    config = DistillConfig(objective, lookahead=3, steps=steps, anchors=16, lr=2e-2, warmup=2,
+                           eval_every=0, checkpoint_every=5)
     hidden = [hidden_states(target, r) for r in train_set]
     held_hidden = [hidden_states(target, r) for r in heldout]
-    return train(target, train_set, hidden, heldout, held_hidden, config, tmp), held_hidden
+    trained = train(target, train_set, hidden, heldout, held_hidden, config, tmp, on_step)
+    return trained, held_hidden
 
 
 @pytest.mark.parametrize("name", ["mdraft", "ce"])
@@ -153,25 +146,15 @@ def test_interrupted_run_resumes_to_the_same_heads(target, rollouts, tmp_path):
         if state.step == 7:
             raise Stop
 
-    train_set, heldout = rollouts
-    config = DistillConfig(
-        objective,
-        lookahead=3,
-        steps=12,
-        anchors=16,
-        lr=2e-2,
-        warmup=2,
-        eval_every=0,
-        checkpoint_every=5,
-    )
-    hidden = [hidden_states(target, r) for r in train_set]
-    held = [hidden_states(target, r) for r in heldout]
     with pytest.raises(Stop):
-        train(target, train_set, hidden, heldout, held, config, tmp_path / "cut", stop_at_seven)
-    resumed, state = train(target, train_set, hidden, heldout, held, config, tmp_path / "cut")
+        _run(target, rollouts, tmp_path / "cut", objective, 12, stop_at_seven)
+    (resumed, state), _ = _run(target, rollouts, tmp_path / "cut", objective, 12)
     assert state.step == 12
     for (name, a), b in zip(full.state_dict().items(), resumed.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
+    train_set, heldout = rollouts
+    hidden = [hidden_states(target, r) for r in train_set]
+    held = [hidden_states(target, r) for r in heldout]
     other = DistillConfig(objective, lookahead=3, steps=13)
     with pytest.raises(ValueError, match="another config"):
         train(target, train_set, hidden, heldout, held, other, tmp_path / "cut")
