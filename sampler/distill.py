@@ -58,12 +58,34 @@ class Rollout:
 
 
 def load_prompts(paths: Sequence[Path]) -> list[dict[str, Any]]:
-    """Prompt records (``id`` and ``messages`` or ``prompt``) from JSONL files."""
-    records = []
+    """Prompt records from JSONL files: each a JSON object with a string ``id`` and either
+    ``messages`` (chat messages) or ``prompt`` (a string).
+
+    Raises:
+        ValueError: a line that is not such an object (naming the file and line), or a
+            repeated id.
+    """
+    records: list[dict[str, Any]] = []
+    seen: set[str] = set()
     for path in paths:
-        for line in path.read_text().splitlines():
-            if line.strip():
-                records.append(json.loads(line))
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            where = f"--prompts {path}:{number}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{where}: not JSON ({exc.msg})") from None
+            if not isinstance(record, dict) or not isinstance(record.get("id"), str):
+                raise ValueError(f"{where}: expected an object with a string 'id'")
+            if not isinstance(record.get("messages"), list) and not isinstance(
+                record.get("prompt"), str
+            ):
+                raise ValueError(f"{where}: expected 'messages' (a list) or 'prompt' (a string)")
+            if record["id"] in seen:
+                raise ValueError(f"{where}: id {record['id']!r} appears twice")
+            seen.add(record["id"])
+            records.append(record)
     return records
 
 
@@ -328,7 +350,10 @@ def evaluate(
             reach_sum = reach.sum(0) if reach_sum is None else reach_sum + reach.sum(0)
             count += reach.shape[0]
         if reach_sum is None:
-            raise ValueError(f"no held-out rollout has room for {heads.config.lookahead} tokens")
+            raise ValueError(
+                f"no held-out rollout has room for {heads.config.lookahead} draft tokens after "
+                "its prompt; raise --max-new-tokens"
+            )
         reach_mean = (reach_sum / count).tolist()
         conditional = [reach_mean[0]] + [
             reach_mean[i] / reach_mean[i - 1] if reach_mean[i - 1] > 0 else 0.0
@@ -398,15 +423,24 @@ def train(
     state = TrainState()
     checkpoint = out_dir / "checkpoint.pt"
     config_json = json.loads(json.dumps(asdict(config)))
+    data = json.dumps([r.ids for r in train_set]).encode()
+    config_json["data"] = hashlib.sha256(data).hexdigest()  # resume only on the same rollouts
     if checkpoint.is_file():
-        saved = torch.load(checkpoint, weights_only=False)
+        saved = torch.load(checkpoint, weights_only=True)
         if saved["config"] != config_json:
-            raise ValueError(f"{checkpoint} was written for another config; use a new --out")
+            raise ValueError(
+                f"{checkpoint} was written for another config or other rollouts; use a new --out"
+            )
         heads.load_state_dict(saved["heads"])
         optimiser.load_state_dict(saved["optimiser"])
         schedule.load_state_dict(saved["schedule"])
         generator.set_state(saved["generator"])
         state = TrainState(**saved["state"])
+    if not any(len(r.ids) - max(r.prompt_len - 1, 1) > config.lookahead for r in train_set):
+        raise ValueError(
+            f"no training rollout has room for {config.lookahead} draft tokens after its prompt; "
+            "raise --max-new-tokens"
+        )
     order = _batches(len(train_set), torch.Generator().manual_seed(config.seed + 1))
     for _ in range(state.step):  # replay the sequence order up to the resumed step
         next(order)
@@ -540,6 +574,11 @@ def prepare_data(
     splits: dict[str, tuple[list[Rollout], list[torch.Tensor]]] = {}
     for split in ("train", "heldout"):
         chosen = [p for p in prompts if split_of(p["id"]) == split]
+        if not chosen:
+            raise ValueError(
+                f"--prompts: no prompt falls in the {split} split (1 id in {HELDOUT_EVERY} is "
+                f"held out by a hash of the id); give more prompts ({len(prompts)} now)"
+            )
         rollouts = generate_sequences(
             target,
             tokenizer,

@@ -12,10 +12,11 @@ tokens x_{t+1}, ..., x_{t+L} in one pass:
 rms(v) = v / sqrt(mean(v²) + 1e-6) puts both inputs on one scale (the target's final hidden
 states are ~15× larger than its embeddings; training stalled without it). The target's
 embedding, norm and LM head are frozen and never stored with the heads; W_s,2 and W_in start
-at zero, so untrained heads all predict what the target predicted at t−1 (a weak but sane
-drafter). Trained heads for SmolLM2-135M-Instruct ship in ``heads_data/`` (``bench/results/
-distill_objectives.md``). Q_s does not depend on the drafted tokens before position s: every node of
-tree level s gets the same law. That is what "parallel" means; exactness never depends on it.
+at zero, so untrained heads start near the target's own law at t−1 (its norm's gain applies
+twice there), a weak but sane drafter. Trained heads for SmolLM2-135M-Instruct ship in
+``heads_data/`` (``bench/results/distill_objectives.md``). Q_s does not depend on the drafted
+tokens before position s: every node of tree level s gets the same law. That is what
+"parallel" means; exactness never depends on it.
 
 Files: ``<dir>/heads.safetensors`` (the trainable weights, float16 by default) and
 ``<dir>/heads.json`` (``HeadsConfig``: lookahead, hidden size, vocabulary, target fingerprint).
@@ -41,10 +42,12 @@ SHIPPED_HEADS = Path(__file__).resolve().parent / "heads_data" / "smollm2-135m-i
 
 
 def target_fingerprint(target: PreTrainedModel) -> str:
-    """``"sha256:<16 hex>"`` of the target's shape and its LM-head and embedding weights.
+    """``"sha256:<16 hex>"`` of the target's shape and its LM-head and embedding weights,
+    rounded to bfloat16 first so that the float32 (CPU) and bfloat16 (CUDA) loads of one model
+    agree.
 
     Heads are only valid on the target they were trained on; loading them elsewhere is refused.
-    Cached on the model object (hashing ~110 MB takes ~0.2 s).
+    Cached on the model object (hashing ~110 MB takes ~0.3 s).
     """
     cached = getattr(target, "_poissonmark_fingerprint", None)
     if cached is not None:
@@ -57,7 +60,8 @@ def target_fingerprint(target: PreTrainedModel) -> str:
         ).encode()
     )
     for weight in (target.get_output_embeddings().weight, target.get_input_embeddings().weight):
-        digest.update(weight.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+        rounded = weight.detach().to("cpu", torch.bfloat16).view(torch.int16)
+        digest.update(rounded.contiguous().numpy().tobytes())
     value = "sha256:" + digest.hexdigest()[:16]
     target._poissonmark_fingerprint = value
     return value
@@ -122,9 +126,11 @@ class ParallelHeads(nn.Module):
         self, target: PreTrainedModel, hidden: torch.Tensor, tokens: torch.Tensor
     ) -> torch.Tensor:
         """(n, L, V) drafter logits for (n, d) hidden states h_{t−1} and (n,) root tokens x_t."""
-        embedding = target.get_input_embeddings()(tokens).to(hidden.dtype)
-        z = self.features(hidden, embedding)
-        return target.get_output_embeddings()(target.model.norm(z))
+        dtype = self.fuse.weight.dtype  # the heads' own (float32 while training on bf16 targets)
+        embedding = target.get_input_embeddings()(tokens).to(dtype)
+        z = self.features(hidden.to(dtype), embedding)
+        head = target.get_output_embeddings()
+        return head(target.model.norm(z.to(head.weight.dtype)))
 
     def save(self, directory: Path, dtype: torch.dtype = torch.float16) -> None:
         """Write ``heads.safetensors`` (weights in ``dtype``) and ``heads.json``."""
@@ -146,7 +152,10 @@ class ParallelHeads(nn.Module):
         config_path, weights_path = directory / "heads.json", directory / "heads.safetensors"
         if not config_path.is_file() or not weights_path.is_file():
             raise ValueError(f"{directory} must hold heads.json and heads.safetensors")
-        config = HeadsConfig(**json.loads(config_path.read_text()))
+        try:
+            config = HeadsConfig(**json.loads(config_path.read_text()))
+        except (json.JSONDecodeError, TypeError) as exc:
+            raise ValueError(f"{config_path}: not a heads config ({exc})") from None
         if config.format != FORMAT:
             raise ValueError(f"{config_path}: format {config.format!r}, expected {FORMAT!r}")
         fingerprint = target_fingerprint(target)
@@ -157,12 +166,15 @@ class ParallelHeads(nn.Module):
             )
         param = next(target.parameters())
         heads = cls(config).to(param.device, param.dtype)
-        heads.load_state_dict(load_file(str(weights_path)))  # copies, converting the dtype
+        try:  # load_state_dict copies, converting the dtype
+            heads.load_state_dict(load_file(str(weights_path)))
+        except Exception as exc:  # safetensors' own error type, or shapes that do not fit
+            raise ValueError(f"{weights_path}: unreadable or not {config} ({exc})") from None
         return heads.eval()
 
 
 def new_heads(target: PreTrainedModel, lookahead: int, objective: str = "") -> ParallelHeads:
-    """Fresh heads for ``target`` (zero-initialised residuals: Q_s = the target at t−1)."""
+    """Fresh heads for ``target`` (zero-initialised fusion and residual outputs)."""
     config = HeadsConfig(
         lookahead=lookahead,
         hidden_size=target.config.hidden_size,

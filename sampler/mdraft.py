@@ -13,7 +13,8 @@ every function also takes any leading batch axes, e.g. [A, K, L, V] for A contex
 - survival weights w_{ℓ,k} ∝ Π_{m<ℓ} a_{m,k}, a_{m,k} = min(1, p_m^{(k)}(x_m)/q_m(x_m)),
   normalised to sum to L per proposal (App. D); DFlash weights w_ℓ = exp(−(ℓ−1)/γ).
 
-Objectives (``Objective``): ``mdraft`` (RKL, α = 0.9, K ≥ 2, survival weights), ``rkl``
+Objectives (``Objective``): ``mdraft`` (RKL, α = 0.9, K = 4 by default —
+K = 1 reduces it to per-prefix RKL —, survival weights), ``rkl``
 (per-prefix reverse KL: α = 0, K = 1, uniform), ``fkl`` (per-prefix forward KL: α = 0, K = 1,
 uniform) and ``ce`` (off-policy cross-entropy on the target's own continuation, DFlash weights).
 
@@ -78,7 +79,8 @@ class Objective:
 
     @classmethod
     def named(cls, name: str, alpha: float = 0.9, proposals: int = 4) -> Objective:
-        """The paper's settings for ``name``; ``alpha``/``proposals`` apply to ``mdraft``."""
+        """The paper's settings for ``name``; ``alpha``/``proposals`` apply to ``mdraft`` only
+        (``rkl``/``fkl`` are per-prefix: α = 0, K = 1)."""
         if name == "mdraft":
             return cls(name, alpha, proposals, "rkl", "survival")
         if name == "rkl":
@@ -102,10 +104,11 @@ def blended_target(log_p: torch.Tensor, alpha: float) -> torch.Tensor:
 
     Args:
         log_p: [K, L, V] verifier log-laws of the K proposals.
-        alpha: α in [0, 1]; 0 returns ``log_p`` itself.
+        alpha: α in [0, 1]; 0 returns ``log_p`` (detached, as always).
     Returns:
         [K, L, V] normalised log targets (−inf where the blend has no support).
     """
+    log_p = log_p.detach()  # targets are constants (Eq. 2 is differentiated in q only)
     if alpha == 0.0:
         return log_p
     k = log_p.shape[-3]

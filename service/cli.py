@@ -579,15 +579,17 @@ DEFAULT_PROMPTS = (
 def distill(
     out_dir: Annotated[Path, typer.Option("--out", help="Where heads, checkpoint and logs go.")],
     objective: Annotated[str, typer.Option(help="mdraft, rkl, fkl or ce.")] = "mdraft",
-    alpha: Annotated[float, typer.Option(help="MDraft blending coefficient α in [0, 1].")] = 0.9,
+    alpha: Annotated[float, typer.Option(
+        help="MDraft blending coefficient α in [0, 1] (mdraft only).")] = 0.9,
     proposals: Annotated[int, typer.Option(
-        "--proposals", "-K", help="MDraft drafts K per context.")] = 4,
+        "--proposals", "-K", help="MDraft drafts K per context (mdraft only).")] = 4,
     lookahead: Annotated[int, typer.Option("--lookahead", "-L", help="Heads L.")] = 4,
     steps: Annotated[int, typer.Option(help="Optimiser steps.")] = 300,
     anchors: Annotated[int, typer.Option(help="Contexts per step.")] = 32,
     lr: Annotated[float, typer.Option(help="AdamW peak learning rate.")] = 2e-3,
     seed: int = 0,
-    eval_every: Annotated[int, typer.Option(help="Held-out τ every N steps (0 = off).")] = 100,
+    eval_every: Annotated[int, typer.Option(
+        min=0, help="Held-out τ every N steps (0 = off).")] = 100,
     init: Annotated[Path | None, typer.Option(
         help="Start from these heads (e.g. off-policy ce heads), as MDraft post-trains.")] = None,
     prompts: Annotated[list[Path] | None, typer.Option(
@@ -616,6 +618,10 @@ def distill(
             if not path.is_file():
                 raise ValueError(f"--prompts: {path} does not exist")
         loaded = _load(settings, model, device, as_json)
+        if init is not None:  # fail before the rollouts, not after
+            from sampler.heads import ParallelHeads
+
+            ParallelHeads.load(init, loaded.model)
         with Progress(console=err, disable=as_json, transient=False) as progress:
             tasks: dict[str, Any] = {}
 

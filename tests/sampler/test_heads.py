@@ -68,16 +68,35 @@ def test_heads_drafter_keeps_drafter_invariance(target):
     assert accepted > 0
 
 
-def test_heads_drafter_runs_the_vsps_baseline(target):
+class _Recording(HeadsDrafter):
+    """Checks, at every step, that the hidden state it was handed is the target's final hidden
+    state at the token before the root (what the heads were trained on)."""
+
+    def __init__(self, heads, target):
+        super().__init__(heads, target, "heads:recording")
+        self.checked = self.missing = 0
+
+    def propose(self, tree, level, committed):
+        if level == 1:
+            if self._hidden is None:
+                self.missing += 1
+                assert len(committed) == 1  # only a one-token prompt has no state to hand over
+            else:
+                want = hidden_states(self.target, Rollout("x", 0, tuple(committed)))[-2]
+                got = self._hidden.to(torch.float16)
+                assert torch.allclose(got, want, atol=1e-2), len(committed)
+                self.checked += 1
+        return super().propose(tree, level, committed)
+
+
+@pytest.mark.parametrize("method", ["mpfr", "vsps", "gls"])
+def test_decoder_hands_heads_the_hidden_state_before_the_root(target, method):
     heads = _random_heads(target, 3, 1)
-    out = generate(
-        target,
-        [1, 2, 3],
-        SamplerConfig("vsps", 1, 3, 20),
-        _source(3),
-        HeadsDrafter(heads, target, "heads:test"),
-    )
-    assert len(out.token_ids) == 20 and out.stats.drafter_calls > 0
+    drafter = _Recording(heads, target)
+    for prompt in ([9], [1, 2, 3]):
+        out = generate(target, prompt, SamplerConfig(method, 2, 3, 20), _source(3), drafter)
+        assert len(out.token_ids) == 20
+    assert drafter.checked >= 10 and drafter.missing == 1
 
 
 def test_heads_files_round_trip_and_refuse_another_target(target, tmp_path: Path):

@@ -145,17 +145,19 @@ def test_survival_weights_follow_acceptance_and_sum_to_l() -> None:
     assert (w[1] / w[1, 0]).tolist() == pytest.approx([1, 0.25, 0.25, 0.25])
 
 
-def test_gradient_flows_only_into_the_drafter() -> None:
+@pytest.mark.parametrize("alpha", [0.0, 0.9])
+def test_gradient_flows_only_into_the_drafter(alpha: float) -> None:
     g = torch.Generator().manual_seed(5)
     log_p = _random_laws(g, 3, 2, 7).requires_grad_(True)
     theta = torch.randn((2, 7), generator=g, dtype=torch.float64, requires_grad=True)
     drafts = torch.randint(0, 7, (3, 2), generator=g)
     loss = on_policy_loss(
-        torch.log_softmax(theta, -1), log_p, drafts, Objective.named("mdraft", proposals=3)
+        torch.log_softmax(theta, -1), log_p, drafts, Objective("mdraft", alpha, 3, "rkl")
     )
     loss.backward()
     assert theta.grad is not None and float(theta.grad.abs().sum()) > 0
     assert log_p.grad is None
+    assert not blended_target(log_p, alpha).requires_grad  # targets are constants
 
 
 def test_objective_rejects_bad_parameters() -> None:
