@@ -90,12 +90,13 @@ def key_source(key: int, prompt_id: str) -> KeyedSource:
 @torch.inference_mode()
 def audit(loaded: Any, prompt: list[int], ids: list[int], drafter: Any, drafts: int) -> dict:
     """LPPL under the raw target and, for a heads drafter, the Thm 5.1 bound per context."""
-    full = torch.tensor([prompt + ids])
+    full = torch.tensor([prompt + ids], device=loaded.device)
     out = loaded.model(input_ids=full, output_hidden_states=drafter is not None)
     n = len(prompt)
     logits = out.logits[0, n - 1 : n - 1 + len(ids)].double()
     logp = torch.log_softmax(logits, -1)
-    lppl = float(-logp.gather(1, torch.tensor(ids)[:, None]).mean()) if ids else 0.0
+    chosen = torch.tensor(ids, device=loaded.device)[:, None]
+    lppl = float(-logp.gather(1, chosen).mean()) if ids else 0.0
     result: dict[str, Any] = {"lppl": lppl}
     if isinstance(drafter, HeadsDrafter) and ids:
         hidden = out.hidden_states[-1][0]
@@ -261,7 +262,7 @@ def plots(summary: dict, rates: dict, out: Path) -> list[str]:
                           for b in bs], marker="o", label=f"{method} measured")
     if "thm51_bound" in summary["mpfr B=2"]:
         axes[1].plot(bs, [summary[f"mpfr B={b}"]["thm51_bound"]["mean"] for b in bs],
-                     linestyle="--", color="k", label="Thm 5.1 bound")
+                     linestyle="--", color="k", label="Thm 5.1 bound, all output contexts")
     axes[0].set_xlabel("drafts B (L = 4)")
     axes[0].set_ylabel("AATPS")
     axes[1].set_xlabel("drafts B (L = 4)")

@@ -4,7 +4,8 @@ For each method (real model, shared prompts), forward hooks on the target and on
 model add up the wall time spent inside their forward passes; the rest of the generation's
 time (``GenerationStats.seconds``, prefill excluded) is the decoder's own overhead: tree
 building, context keys (BLAKE2b), clocks (Philox), the race, KV selection, bookkeeping, and
-the n-gram lookup for ``ngram``. Goal (issue 5): overhead <= 10 % of the step.
+the n-gram lookup for ``ngram`` (a heads drafter's pass counts as its model time). Goal
+(issue 5): overhead <= 10 % of the step.
 A cProfile of one ``mpfr`` generation (top functions by own time) goes next to the JSON.
 
     python -m bench.decoder_profile [--prompts 4] [--tokens 64]
@@ -36,6 +37,7 @@ CELLS = [
     ("basic-uwm", None),
     ("mpfr", "ngram"),
     ("mpfr", "self:4"),
+    ("mpfr", "heads"),
     ("gls", "ngram"),
 ]
 
@@ -62,6 +64,28 @@ class ForwardTimer:
             handle.remove()
 
 
+class HeadsTimer:
+    """Wall seconds inside a heads drafter's pass (its fusion, residual blocks and the target's
+    LM head: the drafter's model cost, like a model drafter's forward)."""
+
+    def __init__(self, drafter: Any) -> None:
+        self.seconds = 0.0
+        self._heads = drafter.heads
+        inner = self._heads.logits
+
+        def timed(*args: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return inner(*args)
+            finally:
+                self.seconds += time.perf_counter() - start
+
+        self._heads.logits = timed
+
+    def close(self) -> None:
+        del self._heads.logits  # back to the class's method
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=4)
@@ -82,7 +106,11 @@ def main() -> None:
             drafter = make_drafter(spec, loaded.model) if spec else None
             target_timer = ForwardTimer(loaded.model)
             drafter_model = getattr(drafter, "model", None)
-            drafter_timer = ForwardTimer(drafter_model) if drafter_model is not None else None
+            drafter_timer: ForwardTimer | HeadsTimer | None = None
+            if drafter_model is not None:
+                drafter_timer = ForwardTimer(drafter_model)
+            elif getattr(drafter, "heads", None) is not None:
+                drafter_timer = HeadsTimer(drafter)
             try:
                 out = complete(loaded, ids, SamplerConfig(method, 4, 4, args.tokens), source,
                                drafter)  # fmt: skip
