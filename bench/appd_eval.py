@@ -228,7 +228,8 @@ def substitution(records: list[dict], drafter: str, others: list[str]) -> dict[s
     return out
 
 
-def plots(summary: dict, rates: dict, out: Path) -> list[str]:
+def plots(summary: dict, rates: dict, out: Path, caption: str = "") -> list[str]:
+    """The three report figures; ``caption`` (model, drafter, hardware, commit) goes under each."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -249,6 +250,7 @@ def plots(summary: dict, rates: dict, out: Path) -> list[str]:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
+    fig.text(0.01, 0.005, caption, fontsize=6, color="0.4")
     fig.savefig(out / "appd_frontier.png", dpi=110)
     names.append("appd_frontier.png")
 
@@ -271,6 +273,7 @@ def plots(summary: dict, rates: dict, out: Path) -> list[str]:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
+    fig.text(0.01, 0.005, caption, fontsize=6, color="0.4")
     fig.savefig(out / "appd_multidraft.png", dpi=110)
     names.append("appd_multidraft.png")
 
@@ -284,9 +287,17 @@ def plots(summary: dict, rates: dict, out: Path) -> list[str]:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
+    fig.text(0.01, 0.005, caption, fontsize=6, color="0.4")
     fig.savefig(out / "appd_tpr.png", dpi=110)
     names.append("appd_tpr.png")
     return names
+
+
+def caption(env: dict, drafter: str) -> str:
+    """Model, drafter, hardware and commit, for the figures."""
+    hw = env["hardware"]
+    return (f"{DEFAULT_MODEL} · drafter {drafter} · {hw['cpu']}, {hw['cores']} cores"
+            f"{' + CUDA' if hw['cuda'] else ''} · commit {env['commit'][:10]}")
 
 
 def main() -> None:
@@ -335,7 +346,7 @@ def main() -> None:
     thresholds = human_thresholds(loaded, args.keys)
     rates = tpr(records, thresholds, loaded)
     stability = substitution(records, args.drafter, args.others)
-    images = plots(summary, rates, args.out.parent)
+    images = plots(summary, rates, args.out.parent, caption(environment(), args.drafter))
     payload = {
         "benchmark": "appd_eval", "model": DEFAULT_MODEL, "environment": environment(),
         "setup": {"drafter": args.drafter, "substitution_drafters": args.others,

@@ -96,7 +96,7 @@ def _decode(loaded: Any, heldout: list, drafter_for: dict[str, Any], tokens: int
     return summary
 
 
-def _plot(results: dict[str, Any], path: Path) -> None:
+def _plot(results: dict[str, Any], path: Path, commit: str = "") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -113,9 +113,8 @@ def _plot(results: dict[str, Any], path: Path) -> None:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("P(accept ℓ | ℓ−1 accepted)")
     axes[-1].legend()
-    fig.suptitle(
-        "SmolLM2-135M-Instruct parallel heads (L = 4), speculative sampling, CPU", fontsize=10
-    )
+    fig.suptitle("SmolLM2-135M-Instruct parallel heads (L = 4), speculative sampling, 2-core "
+                 f"CPU, commit {commit[:10]}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -220,7 +219,7 @@ def main() -> None:
         "decoding": decoding,
     }
     args.out.write_text(json.dumps(payload, indent=1) + "\n")
-    _plot(results, args.out.with_name("distill_acceptance.png"))
+    _plot(results, args.out.with_name("distill_acceptance.png"), payload["environment"]["commit"])
     print(json.dumps({"best": best, "decoding": decoding}, indent=1))
 
 
