@@ -90,7 +90,10 @@ def test_keys_generate_detect_round_trip(cli_env):
     revoked = run(cli_env, "keys", "revoke", key["key_id"], "--json")
     assert json.loads(revoked.stdout)["revoked"] is True
     active_only = json.loads(run(cli_env, "detect", "--json", "--text", g["text"]).stdout)
-    assert key["key_id"] not in active_only["keys"] and active_only["verdict"] != "watermarked"
+    # Only the other (random, unrelated) key is tried. Its verdict is NOT asserted: under H0 it
+    # is "watermarked" with probability alpha = 1 % (a fresh clone's CI once drew exactly that);
+    # false-positive rates are tested with fixed keys in tests/detector.
+    assert list(active_only["keys"]) == [other] and active_only["num_keys"] == 1
     with_revoked = run(cli_env, "detect", "--include-revoked", "--text", g["text"])
     assert f"best key {key['key_id']}" in with_revoked.stdout, with_revoked.stdout
     assert "verdict (corrected): watermarked" in with_revoked.stdout
