@@ -235,7 +235,14 @@ def plots(summary: dict, rates: dict, out: Path, caption: str = "") -> list[str]
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = []
+    names: list[str] = []
+
+    def save(fig: Any, name: str) -> str:
+        fig.tight_layout()
+        fig.text(0.01, 0.005, caption, fontsize=6, color="0.4")
+        fig.savefig(out / name, dpi=110)
+        return name
+
     fig, ax = plt.subplots(figsize=(5.5, 4))
     for method, marker in (("vsps", "s"), ("pfr-nowm", "^"), ("pfr", "o")):
         xs = [summary[f"{method} L={k}"]["aatps"]["mean"] for k in (1, 2, 3, 4)]
@@ -249,10 +256,7 @@ def plots(summary: dict, rates: dict, out: Path, caption: str = "") -> list[str]
     ax.set_title("single-draft frontier, L = 1..4", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.text(0.01, 0.005, caption, fontsize=6, color="0.4")
-    fig.savefig(out / "appd_frontier.png", dpi=110)
-    names.append("appd_frontier.png")
+    names.append(save(fig, "appd_frontier.png"))
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     bs = (2, 4, 6, 8)
@@ -272,10 +276,7 @@ def plots(summary: dict, rates: dict, out: Path, caption: str = "") -> list[str]
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.tight_layout()
-    fig.text(0.01, 0.005, caption, fontsize=6, color="0.4")
-    fig.savefig(out / "appd_multidraft.png", dpi=110)
-    names.append("appd_multidraft.png")
+    names.append(save(fig, "appd_multidraft.png"))
 
     fig, ax = plt.subplots(figsize=(5.5, 4))
     for method, by_budget in rates.items():
@@ -286,10 +287,7 @@ def plots(summary: dict, rates: dict, out: Path, caption: str = "") -> list[str]
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.text(0.01, 0.005, caption, fontsize=6, color="0.4")
-    fig.savefig(out / "appd_tpr.png", dpi=110)
-    names.append("appd_tpr.png")
+    names.append(save(fig, "appd_tpr.png"))
     return names
 
 
