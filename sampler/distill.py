@@ -237,7 +237,7 @@ class DistillConfig:
     lookahead: int = 4
     steps: int = 300
     anchors: int = 32
-    lr: float = 2e-3
+    lr: float = 1e-3
     weight_decay: float = 0.01
     warmup: int = 20
     clip: float = 1.0

@@ -586,7 +586,7 @@ def distill(
     lookahead: Annotated[int, typer.Option("--lookahead", "-L", help="Heads L.")] = 4,
     steps: Annotated[int, typer.Option(help="Optimiser steps.")] = 300,
     anchors: Annotated[int, typer.Option(help="Contexts per step.")] = 32,
-    lr: Annotated[float, typer.Option(help="AdamW peak learning rate.")] = 2e-3,
+    lr: Annotated[float, typer.Option(help="AdamW peak learning rate.")] = 1e-3,
     seed: int = 0,
     eval_every: Annotated[int, typer.Option(
         min=0, help="Held-out τ every N steps (0 = off).")] = 100,
