@@ -42,6 +42,7 @@ from bench.common import DATA, RESULTS, environment
 from detector.detect import detect
 from detector.scores import anlppt
 from keyed import KeyedSource, Secret
+from sampler.completion import eos_ids, prompt_ids
 from sampler.decoder import SamplerConfig, generate
 from sampler.distill import load_prompts, split_of
 from sampler.drafters import make_drafter
@@ -120,8 +121,7 @@ def run_cell(loaded: Any, cell: Cell, row: dict, key: int, drafter_cache: dict) 
             drafter_cache[cell.drafter] = make_drafter(cell.drafter, loaded.model)
         drafter = drafter_cache[cell.drafter]
     config = SamplerConfig(cell.method, cell.drafts, cell.lookahead, cell.tokens, PROCESSING)
-    result = generate(loaded.model, prompt, config, source, drafter,
-                      frozenset({loaded.tokenizer.eos_token_id}))
+    result = generate(loaded.model, prompt, config, source, drafter, eos_ids(loaded))
     ids = list(result.token_ids)
     stats = result.stats
     found = detect(loaded.tokenizer, source, token_ids=ids, scores=SCORES[1:])
@@ -319,8 +319,7 @@ def main() -> None:
         held.sort(key=lambda p: hashlib.sha256(p["id"].encode()).hexdigest())
         rows += held[: args.prompts]
     for row in rows:
-        row["ids"] = list(loaded.tokenizer.apply_chat_template(
-            row["messages"], add_generation_prompt=True, tokenize=True, return_dict=False))
+        row["ids"] = prompt_ids(loaded, messages=row["messages"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     partial = args.out.with_suffix(".partial.jsonl")
     done: dict[tuple[str, str, int], dict] = {}

@@ -8,8 +8,10 @@ survival weights), per-prefix ``rkl`` and ``fkl`` (K = 1, uniform) and ``ce`` co
 held-out prompts
 1. τ, the expected acceptance length of standard speculative sampling with one chain of L = 4
    drafts, at T ∈ {0, 0.6, 1}, and the acceptance per draft position (``distill.evaluate``);
-2. the real decoder: ``mpfr`` at B ∈ {1, 4}, L ∈ {2, 4} (T = 1, top-k 50), AATPS and tokens/s,
-   output identical to ``basic-uwm`` for the same key and nonce, plus ``vsps`` (B = 1, L = 4) to
+2. the real decoder (exactly ``--tokens`` tokens per prompt: EOS does not stop these runs, so
+   every cell compares the same lengths): ``mpfr`` at B ∈ {1, 4}, L ∈ {2, 4} (T = 1, top-k 50),
+   AATPS and tokens/s, output identical to ``basic-uwm`` for the same key and nonce, plus
+   ``vsps`` (B = 1, L = 4) to
    check τ measured against τ computed.
 Writes ``bench/results/distill_objectives.json``, ``distill_objectives.md`` and
 ``distill_acceptance.png``; copies the best heads (by τ at T = 1) to ``sampler/heads_data/``

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
 from keyed import KeyedSource
 from sampler.decoder import GenerationResult, SamplerConfig, generate
 from sampler.drafters import Drafter, make_drafter
@@ -32,7 +34,16 @@ def prompt_ids(
     prompt: str | None = None,
     messages: Sequence[dict[str, str]] | None = None,
 ) -> list[int]:
-    """Token ids of the chat-templated prompt.
+    """Token ids of the chat-templated prompt (``chat_prompt_ids`` with the model's tokenizer)."""
+    return chat_prompt_ids(loaded.tokenizer, prompt, messages)
+
+
+def chat_prompt_ids(
+    tokenizer: PreTrainedTokenizerBase,
+    prompt: str | None = None,
+    messages: Sequence[dict[str, str]] | None = None,
+) -> list[int]:
+    """Token ids of the chat-templated prompt; ``prompt`` is sent as one user message.
 
     Raises:
         ValueError: neither or both of prompt/messages, malformed messages (naming the index).
@@ -51,7 +62,7 @@ def prompt_ids(
             or not isinstance(m.get("content"), str)
         ):
             raise ValueError(f"messages[{i}]: expected {{'role': str, 'content': str}}")
-    encoded = loaded.tokenizer.apply_chat_template(
+    encoded = tokenizer.apply_chat_template(
         list(messages), add_generation_prompt=True, tokenize=True, return_dict=True
     )
     return [int(t) for t in encoded["input_ids"]]

@@ -36,6 +36,7 @@ import torch
 from transformers import PreTrainedModel, get_cosine_schedule_with_warmup
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
+from sampler.completion import chat_prompt_ids
 from sampler.heads import ParallelHeads, new_heads, target_fingerprint
 from sampler.mdraft import Objective, acceptance_probabilities, off_policy_loss, on_policy_loss
 
@@ -90,13 +91,8 @@ def load_prompts(paths: Sequence[Path]) -> list[dict[str, Any]]:
 
 
 def _prompt_ids(tokenizer: PreTrainedTokenizerBase, record: dict[str, Any]) -> list[int]:
-    if "messages" in record:
-        return list(
-            tokenizer.apply_chat_template(
-                record["messages"], add_generation_prompt=True, tokenize=True, return_dict=False
-            )
-        )
-    return list(tokenizer(record["prompt"], add_special_tokens=False)["input_ids"])
+    """The ids generation would see for this record (chat template, as ``generate`` uses)."""
+    return chat_prompt_ids(tokenizer, record.get("prompt"), record.get("messages"))
 
 
 @torch.inference_mode()
