@@ -148,7 +148,7 @@ def start_server(
         "POISSONMARK_QUEUE_SIZE": "16",
         **{f"POISSONMARK_{name.upper()}": value for name, value in settings.items()},
     }
-    env.pop("REDIS_URL", None)
+    env.pop("REDIS_URL", None)  # the embedded Redis unless settings name a server
     cli = [sys.executable, "-c", "from service.cli import main; main()"]
     made = subprocess.run(
         [*cli, "tokens", "create", "--name", "service-load", "--json"],
@@ -179,6 +179,18 @@ def start_server(
     raise SystemExit("poissonmark serve did not become ready")
 
 
+def _delete_prefix(url: str, prefix: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
+
+
 def _git(*args: str) -> str:
     done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
     return done.stdout.strip()
@@ -197,11 +209,21 @@ def main() -> None:
         metavar="NAME=VALUE",
         help="a service setting for the server, e.g. key_cache_ttl_s=0 (repeat for several)",
     )
+    parser.add_argument(
+        "--workers", type=int, default=1, help="server processes (> 1: on --redis-url)"
+    )
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     args = parser.parse_args()
 
     from transformers import AutoTokenizer
 
     server_settings = dict(item.split("=", 1) for item in args.server_setting)
+    if args.workers > 1:  # several processes share a Redis server, under a fresh prefix
+        server_settings |= {
+            "workers": str(args.workers),
+            "redis_url": args.redis_url,
+            "redis_prefix": f"pmbench:{secrets.token_hex(4)}:",
+        }
     admin = secrets.token_urlsafe(32)
     load_at_start = os.getloadavg()  # other processes on the machine skew every figure
     with tempfile.TemporaryDirectory() as tmp:
@@ -245,6 +267,8 @@ def main() -> None:
         finally:
             process.send_signal(signal.SIGINT)
             process.wait(60)
+            if "redis_prefix" in server_settings:
+                _delete_prefix(server_settings["redis_url"], server_settings["redis_prefix"])
     report = {
         "benchmark": "service_load",
         "commit": _git("rev-parse", "HEAD"),
@@ -256,7 +280,8 @@ def main() -> None:
             "load_average_at_start": load_at_start,
             "load_average_at_end": os.getloadavg(),
         },
-        "server_settings": server_settings,
+        "server_settings": {k: v for k, v in server_settings.items() if k != "redis_url"},
+        "redis": "server" if "redis_url" in server_settings else "embedded",
         "detect_text_tokens": 300,
         "generate": {"max_new_tokens": 32, "method": "mpfr", "drafter": "ngram", "B": 4, "L": 4},
         "duration_s": args.duration,

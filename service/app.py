@@ -57,6 +57,7 @@ def create_app(settings: Settings | None = None, *, loader: ModelLoader | None =
                 yield
             finally:
                 app.state.resources = None
+                metrics.process_exiting()
 
     app = FastAPI(
         title="poissonmark",

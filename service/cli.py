@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import secrets
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -661,26 +662,30 @@ def distill(
 def serve(
     host: Annotated[str | None, typer.Option(help="Bind address [POISSONMARK_HOST].")] = None,
     port: Annotated[int | None, typer.Option(help="Port [POISSONMARK_PORT].")] = None,
+    workers: Annotated[int | None, typer.Option(
+        min=1, max=64, help="Server processes [POISSONMARK_WORKERS]; > 1 needs REDIS_URL.")] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
 ) -> None:
     """Run the HTTP service (FastAPI under uvicorn; settings from POISSONMARK_* variables)."""
-    import uvicorn
-
-    from service.app import create_app
+    from service.server import prepare_workers, run_server
 
     with _errors():
         settings = Settings()
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    uvicorn.run(
-        create_app(settings),
-        host=host or settings.host,
-        port=settings.port if port is None else port,
-        log_level=log_level,
-        log_config=None,  # our root handler; uvicorn's access log is off (ours has no secrets)
-        access_log=False,
-    )
+        processes = settings.workers if workers is None else workers
+        if log_level.lower() not in ("debug", "info", "warning", "error"):
+            raise ValueError(f"--log-level: expected debug, info, warning or error: {log_level}")
+        shared = prepare_workers(settings) if processes > 1 else None
+    try:
+        run_server(
+            settings,
+            host=host or settings.host,
+            port=settings.port if port is None else port,
+            workers=processes,
+            log_level=log_level.lower(),
+        )
+    finally:
+        if shared is not None:
+            shutil.rmtree(shared, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -2,11 +2,20 @@
 
 Labels are bounded: route templates (``/v1/keys/{key_id}``, never raw paths), methods, status
 codes, verdicts. Nothing carries a tenant, a key id or a token.
+
+Several server processes (``poissonmark serve --workers N``) share one view: ``serve`` points
+``PROMETHEUS_MULTIPROC_DIR`` at a fresh directory before the workers start, every process
+writes its values there (prometheus-client's multiprocess mode), and ``/metrics`` — whichever
+worker answers — adds them up: counters and histograms summed, the queue gauge summed over
+live processes.
 """
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 from sampler.decoder import GenerationResult
 
@@ -14,10 +23,19 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 _AATPS_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0)
 
 
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def multiprocess_dir() -> str | None:
+    """The shared directory of multiprocess mode, or None (one process)."""
+    return os.environ.get(MULTIPROC_ENV) or None
+
+
 class Metrics:
     """The service's counters, gauges and histograms, in a private registry."""
 
     def __init__(self) -> None:
+        self.multiprocess = multiprocess_dir() is not None
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
@@ -54,7 +72,10 @@ class Metrics:
             registry=r,
         )
         self.queue_waiting = Gauge(
-            "poissonmark_generation_queue_waiting", "Generation jobs waiting.", registry=r
+            "poissonmark_generation_queue_waiting",
+            "Generation jobs waiting (all server processes).",
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.detections = Counter(
             "poissonmark_detections",
@@ -72,4 +93,14 @@ class Metrics:
         self.generation_seconds.observe(result.stats.seconds)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        """The exposition text: this registry's, or every process's in multiprocess mode."""
+        if not self.multiprocess:
+            return generate_latest(self.registry)
+        combined = CollectorRegistry()
+        MultiProcessCollector(combined)
+        return generate_latest(combined)
+
+    def process_exiting(self) -> None:
+        """Drop this process's live gauges from the shared view (multiprocess mode)."""
+        if self.multiprocess:
+            mark_process_dead(os.getpid())

@@ -129,10 +129,13 @@ async def open_resources(
         fingerprint = tokenizer_fingerprint(loaded.tokenizer)
         log.info("model %s on %s, tokenizer %s", loaded.name, loaded.device, fingerprint)
         worker = GenerationWorker(
-            loaded, settings.queue_size, settings.retry_after_s, metrics.generation_finished
+            loaded,
+            settings.queue_size,
+            settings.retry_after_s,
+            metrics.generation_finished,
+            metrics.queue_waiting.set,
         )
         stack.callback(worker.close)
-        metrics.queue_waiting.set_function(lambda: worker.waiting)
         pool = DetectionPool(
             loaded.tokenizer,
             fingerprint,

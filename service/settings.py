@@ -46,6 +46,9 @@ class Settings(BaseSettings):
     # HTTP service
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
+    workers: int = Field(default=1, ge=1, le=64)
+    """Server processes (``poissonmark serve``); more than one needs a Redis server
+    (``redis_url``): the embedded Redis belongs to one process."""
     admin_token: SecretStr | None = None
     """Bootstrap bearer token with every scope for ``admin_tenant`` (>= 32 characters)."""
     admin_tenant: str = Field(default="default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")

@@ -106,6 +106,7 @@ class GenerationWorker:
         queue_size: jobs that may wait; more raises ``QueueFull``.
         retry_after_s: the Retry-After a refusal suggests.
         on_finished: called on the worker thread after each successful job (metrics).
+        on_waiting: called with the number of waiting jobs whenever it changes (metrics).
     """
 
     def __init__(
@@ -114,6 +115,7 @@ class GenerationWorker:
         queue_size: int,
         retry_after_s: int,
         on_finished: Callable[[GenerationResult], None] | None = None,
+        on_waiting: Callable[[int], None] | None = None,
     ) -> None:
         if queue_size < 1:
             raise ValueError(f"queue_size: expected >= 1, got {queue_size}")
@@ -121,6 +123,7 @@ class GenerationWorker:
         self.queue_size = queue_size
         self.retry_after_s = retry_after_s
         self._on_finished = on_finished
+        self._on_waiting = on_waiting
         self._queue: queue.Queue[Job | object] = queue.Queue(maxsize=queue_size)
         self._eos = eos_ids(loaded)
         self._drafters: dict[str, Drafter] = {}
@@ -149,7 +152,12 @@ class GenerationWorker:
             self._queue.put_nowait(job)
         except queue.Full:
             raise QueueFull(self.queue_size, self.retry_after_s) from None
+        self._waiting_changed()
         return job
+
+    def _waiting_changed(self) -> None:
+        if self._on_waiting is not None:
+            self._on_waiting(self.waiting)
 
     def close(self, timeout: float = 30.0) -> None:
         """Cancel queued jobs and the running one, stop the thread and wait for it."""
@@ -173,6 +181,7 @@ class GenerationWorker:
             if job is _STOP:
                 return
             assert isinstance(job, Job)
+            self._waiting_changed()
             if job.cancelled.is_set() or self._closed:
                 job._post(Failed(GenerationCancelled()))
                 continue
