@@ -14,7 +14,10 @@
   the bonus: replacing it there by a fresh draw from P biases the law (case C10,
   ``tests/sampler/test_baselines.py`` shows it).
 
-Randomness is a ``torch.Generator`` seeded with the request nonce; nothing here is keyed.
+Randomness is a ``torch.Generator`` seeded with the request nonce; nothing here is keyed. The
+Gumbels of a depth are drawn lazily (``LevelNoise``): only for tokens in a support an argmax
+looks at, each (draft, token) once — the same joint law as full-vocabulary noise, since a token
+outside every support never wins and is never seen.
 Shapes: V vocabulary size; dense log-probabilities are (V,) float64 with −inf off the support.
 """
 
@@ -45,6 +48,39 @@ def gumbels(generator: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
     """Standard Gumbel noise −ln(−ln U), float64; U = 0 gives −inf (never an argmax)."""
     u = torch.rand(shape, generator=generator, dtype=torch.float64)
     return -torch.log(-torch.log(u))
+
+
+class LevelNoise:
+    """The Gumbels G_i(x) of the B drafts at one depth, drawn on first use per token.
+
+    Each draft passes through exactly one tree node per depth, where its row is read twice: by
+    its drafted token (over Q's support there) and by the target's coupled token (over P's).
+    Drawing a column only when a support first needs it, and keeping it, gives every read the
+    same values as one (B, V) draw would, at the cost of the supports (top-k) instead of V.
+
+    Args:
+        generator: the request's generator. drafts: B.
+    """
+
+    def __init__(self, generator: torch.Generator, drafts: int) -> None:
+        self._generator = generator
+        self._drafts = drafts
+        self.tokens = torch.empty(0, dtype=torch.int64)  # (K,) ids drawn so far
+        self.values = torch.empty((drafts, 0), dtype=torch.float64)  # (B, K)
+
+    def over(self, support: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Ids (K,) and noise (B, K) covering ``support`` ((n,) int64 token ids) and more."""
+        missing = torch.unique(support[~torch.isin(support, self.tokens)])
+        if missing.numel():
+            fresh = gumbels(self._generator, (self._drafts, missing.numel()))
+            self.tokens = torch.cat([self.tokens, missing])
+            self.values = torch.cat([self.values, fresh], dim=1)
+        return self.tokens, self.values
+
+
+def _support(logp: torch.Tensor) -> torch.Tensor:
+    """(n,) int64 ids where a dense (V,) log-probability is finite."""
+    return torch.nonzero(torch.isfinite(logp)).squeeze(1)
 
 
 def gls_drafts(q_logp: torch.Tensor, noise: torch.Tensor) -> list[int]:
@@ -138,7 +174,7 @@ def generate_baseline(
         tree = DraftTree(committed[-1], (), 0, set(), None, b)
         members: dict[int, list[int]] = {0: list(range(b))}  # node -> drafts through it
         q_at: dict[int, torch.Tensor] = {}  # node -> dense drafter law at that context
-        noise = gumbels(generator, (b, depth + 1, vocab)) if method == "gls" else None
+        noise = [LevelNoise(generator, b) for _ in range(depth + 1)] if method == "gls" else None
         for level in range(1, depth + 1):
             parents = tree.levels[level - 1] if level - 1 < len(tree.levels) else []
             if not parents:
@@ -150,7 +186,8 @@ def generate_baseline(
                 alive = members[parent]
                 q_at[parent] = q[row]
                 if noise is not None:
-                    tokens = gls_drafts(q[row], noise[alive, level - 1])
+                    ids, values = noise[level - 1].over(_support(q[row]))
+                    tokens = ids[gls_drafts(q[row][ids], values[alive])].tolist()
                 else:
                     tokens = [_sample(q[row], generator)]
                 tree.add_drafts(parent, tokens)
@@ -166,7 +203,8 @@ def generate_baseline(
             visited.append(node)
             children = tree.nodes[node].children if level < depth else {}
             if noise is not None:
-                token = gls_target(p[node], noise[members[node], level])
+                ids, values = noise[level].over(_support(p[node]))
+                token = int(ids[gls_target(p[node][ids], values[members[node]])])
             elif children:
                 ((draft, child),) = children.items()
                 u = float(torch.rand((), generator=generator, dtype=torch.float64))

@@ -14,7 +14,14 @@ import torch
 from scipy import stats
 
 from keyed import KeyedSource, Secret
-from sampler.baselines import gls_drafts, gls_target, gumbels, residual_logp, vsps_accepts
+from sampler.baselines import (
+    LevelNoise,
+    gls_drafts,
+    gls_target,
+    gumbels,
+    residual_logp,
+    vsps_accepts,
+)
 from sampler.decoder import SamplerConfig, generate
 from sampler.drafters import ModelDrafter, NgramDrafter, self_drafter
 from sampler.processing import Processing, dense_logp, process
@@ -107,6 +114,23 @@ def test_residual_law() -> None:
     q = torch.tensor([0.8, 0.1, 0.1], dtype=torch.float64).log()
     assert residual_logp(p, q).exp().tolist() == pytest.approx([0.0, 1.0, 0.0])
     assert residual_logp(p, p).exp().tolist() == pytest.approx([0.6, 0.4, 0.0])
+
+
+def test_level_noise_draws_each_token_once_and_keeps_it() -> None:
+    """GLS's lazily drawn noise: a column is drawn on first use and never redrawn (the drafts'
+    and the target's reads of one depth see the same Gumbels); its values are standard Gumbel
+    (KS test, α = 0.001)."""
+    noise = LevelNoise(torch.Generator().manual_seed(1), 3)
+    ids, values = noise.over(torch.tensor([5, 2, 5]))
+    assert sorted(ids.tolist()) == [2, 5] and values.shape == (3, 2)
+    first = {token: values[:, j].tolist() for j, token in enumerate(ids.tolist())}
+    ids, values = noise.over(torch.tensor([7, 2]))
+    assert sorted(ids.tolist()) == [2, 5, 7] and values.shape == (3, 3)
+    for token, column in first.items():
+        assert values[:, ids.tolist().index(token)].tolist() == column
+    wide = LevelNoise(torch.Generator().manual_seed(2), 1)
+    _, sample = wide.over(torch.arange(20_000))
+    assert stats.kstest(sample[0].numpy(), stats.gumbel_r.cdf).pvalue > ALPHA
 
 
 @pytest.mark.parametrize("method", ["vsps", "gls"])
