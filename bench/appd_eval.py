@@ -308,6 +308,9 @@ def main() -> None:
     parser.add_argument("--home", type=Path,
                         default=Path("~/.local/share/poissonmark").expanduser())
     parser.add_argument("--out", type=Path, default=RESULTS / "appd.json")
+    parser.add_argument("--only", nargs="+", metavar="CELL",
+                        help="run only these cells (e.g. 'mpfr B=4' 'mpfr-nowm B=4') and write "
+                             "their summary alone: no TPR, substitution, plots or report")
     parser.add_argument("--finalize", action="store_true",
                         help="summarise the runs finished so far without generating more")
     args = parser.parse_args()
@@ -327,8 +330,13 @@ def main() -> None:
         for line in partial.read_text().splitlines():
             r = json.loads(line)
             done[(r["cell"], r["prompt"], r["key"])] = r
-    plan = [(c, row, k) for c in cells(args.drafter, args.others, args.tokens) for row in rows
-            for k in range(args.keys)]
+    chosen = cells(args.drafter, args.others, args.tokens)
+    if args.only:
+        unknown = set(args.only) - {c.name for c in chosen}
+        if unknown:
+            parser.error(f"--only: unknown cells {sorted(unknown)}")
+        chosen = [c for c in chosen if c.name in args.only]
+    plan = [(c, row, k) for c in chosen for row in rows for k in range(args.keys)]
     drafter_cache: dict[str, Any] = {}
     with partial.open("a") as sink:
         for cell, row, key in track(plan, description="App. D cells"):
@@ -340,6 +348,16 @@ def main() -> None:
             sink.flush()
     records = list(done.values())
     summary = summarise(records, args.keys)
+    setup = {"drafter": args.drafter, "prompts": [r["id"] for r in rows], "keys": args.keys,
+             "tokens": args.tokens, "processing": {"temperature": 1.0, "top_k": 50, "top_p": 1.0},
+             "device": str(loaded.device), "dtype": str(loaded.dtype)}
+    if args.only:
+        payload = {"benchmark": "appd_eval", "model": DEFAULT_MODEL,
+                   "environment": environment(), "setup": setup | {"only": args.only},
+                   "cells": {name: row for name, row in summary.items() if name in args.only}}
+        args.out.write_text(json.dumps(payload, indent=1) + "\n")
+        print(json.dumps(payload["cells"], indent=1))
+        return
     thresholds = human_thresholds(loaded, args.keys)
     rates = tpr(records, thresholds, loaded)
     stability = substitution(records, args.drafter, args.others)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing
+import sys
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -111,9 +112,11 @@ _WORKER_JOB: _Job | None = None
 
 def _init_worker(job: _Job) -> None:
     global _WORKER_JOB
-    import torch
-
-    torch.set_num_threads(1)  # one process per core: no intra-op threads on top
+    # Detection needs no torch (keyed imports it on first tensor use): a worker that has it
+    # anyway runs one intra-op thread, one process per core.
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
     _WORKER_JOB = job
 
 

@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import math
 import operator
-from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
 
-from detector.evidence import Detection, TokenEvidence, Verdict
+from detector.evidence import Detection, TokenColumns, Verdict
 from detector.scores import ScoreFamily, resolve_scores
 from detector.spans import DEFAULT_MAX_SPANS, find_spans
 from detector.stats import PValue, min_scored_tokens
@@ -146,66 +145,39 @@ def detect_tokenized(
     r = pivot_array(keys, id_array[plan.scored])  # (M,) float64
     evaluated = {family.name: family.evaluate(r) for family in families}
     aaronson_terms = evaluated["aaronson"][0]  # (M,)
-    term_matrix = np.stack([terms for terms, _ in evaluated.values()], axis=1)  # (M, F)
-    if not np.all(np.isfinite(term_matrix)):
+    if not all(np.isfinite(terms).all() for terms, _ in evaluated.values()):
         raise AssertionError("a score family produced a non-finite term")  # families' contract
-    names = list(evaluated)
-    if len(names) == 1:  # the common case: skip zip() per token
-        term_dicts = [{"aaronson": v} for v in aaronson_terms.tolist()]
-    else:
-        term_dicts = [dict(zip(names, row, strict=True)) for row in term_matrix.tolist()]
-    tokens = _evidence(
-        ids, text, token_spans, plan.skip.tolist(), r.tolist(), aaronson_terms.tolist(), term_dicts
+    spans_array = np.array(token_spans, dtype=np.int64).reshape(-1, 2)  # (T, 2)
+    evidence = TokenColumns(
+        text=text,
+        ids=id_array,
+        starts=spans_array[:, 0],
+        ends=spans_array[:, 1],
+        skip=plan.skip.astype(np.int64, copy=False),
+        pivots=r,
+        terms={name: terms for name, (terms, _) in evaluated.items()},
     )
-    scored_positions = plan.scored.tolist()
-    counts = Counter(plan.skip.tolist())
+    num_scored = int(plan.scored.shape[0])
+    counts = np.bincount(evidence.skip, minlength=len(SKIP_CODES)).tolist()
     needed = min_scored_tokens(alpha)
     aaronson = evaluated["aaronson"][1]
     search = None
     if spans:
-        search = find_spans(aaronson_terms, scored_positions, tokenized.spans, max_spans)
+        search = find_spans(aaronson_terms, plan.scored.tolist(), tokenized.spans, max_spans)
     return Detection(
         key_id=key_id,
         num_tokens=len(ids),
-        num_scored=len(scored_positions),
-        verdict=verdict(aaronson, len(scored_positions), alpha, needed),
+        num_scored=num_scored,
+        verdict=verdict(aaronson, num_scored, alpha, needed),
         scores={name: p_value for name, (_, p_value) in evaluated.items()},
-        tokens=tokens,
-        skipped={reason.value: counts.get(SKIP_CODES.index(reason), 0) for reason in SkipReason},
+        evidence=evidence,
+        skipped={reason.value: counts[SKIP_CODES.index(reason)] for reason in SkipReason},
         retokenization_matches=tokenized.retokenization_matches,
         alpha=alpha,
         min_scored_tokens=needed,
         spans=search,
         score_params={family.name: dict(family.params) for family in families},
     )
-
-
-def _evidence(
-    ids: Sequence[int],
-    text: str,
-    token_spans: Sequence[tuple[int, int]],
-    skip: list[int],
-    pivot_values: list[float],
-    scores: list[float],
-    terms: list[dict[str, float]],
-) -> tuple[TokenEvidence, ...]:
-    """One ``TokenEvidence`` per token, from the plan's skip codes and the scored values."""
-    reasons = [None if r is None else r.value for r in SKIP_CODES]
-    make = tuple.__new__  # TokenEvidence is a named tuple: build it without the keyword layer
-    out: list[TokenEvidence] = []
-    append = out.append
-    m = 0  # index of the next scored position
-    fields: tuple[object, ...]
-    for token, (start, end), code in zip(ids, token_spans, skip, strict=True):
-        if code == 0:
-            fields = (token, text[start:end], start, end, "scored", None,
-                      pivot_values[m], scores[m], terms[m])  # fmt: skip
-            m += 1
-        else:
-            fields = (token, text[start:end], start, end, "skipped", reasons[code],
-                      None, None, None)  # fmt: skip
-        append(make(TokenEvidence, fields))
-    return tuple(out)
 
 
 def verdict(p: PValue, num_scored: int, alpha: float, needed: int) -> Verdict:

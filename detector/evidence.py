@@ -1,23 +1,29 @@
 """What a detection returns: the verdict, p-values and per-token evidence (DESIGN §4).
 
-Frozen dataclasses validated at construction (``TokenEvidence`` is a named tuple, made 512
-times per 512-token text: its invariants are checked by ``TokenEvidence.check`` and the detector's
-tests rather than per construction); ``Detection.to_json()`` is the wire shape the
+Frozen dataclasses validated at construction. The per-token evidence is kept in columns
+(``TokenColumns``: NumPy arrays of ids, offsets, skip codes, pivots and terms — cheap to build,
+to pickle to and from corpus workers, and to serialise); ``Detection.tokens`` turns them into
+``TokenEvidence`` named tuples on first use (their invariants are checked by
+``TokenEvidence.check`` in the detector's tests rather than per construction);
+``Detection.to_json()`` is the wire shape the
 service and the CLI return, and contains only finite numbers (no NaN/Infinity) and no key
 material.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final, Literal, NamedTuple
 
+import numpy as np
+
 from detector.scores import anlppt
 from detector.spans import SpanSearch
 from detector.stats import PValue
-from keyed import SkipReason
+from keyed import SKIP_CODES, SkipReason
 
 TokenStatus = Literal["scored", "skipped"]
 SKIP_REASONS: Final[frozenset[str]] = frozenset(reason.value for reason in SkipReason)
@@ -99,6 +105,85 @@ class TokenEvidence(NamedTuple):
         }
 
 
+_REASONS: Final = [None if code is None else code.value for code in SKIP_CODES]
+
+
+@dataclass(frozen=True, eq=False)
+class TokenColumns:
+    """Per-token evidence of one text, in columns (T tokens, M scored).
+
+    Attributes:
+        text: the text the offsets index.
+        ids: (T,) int64 token ids.
+        starts, ends: (T,) int64 character offsets (a partition of the text).
+        skip: (T,) int64 codes into ``keyed.SKIP_CODES``: 0 scored, else the skip reason.
+        pivots: (M,) float64 r_t of the scored tokens, in text order.
+        terms: per computed score family, its (M,) float64 per-token terms h(r_t) (Aaronson's
+            −ln(1 − r_t) first).
+    """
+
+    text: str
+    ids: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+    skip: np.ndarray
+    pivots: np.ndarray
+    terms: dict[str, np.ndarray]
+
+    def __post_init__(self) -> None:
+        n = self.ids.shape[0]
+        if not (self.starts.shape == self.ends.shape == self.skip.shape == (n,)):
+            raise ValueError("expected ids, starts, ends and skip of one length")
+        scored = int(np.count_nonzero(self.skip == 0))
+        if self.pivots.shape != (scored,) or any(t.shape != (scored,) for t in self.terms.values()):
+            raise ValueError(f"expected pivots and terms for the {scored} scored tokens")
+        if "aaronson" not in self.terms:
+            raise ValueError("expected the Aaronson terms")
+
+    @property
+    def num_scored(self) -> int:
+        return int(self.pivots.shape[0])
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TokenColumns):
+            return NotImplemented
+        arrays = ("ids", "starts", "ends", "skip", "pivots")
+        return (
+            self.text == other.text
+            and all(np.array_equal(getattr(self, a), getattr(other, a)) for a in arrays)
+            and list(self.terms) == list(other.terms)
+            and all(np.array_equal(self.terms[k], other.terms[k]) for k in self.terms)
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable arrays inside
+
+    def rows(self) -> list[TokenEvidence]:
+        """One ``TokenEvidence`` per token, in order."""
+        text, make = self.text, tuple.__new__  # named tuples without the keyword layer
+        names = list(self.terms)
+        aaronson = self.terms["aaronson"].tolist()
+        if len(names) == 1:
+            term_dicts = [{"aaronson": v} for v in aaronson]
+        else:
+            columns = [self.terms[name].tolist() for name in names]
+            term_dicts = [dict(zip(names, row, strict=True)) for row in zip(*columns, strict=True)]
+        pivots = self.pivots.tolist()
+        out: list[TokenEvidence] = []
+        m = 0  # index of the next scored token
+        fields: tuple[object, ...]
+        for token, start, end, code in zip(self.ids.tolist(), self.starts.tolist(),
+                                           self.ends.tolist(), self.skip.tolist(), strict=True):
+            if code == 0:
+                fields = (token, text[start:end], start, end, "scored", None,
+                          pivots[m], aaronson[m], term_dicts[m])  # fmt: skip
+                m += 1
+            else:
+                fields = (token, text[start:end], start, end, "skipped", _REASONS[code],
+                          None, None, None)  # fmt: skip
+            out.append(make(TokenEvidence, fields))
+        return out
+
+
 @dataclass(frozen=True)
 class Detection:
     """The result of testing one text against one key.
@@ -109,7 +194,7 @@ class Detection:
         verdict: the decision at ``alpha``.
         scores: p-value per score family (``"aaronson"`` first and always, then the requested
             families in order).
-        tokens: (T,) per-token evidence, in order.
+        evidence: the per-token evidence in columns (``tokens`` is its row view).
         skipped: count per skip reason (every ``SkipReason``, zeros included).
         retokenization_matches: with ids and text supplied, whether tokenizing the text gives
             the ids; else None.
@@ -124,7 +209,7 @@ class Detection:
     num_scored: int
     verdict: Verdict
     scores: dict[str, PValue]
-    tokens: tuple[TokenEvidence, ...]
+    evidence: TokenColumns
     skipped: dict[str, int]
     retokenization_matches: bool | None
     alpha: float
@@ -133,9 +218,9 @@ class Detection:
     score_params: dict[str, dict[str, float]] | None = None
 
     def __post_init__(self) -> None:
-        if self.num_tokens != len(self.tokens):
-            raise ValueError(f"num_tokens {self.num_tokens} != {len(self.tokens)} tokens")
-        scored = sum(t.status == "scored" for t in self.tokens)
+        if self.num_tokens != len(self.evidence.ids):
+            raise ValueError(f"num_tokens {self.num_tokens} != {len(self.evidence.ids)} tokens")
+        scored = self.evidence.num_scored
         if self.num_scored != scored:
             raise ValueError(f"num_scored {self.num_scored} != {scored} scored tokens")
         if sum(self.skipped.values()) != self.num_tokens - self.num_scored:
@@ -144,6 +229,11 @@ class Detection:
             raise ValueError(f"expected an 'aaronson' score, got {sorted(self.scores)}")
         if not 0.0 < self.alpha <= 0.5:
             raise ValueError(f"expected alpha in (0, 0.5], got {self.alpha}")
+
+    @functools.cached_property
+    def tokens(self) -> tuple[TokenEvidence, ...]:
+        """(T,) per-token evidence, in order (built from ``evidence`` on first use)."""
+        return tuple(self.evidence.rows())
 
     @property
     def p_value(self) -> PValue:

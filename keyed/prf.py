@@ -25,12 +25,29 @@ Shapes: any broadcastable integer tensors; dtype int64 inside, float64 uniforms 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import struct
 from collections.abc import Sequence
-from typing import Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
+else:
+
+    class _TorchOnFirstUse:
+        """Stands for the ``torch`` module until a tensor function first reads an attribute,
+        then imports it and puts the real module in its place. The detector's path (BLAKE2b
+        keys, NumPy Philox, pivots) never does, so detection processes — corpus workers
+        above all — start without importing torch."""
+
+        def __getattr__(self, name: str) -> Any:
+            module = importlib.import_module("torch")
+            globals()["torch"] = module
+            return getattr(module, name)
+
+    torch = _TorchOnFirstUse()
 
 PRF_VERSION: Final = 1
 SECRET_BYTES: Final = 32

@@ -36,3 +36,30 @@ def test_importing_detector_loads_no_sampler_module() -> None:
         timeout=120,
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_detecting_loads_no_torch() -> None:
+    """Corpus workers start by importing the detector: torch (seconds to import) stays out of a
+    whole detection, key derivation and pivots included (keyed loads it on first tensor use)."""
+    code = (
+        "import sys, detector, keyed\n"
+        "from detector.tokens import TokenizedText\n"
+        "from detector.detect import detect_tokenized\nfrom detector.scores import resolve_scores\n"
+        "ids = tuple(range(100, 140))\n"
+        "text = TokenizedText(ids, 'x' * 40, tuple((i, i + 1) for i in range(40)), None)\n"
+        "source = keyed.KeyedSource(keyed.Secret(bytes(32)))\n"
+        "found = detect_tokenized(text, frozenset(), source, alpha=0.01, key_id=None,\n"
+        "                         families=resolve_scores(detector.SCORE_NAMES),\n"
+        "                         spans=True, max_spans=3)\n"
+        "assert found.num_scored == 36, found.num_scored\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=DETECTOR.parent,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    assert out.stdout.strip() == "False"

@@ -413,3 +413,39 @@ def test_every_evidence_token_is_consistent(real_tokenizer, human_passages, scor
 def test_evidence_check_rejects_inconsistent_tokens(fields) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match=r"expected|a scored token|a skipped token"):
         TokenEvidence(*fields).check()
+
+
+def test_evidence_columns_match_their_rows_and_survive_pickling(real_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """The columnar evidence (what the detector keeps and pickles to corpus workers) and the
+    per-token rows built from it say the same thing, with every score family's terms."""
+    import pickle
+
+    text = "def add(a, b):\n    return a + b\n\n\ndef add(a, b):\n    return a + b\n"
+    detection = detect(real_tokenizer, fixed_source("columns"), text=text, scores=SCORE_NAMES)
+    columns = detection.evidence
+    rows = detection.tokens
+    assert [t.id for t in rows] == columns.ids.tolist()
+    assert [(t.start, t.end) for t in rows] == list(
+        zip(columns.starts.tolist(), columns.ends.tolist(), strict=True)
+    )
+    scored = [t for t in rows if t.status == "scored"]
+    assert [t.pivot for t in scored] == columns.pivots.tolist()
+    for name, terms in columns.terms.items():
+        assert [t.terms[name] for t in scored] == terms.tolist()
+    reasons = {t.skip_reason for t in rows if t.status == "skipped"}
+    assert reasons >= {"no_context", "repeated_context"}
+    for token in rows:
+        token.check()
+    restored = pickle.loads(pickle.dumps(detection))
+    assert restored == detection and restored.to_json() == detection.to_json()
+
+
+def test_evidence_columns_refuse_inconsistent_lengths() -> None:
+    from detector.evidence import TokenColumns
+
+    ids = np.arange(3, dtype=np.int64)
+    skip = np.array([1, 0, 0], dtype=np.int64)
+    with pytest.raises(ValueError, match="scored tokens"):
+        TokenColumns("abc", ids, ids, ids + 1, skip, np.array([0.5]), {"aaronson": np.ones(1)})
+    with pytest.raises(ValueError, match="one length"):
+        TokenColumns("abc", ids, ids[:2], ids + 1, skip, np.ones(2), {"aaronson": np.ones(2)})
