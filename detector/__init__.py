@@ -5,8 +5,9 @@ Public API (DESIGN §4):
 - ``detect_multi(tokenizer, sources, ...) -> MultiKeyDetection``: every candidate key, the best
   key's p corrected for their number (Bonferroni).
 - ``detect_many(tokenizer, source, items, *, workers, ...) -> Iterator[CorpusResult]``: corpora.
-- ``Detection``, ``TokenEvidence``, ``Verdict``, ``Span``, ``SpanSearch``: results and their
-  ``to_json()`` wire shapes.
+- ``Detection``, ``TokenColumns`` (its per-token evidence in NumPy columns), ``TokenEvidence``
+  (one row of it), ``Verdict``, ``Span``, ``SpanSearch``: results and their ``to_json()`` wire
+  shapes.
 - ``SCORES``, ``SCORE_NAMES``, ``ScoreFamily``, ``u_score``, ``li_score``, ``lattimore_score``,
   ``anlppt``: the score families (Aaronson, U, Li et al., Lattimore).
 - ``PValue``, ``aaronson_log_sf``, ``aaronson_p_value``, ``min_scored_tokens``: null laws.
@@ -18,7 +19,7 @@ Never imports ``sampler``: keyed randomness comes from ``keyed`` alone.
 from detector.corpus import CorpusItem, CorpusResult, detect_many
 from detector.detect import DEFAULT_ALPHA, DEFAULT_SCORES, detect, verdict
 from detector.errors import DetectorError, TokenizerMismatch
-from detector.evidence import Detection, TokenEvidence, Verdict
+from detector.evidence import Detection, TokenColumns, TokenEvidence, Verdict
 from detector.multikey import MultiKeyDetection, detect_multi
 from detector.scores import (
     AARONSON,
@@ -56,6 +57,7 @@ __all__ = [
     "ScoreFamily",
     "Span",
     "SpanSearch",
+    "TokenColumns",
     "TokenEvidence",
     "TokenizedText",
     "Tokenizer",
