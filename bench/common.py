@@ -10,14 +10,14 @@ import platform
 import subprocess
 from pathlib import Path
 
-import torch
-
 RESULTS = Path(__file__).resolve().parent / "results"
 DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def environment() -> dict[str, object]:
     """Model-independent facts about this run: hardware, software, commit, date."""
+    import torch  # here, not at import: bench.corpus_rate's workers must start without it
+
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                                 check=True, cwd=RESULTS.parent).stdout.strip()

@@ -110,7 +110,8 @@ def throughput_section(throughput: dict[str, Any]) -> list[str]:
         "| pipeline | per second (best) | per second (median) | vs tokenizer only |",
         "|---|---|---|---|",
     ]
-    for name in ("tokenizer_only", "aaronson_evidence", "all_scores", "aaronson_spans"):
+    for name in ("tokenizer_only", "aaronson_evidence", "aaronson_evidence_rows", "all_scores",
+                 "aaronson_spans"):
         row = rows[name]
         lines.append(
             f"| {name} ({row['units']}) | {row['best_per_second']:,.0f} | "

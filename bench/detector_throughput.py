@@ -3,19 +3,23 @@
 In one run, on the same texts (human passages of ``data/human-pydoc.jsonl`` joined and cut into
 512-token pieces, decoded back to text):
 - ``tokenizer_only``: the tokenizer call ``detect`` makes (offsets on), tokens/s;
-- ``aaronson_evidence``: ``detect`` with its defaults (Aaronson, per-token evidence),
+- ``aaronson_evidence``: ``detect`` with its defaults (Aaronson, per-token evidence: ids,
+  offsets, skip reasons, pivots and terms in NumPy columns, ``Detection.evidence``),
   scored tokens/s;
+- ``aaronson_evidence_rows``: the same, plus the evidence as ``TokenEvidence`` rows
+  (``Detection.tokens``, built on first use: what JSON output and the CLI's view read);
 - ``all_scores``: ``detect(..., scores=all four)``;
 - ``aaronson_spans``: ``detect(..., spans=True)``;
-- ``corpus_workers_N``: ``detect_many`` over a larger corpus with N worker processes: wall
-  clock including the pool's start-up, the time to the first result (start-up: spawned
-  workers import torch and receive the tokenizer), and the rate after it.
+- ``corpus_workers_N``: ``detect_many`` over a larger corpus with N worker processes, run in a
+  light process of its own (``bench.corpus_rate``): wall clock including the pool's start-up,
+  the time to the first result (start-up: spawned workers import the detector and receive the
+  tokenizer), and the rate after it.
 Each single-process measurement is repeated (interleaved) and the best and median runs are kept.
 The machine's load average is recorded: on a shared machine, other processes slow every row.
 
 Writes ``bench/results/detector_throughput.json``. Run from the repository root::
 
-    python -m bench.detector_throughput [--texts 40] [--repeats 5] [--workers 1 2]
+    python -m bench.detector_throughput [--texts 40] [--repeats 5] [--workers 1 2] [--chunk-size 8]
 """
 
 from __future__ import annotations
@@ -24,14 +28,18 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from bench.common import RESULTS
 from bench.detector_common import DATA, bench_source, data_home, run_metadata
-from detector import SCORE_NAMES, SCORES, detect, detect_many
-from sampler.models import DEFAULT_MODEL, load_tokenizer
+from detector import SCORE_NAMES, SCORES, detect
+from sampler.models import DEFAULT_MODEL, load_tokenizer, materialise
 
 TEXT_TOKENS = 512
 OUT_JSON = RESULTS / "detector_throughput.json"
@@ -60,6 +68,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--corpus-texts", type=int, default=1200)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--chunk-size", type=int, default=8, help="corpus mode: texts per task")
     args = parser.parse_args()
 
     tokenizer = load_tokenizer(DEFAULT_MODEL, data_home())
@@ -81,9 +90,18 @@ def main() -> None:
 
         return run
 
+    def with_rows() -> int:  # evidence as TokenEvidence rows, as the CLI and JSON output use it
+        total = 0
+        for text in texts:
+            found = detect(tokenizer, source, text=text)
+            assert len(found.tokens) == found.num_tokens  # builds the rows
+            total += found.num_scored
+        return total
+
     cases: dict[str, Callable[[], int]] = {
         "tokenizer_only": tokenizer_only,
         "aaronson_evidence": scored(),
+        "aaronson_evidence_rows": with_rows,
         "all_scores": scored(scores=SCORE_NAMES),
         "aaronson_spans": scored(spans=True),
     }
@@ -110,24 +128,20 @@ def main() -> None:
         row["fraction_of_tokenizer_only"] = row["best_per_second"] / reference
 
     corpus = (texts * (args.corpus_texts // len(texts) + 1))[: args.corpus_texts]
-    for workers in args.workers:
-        start = time.perf_counter()
-        first_at, first_units, units = 0.0, 0, 0
-        for result in detect_many(tokenizer, source, corpus, workers=workers, chunk_size=8):
-            assert result.detection is not None
-            units += result.detection.num_scored
-            if not first_at:
-                first_at, first_units = time.perf_counter() - start, units
-        seconds = time.perf_counter() - start
-        rows[f"corpus_workers_{workers}"] = {
-            "units": "scored tokens",
-            "per_run": units,
-            "texts": len(corpus),
-            "per_second": units / seconds,
-            "seconds": round(seconds, 3),
-            "first_result_seconds": round(first_at, 3),
-            "per_second_after_first_result": (units - first_units) / (seconds - first_at),
-        }
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus_file = Path(tmp) / "corpus.json"
+        corpus_file.write_text(json.dumps(corpus), encoding="utf-8")
+        for workers in args.workers:
+            # its own process (bench.corpus_rate): workers spawned from this one would import
+            # torch through this module's imports, which the CLI's workers never do
+            done = subprocess.run(
+                [sys.executable, "-m", "bench.corpus_rate", "--texts", str(corpus_file),
+                 "--model-dir", str(materialise(DEFAULT_MODEL, data_home())),
+                 "--workers", str(workers), "--chunk-size", str(args.chunk_size)],
+                capture_output=True, text=True, check=True, cwd=Path(__file__).parents[1],
+            )  # fmt: skip
+            line = json.loads(done.stdout.strip().splitlines()[-1])
+            rows[f"corpus_workers_{workers}"] = {"units": "scored tokens", **line}
     result = {
         "meta": run_metadata(),
         "load_average_after": list(os.getloadavg()),
