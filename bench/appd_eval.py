@@ -332,6 +332,8 @@ def main() -> None:
             done[(r["cell"], r["prompt"], r["key"])] = r
     chosen = cells(args.drafter, args.others, args.tokens)
     if args.only:
+        if args.out == RESULTS / "appd.json":
+            parser.error("--only needs its own --out (it would replace the full appd.json)")
         unknown = set(args.only) - {c.name for c in chosen}
         if unknown:
             parser.error(f"--only: unknown cells {sorted(unknown)}")
@@ -364,10 +366,7 @@ def main() -> None:
     images = plots(summary, rates, args.out.parent, caption(environment(), args.drafter))
     payload = {
         "benchmark": "appd_eval", "model": DEFAULT_MODEL, "environment": environment(),
-        "setup": {"drafter": args.drafter, "substitution_drafters": args.others,
-                  "prompts": [r["id"] for r in rows], "keys": args.keys, "tokens": args.tokens,
-                  "processing": {"temperature": 1.0, "top_k": 50, "top_p": 1.0},
-                  "device": str(loaded.device), "dtype": str(loaded.dtype)},
+        "setup": setup | {"substitution_drafters": args.others},
         "cells": summary, "tpr_at_1pct_fpr": rates, "human_log10_thresholds": thresholds,
         "drafter_substitution": stability, "plots": images,
     }

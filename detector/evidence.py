@@ -1,8 +1,8 @@
 """What a detection returns: the verdict, p-values and per-token evidence (DESIGN §4).
 
 Frozen dataclasses validated at construction. The per-token evidence is kept in columns
-(``TokenColumns``: NumPy arrays of ids, offsets, skip codes, pivots and terms — cheap to build,
-to pickle to and from corpus workers, and to serialise); ``Detection.tokens`` turns them into
+(``TokenColumns``: NumPy arrays of ids, offsets, skip codes, pivots and terms — cheap to build
+and to pickle to and from corpus workers); ``Detection.tokens`` turns them into
 ``TokenEvidence`` named tuples on first use (their invariants are checked by
 ``TokenEvidence.check`` in the detector's tests rather than per construction);
 ``Detection.to_json()`` is the wire shape the

@@ -4,7 +4,8 @@ Labels are bounded: route templates (``/v1/keys/{key_id}``, never raw paths), me
 codes, verdicts. Nothing carries a tenant, a key id or a token.
 
 Several server processes (``poissonmark serve --workers N``) share one view: ``serve`` points
-``PROMETHEUS_MULTIPROC_DIR`` at a fresh directory before the workers start, every process
+``PROMETHEUS_MULTIPROC_DIR`` at a fresh directory before the workers start (unless the operator
+set it: then emptying it between runs is theirs, as prometheus-client asks), every process
 writes its values there (prometheus-client's multiprocess mode), and ``/metrics`` — whichever
 worker answers — adds them up: counters and histograms summed, the queue gauge summed over
 live processes.

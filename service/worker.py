@@ -124,6 +124,7 @@ class GenerationWorker:
         self.retry_after_s = retry_after_s
         self._on_finished = on_finished
         self._on_waiting = on_waiting
+        self._waiting_lock = threading.Lock()
         self._queue: queue.Queue[Job | object] = queue.Queue(maxsize=queue_size)
         self._eos = eos_ids(loaded)
         self._drafters: dict[str, Drafter] = {}
@@ -156,8 +157,11 @@ class GenerationWorker:
         return job
 
     def _waiting_changed(self) -> None:
+        # read and report under one lock: the event loop (submit) and the worker thread (get)
+        # both call this, and a stale count must never be written after a newer one
         if self._on_waiting is not None:
-            self._on_waiting(self.waiting)
+            with self._waiting_lock:
+                self._on_waiting(self.waiting)
 
     def close(self, timeout: float = 30.0) -> None:
         """Cancel queued jobs and the running one, stop the thread and wait for it."""

@@ -212,7 +212,8 @@ class BlockingWorker(GenerationWorker):
 def test_full_queue_is_503_with_retry_after(embedded_services: ServiceFactory) -> None:
     svc = embedded_services(queue_size=1, retry_after_s=7)
     key_id = svc.create_key()
-    worker = BlockingWorker(svc.resources.loaded, 1, 7)
+    waiting: list[int] = []  # what the queue gauge is told (service.metrics)
+    worker = BlockingWorker(svc.resources.loaded, 1, 7, on_waiting=waiting.append)
     svc.app.dependency_overrides[get_worker] = lambda: worker
     try:
         body = {"key_id": key_id, **GEN}
@@ -234,10 +235,12 @@ def test_full_queue_is_503_with_retry_after(embedded_services: ServiceFactory) -
         found = problem(r, 503, "queue-full")
         assert r.headers["retry-after"] == "7"
         assert "queue" in found["detail"]
+        assert waiting[-1] == 1  # job 2 waits
         worker.release.set()
         first.join(60)
         second.join(60)
         assert results == [200, 200]
+        assert waiting[-1] == 0 and max(waiting) == 1
     finally:
         worker.release.set()
         worker.close()

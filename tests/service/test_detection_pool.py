@@ -88,6 +88,7 @@ def test_a_revoked_key_still_detects_through_the_cache(store: CountingStore) -> 
     _keys(pool, store, key.key_id, "acme")
     store.revoke(key.key_id, "acme")
     assert [r.key_id for r in _keys(pool, store, key.key_id, "acme")] == [key.key_id]
+    assert store.gets == 1  # the second lookup came from the cache
 
 
 def test_records_expire_after_the_ttl_and_ttl_zero_disables_the_cache(
