@@ -22,11 +22,8 @@ def test_detector_source_never_names_sampler() -> None:
             assert not any(n == "sampler" or n.startswith("sampler.") for n in names), path
 
 
-def test_importing_detector_loads_no_sampler_module() -> None:
-    code = (
-        "import sys, detector; "
-        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'sampler'))"
-    )
+def _fresh_python(code: str) -> str:
+    """What ``code`` prints in a new interpreter at the repository root."""
     out = subprocess.run(
         [sys.executable, "-c", code],
         cwd=DETECTOR.parent,
@@ -35,7 +32,15 @@ def test_importing_detector_loads_no_sampler_module() -> None:
         check=True,
         timeout=120,
     )
-    assert out.stdout.strip() == "[]"
+    return out.stdout.strip()
+
+
+def test_importing_detector_loads_no_sampler_module() -> None:
+    code = (
+        "import sys, detector; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'sampler'))"
+    )
+    assert _fresh_python(code) == "[]"
 
 
 def test_detecting_loads_no_torch() -> None:
@@ -54,12 +59,4 @@ def test_detecting_loads_no_torch() -> None:
         "assert found.num_scored == 36, found.num_scored\n"
         "print('torch' in sys.modules)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=DETECTOR.parent,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    )
-    assert out.stdout.strip() == "False"
+    assert _fresh_python(code) == "False"
