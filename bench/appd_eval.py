@@ -82,6 +82,17 @@ def cells(drafter: str, others: list[str], tokens: int) -> list[Cell]:
     return out
 
 
+def heldout_prompts(per_task: int) -> list[dict[str, Any]]:
+    """The first ``per_task`` held-out prompts (never trained on) of each shared task, in a
+    fixed order (by a hash of the id)."""
+    rows: list[dict[str, Any]] = []
+    for name in ("prompts-eli5.jsonl", "prompts-summarize.jsonl"):
+        held = [p for p in load_prompts([DATA / name]) if split_of(p["id"]) == "heldout"]
+        held.sort(key=lambda p: hashlib.sha256(p["id"].encode()).hexdigest())
+        rows += held[:per_task]
+    return rows
+
+
 def key_source(key: int, prompt_id: str) -> KeyedSource:
     secret = Secret(hashlib.sha256(b"appd-key-%d" % key).digest())
     nonce = int.from_bytes(hashlib.sha256(f"{prompt_id}/{key}".encode()).digest()[:7], "little")
@@ -89,24 +100,36 @@ def key_source(key: int, prompt_id: str) -> KeyedSource:
 
 
 @torch.inference_mode()
-def audit(loaded: Any, prompt: list[int], ids: list[int], drafter: Any, drafts: int) -> dict:
-    """LPPL under the raw target and, for a heads drafter, the Thm 5.1 bound per context."""
+def output_laws(
+    loaded: Any, prompt: list[int], ids: list[int], drafter: Any = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One target forward over prompt + output: the raw target logits (n, V) float64 of each
+    output position and, for a heads drafter, its level-1 logits (n, V) float64 at a step
+    rooted there (from h_{t−1} and the root token x_t), else None."""
     full = torch.tensor([prompt + ids], device=loaded.device)
-    out = loaded.model(input_ids=full, output_hidden_states=drafter is not None)
+    heads = isinstance(drafter, HeadsDrafter)
+    out = loaded.model(input_ids=full, output_hidden_states=heads)
     n = len(prompt)
     logits = out.logits[0, n - 1 : n - 1 + len(ids)].double()
+    if not heads:
+        return logits, None
+    hidden = out.hidden_states[-1][0]
+    roots = full[0, n - 1 : n - 1 + len(ids)]  # root token x_t of each context
+    before = hidden[n - 2 : n - 2 + len(ids)]  # h_{t−1}
+    return logits, drafter.heads.logits(loaded.model, before, roots)[:, 0, :].double()
+
+
+def audit(loaded: Any, prompt: list[int], ids: list[int], drafter: Any, drafts: int) -> dict:
+    """LPPL under the raw target and, for a heads drafter, the Thm 5.1 bound per context."""
+    logits, q_logits = output_laws(loaded, prompt, ids, drafter)
     logp = torch.log_softmax(logits, -1)
     chosen = torch.tensor(ids, device=loaded.device)[:, None]
     lppl = float(-logp.gather(1, chosen).mean()) if ids else 0.0
     result: dict[str, Any] = {"lppl": lppl}
-    if isinstance(drafter, HeadsDrafter) and ids:
-        hidden = out.hidden_states[-1][0]
-        roots = full[0, n - 1 : n - 1 + len(ids)]  # root token x_t of each context
-        before = hidden[n - 2 : n - 2 + len(ids)]  # h_{t−1}
-        q_logits = drafter.heads.logits(loaded.model, before, roots)[:, 0, :]
+    if q_logits is not None and ids:
         vocab = loaded.model.config.vocab_size
         p = dense_logp(process(logits, PROCESSING), vocab).exp()
-        q = dense_logp(process(q_logits.double(), PROCESSING), vocab).exp()
+        q = dense_logp(process(q_logits, PROCESSING), vocab).exp()
         bounds = [acceptance_lower_bound(p[t], q[t], drafts) for t in range(len(ids))]
         result["thm51_bound"] = statistics.fmean(bounds)
     return result
@@ -316,11 +339,7 @@ def main() -> None:
     args = parser.parse_args()
 
     loaded = load_model(DEFAULT_MODEL, args.home, device="auto")
-    rows = []
-    for name in ("prompts-eli5.jsonl", "prompts-summarize.jsonl"):
-        held = [p for p in load_prompts([DATA / name]) if split_of(p["id"]) == "heldout"]
-        held.sort(key=lambda p: hashlib.sha256(p["id"].encode()).hexdigest())
-        rows += held[: args.prompts]
+    rows = heldout_prompts(args.prompts)
     for row in rows:
         row["ids"] = prompt_ids(loaded, messages=row["messages"])
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -38,20 +38,18 @@ from typing import Any
 import torch
 from rich.progress import track
 
-from bench.appd_eval import key_source  # the harness's keys: the texts its mpfr cells write
-from bench.common import DATA, RESULTS, environment
+from bench.appd_eval import PROCESSING, heldout_prompts, key_source, output_laws
+from bench.common import RESULTS, environment
 from keyed import Secret, exponential_clocks, keys_tensor, label_key
 from sampler.baselines import gumbels
 from sampler.completion import eos_ids, prompt_ids
 from sampler.decoder import SamplerConfig, generate
-from sampler.distill import load_prompts, split_of
 from sampler.drafters import make_drafter
 from sampler.heads import HeadsDrafter
 from sampler.models import DEFAULT_MODEL, load_model
-from sampler.processing import Processing, process
-from sampler.race import acceptance_lower_bound, mpfr_scores, race_winner
+from sampler.processing import process
+from sampler.race import acceptance_lower_bound, mpfr_samples, race_winner
 
-PROCESSING = Processing(1.0, 50, 1.0)
 DRAFTS = (1, 2, 4, 6, 8)
 
 
@@ -80,16 +78,14 @@ def union_laws(
 def mpfr_accepts(
     tokens: torch.Tensor, logp: torch.Tensor, logq: torch.Tensor, keys: torch.Tensor, drafts: int
 ) -> torch.Tensor:
-    """(S,) bool: the level-1 MPFR coupling accepted, one context under S keys."""
+    """(S,) bool: the level-1 MPFR coupling accepted, one context under S keys — with the
+    decoder's own ``race_winner`` (target) and ``mpfr_samples`` (drafts)."""
     s = keys.shape[0]
     ids = tokens.expand(s, -1)  # (S, K)
     clocks = exponential_clocks(keys, ids, drafts)  # (S, K, B)
-    target = race_winner(logp.expand(s, -1), ids, clocks[..., 0])  # (S,)
-    scores = mpfr_scores(logq.expand(s, -1), clocks).reshape(s, -1)  # (S, K·B)
-    order = torch.topk(scores, drafts, dim=-1, largest=False)
-    drafted = ids.gather(1, order.indices // drafts)  # (S, B)
-    drafted = torch.where(torch.isfinite(order.values), drafted, torch.full_like(drafted, -1))
-    return (drafted == target[:, None]).any(dim=1)
+    target = race_winner(logp.expand(s, -1), ids, clocks[..., 0]).tolist()  # (S,)
+    drafted = mpfr_samples(logq.expand(s, -1), ids, clocks, [drafts] * s)  # S lists of B
+    return torch.tensor([t in d for t, d in zip(target, drafted, strict=True)])
 
 
 def gls_accepts(
@@ -103,17 +99,10 @@ def gls_accepts(
     return (drafted == target[:, None]).any(dim=1)
 
 
-@torch.inference_mode()
 def contexts(loaded: Any, drafter: HeadsDrafter, prompt: list[int], ids: list[int]) -> list:
     """``union_laws`` (tokens, log P, log Q) at each position of ``ids`` (module docstring)."""
-    full = torch.tensor([prompt + ids], device=loaded.device)
-    out = loaded.model(input_ids=full, output_hidden_states=True)
-    n = len(prompt)
-    p_logits = out.logits[0, n - 1 : n - 1 + len(ids)].double()  # law of y_t given the prefix
-    hidden = out.hidden_states[-1][0]
-    roots = full[0, n - 1 : n - 1 + len(ids)]  # root token x_t of each step
-    before = hidden[n - 2 : n - 2 + len(ids)]  # h_{t−1}
-    q_logits = drafter.heads.logits(loaded.model, before, roots)[:, 0, :].double()
+    p_logits, q_logits = output_laws(loaded, prompt, ids, drafter)
+    assert q_logits is not None
     return [union_laws(p_logits[t].cpu(), q_logits[t].cpu()) for t in range(len(ids))]
 
 
@@ -136,11 +125,7 @@ def main() -> None:
     loaded = load_model(DEFAULT_MODEL, args.home, device="cpu")
     drafter = make_drafter("heads", loaded.model)
     assert isinstance(drafter, HeadsDrafter)
-    rows = []
-    for name in ("prompts-eli5.jsonl", "prompts-summarize.jsonl"):
-        held = [p for p in load_prompts([DATA / name]) if split_of(p["id"]) == "heldout"]
-        held.sort(key=lambda p: hashlib.sha256(p["id"].encode()).hexdigest())
-        rows += held[: args.prompts]
+    rows = heldout_prompts(args.prompts)
     laws = []
     secret = Secret(hashlib.sha256(b"coupling-acceptance").digest())
     for row in track(rows, description="generating contexts"):

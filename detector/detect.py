@@ -19,6 +19,7 @@ Shapes: T tokens in the text, M scored; keys (M, 2) int64, pivots (M,) float64.
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 from collections.abc import Sequence
@@ -147,13 +148,14 @@ def detect_tokenized(
     aaronson_terms = evaluated["aaronson"][0]  # (M,)
     if not all(np.isfinite(terms).all() for terms, _ in evaluated.values()):
         raise AssertionError("a score family produced a non-finite term")  # families' contract
-    spans_array = np.array(token_spans, dtype=np.int64).reshape(-1, 2)  # (T, 2)
+    flat = itertools.chain.from_iterable(token_spans)  # fromiter: ~2x np.array on the tuples
+    spans_array = np.fromiter(flat, dtype=np.int64, count=2 * len(ids)).reshape(-1, 2)  # (T, 2)
     evidence = TokenColumns(
         text=text,
         ids=id_array,
         starts=spans_array[:, 0],
         ends=spans_array[:, 1],
-        skip=plan.skip.astype(np.int64, copy=False),
+        skip=plan.skip,
         pivots=r,
         terms={name: terms for name, (terms, _) in evaluated.items()},
     )

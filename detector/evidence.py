@@ -116,7 +116,7 @@ class TokenColumns:
         text: the text the offsets index.
         ids: (T,) int64 token ids.
         starts, ends: (T,) int64 character offsets (a partition of the text).
-        skip: (T,) int64 codes into ``keyed.SKIP_CODES``: 0 scored, else the skip reason.
+        skip: (T,) int8 codes into ``keyed.SKIP_CODES``: 0 scored, else the skip reason.
         pivots: (M,) float64 r_t of the scored tokens, in text order.
         terms: per computed score family, its (M,) float64 per-token terms h(r_t) (Aaronson's
             −ln(1 − r_t) first).
