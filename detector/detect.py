@@ -19,7 +19,6 @@ Shapes: T tokens in the text, M scored; keys (M, 2) int64, pivots (M,) float64.
 
 from __future__ import annotations
 
-import itertools
 import math
 import operator
 from collections.abc import Sequence
@@ -139,22 +138,19 @@ def detect_tokenized(
     # Repeated labels are skipped whatever the key's masking flag (DESIGN §2, detection): with
     # masking off, generation reuses a label's clocks, so a repeat would count the same pivot
     # twice and break the Gamma null on repetitive human text.
-    ids, token_spans, text = tokenized.ids, tokenized.spans, tokenized.text
-    id_array = np.fromiter(ids, dtype=np.int64, count=len(ids))
-    plan = detection_plan_arrays(id_array, source.context_width, special)
+    ids = tokenized.ids  # (T,) int64
+    plan = detection_plan_arrays(ids, source.context_width, special)
     keys = label_key_words(source.secret, plan.labels)  # (M, 2) int64
-    r = pivot_array(keys, id_array[plan.scored])  # (M,) float64
+    r = pivot_array(keys, ids[plan.scored])  # (M,) float64
     evaluated = {family.name: family.evaluate(r) for family in families}
     aaronson_terms = evaluated["aaronson"][0]  # (M,)
     if not all(np.isfinite(terms).all() for terms, _ in evaluated.values()):
         raise AssertionError("a score family produced a non-finite term")  # families' contract
-    flat = itertools.chain.from_iterable(token_spans)  # fromiter: ~2x np.array on the tuples
-    spans_array = np.fromiter(flat, dtype=np.int64, count=2 * len(ids)).reshape(-1, 2)  # (T, 2)
     evidence = TokenColumns(
-        text=text,
-        ids=id_array,
-        starts=spans_array[:, 0],
-        ends=spans_array[:, 1],
+        text=tokenized.text,
+        ids=ids,
+        starts=tokenized.starts,
+        ends=tokenized.ends,
         skip=plan.skip,
         pivots=r,
         terms={name: terms for name, (terms, _) in evaluated.items()},
@@ -165,10 +161,12 @@ def detect_tokenized(
     aaronson = evaluated["aaronson"][1]
     search = None
     if spans:
-        search = find_spans(aaronson_terms, plan.scored.tolist(), tokenized.spans, max_spans)
+        search = find_spans(
+            aaronson_terms, plan.scored.tolist(), tokenized.starts, tokenized.ends, max_spans
+        )
     return Detection(
         key_id=key_id,
-        num_tokens=len(ids),
+        num_tokens=int(ids.shape[0]),
         num_scored=num_scored,
         verdict=verdict(aaronson, num_scored, alpha, needed),
         scores={name: p_value for name, (_, p_value) in evaluated.items()},

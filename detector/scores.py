@@ -39,6 +39,7 @@ from detector.stats import (
     U_EXACT_MAX_M,
     PValue,
     PValueMethod,
+    aaronson_log_sf,
     aaronson_log_sf_many,
     irwin_hall_log_sf_many,
 )
@@ -114,7 +115,7 @@ class ScoreFamily:
 
 
 def _check_pivots(pivots: NDArray[np.float64]) -> None:
-    if pivots.size and not (np.all(pivots > 0.0) and np.all(pivots < 1.0)):
+    if pivots.size and not (pivots.min() > 0.0 and pivots.max() < 1.0):  # NaN fails too
         raise ValueError("expected pivots strictly inside (0, 1)")
 
 
@@ -148,6 +149,8 @@ def aaronson_terms(pivots: NDArray[np.float64]) -> NDArray[np.float64]:
 
 
 def _aaronson_log_sf(m: int, s: NDArray[np.float64]) -> tuple[NDArray[np.float64], PValueMethod]:
+    if s.shape == (1,):  # one text's p-value: the scalar path, the same values, ~7x faster
+        return np.array([aaronson_log_sf(m, float(s[0]))]), "exact"
     return aaronson_log_sf_many(m, s), "exact"
 
 

@@ -178,7 +178,8 @@ def min_corrected_log_p(terms: NDArray[np.float64]) -> float:
 def find_spans(
     terms: NDArray[np.float64],
     scored_tokens: Sequence[int],
-    token_spans: Sequence[tuple[int, int]],
+    token_starts: Sequence[int] | NDArray[np.int64],
+    token_ends: Sequence[int] | NDArray[np.int64],
     max_spans: int = DEFAULT_MAX_SPANS,
 ) -> SpanSearch:
     """Scan the windows and keep the strongest non-overlapping ones.
@@ -186,7 +187,7 @@ def find_spans(
     Args:
         terms: (M,) float64 Aaronson terms of the scored tokens, in text order.
         scored_tokens: (M,) token index of each scored token in the text.
-        token_spans: (T,) character ``(start, end)`` of every token of the text.
+        token_starts, token_ends: (T,) character offsets of every token of the text.
         max_spans: at most this many spans, 1..``MAX_SPANS_LIMIT``.
     Returns:
         a ``SpanSearch``; spans sorted by p (smallest first; ties: earlier, then shorter).
@@ -212,8 +213,8 @@ def find_spans(
         corrected = bonferroni_log(float(log_p[w]), scanned)
         chosen.append(
             Span(
-                start=token_spans[token_start][0],
-                end=token_spans[last][1],
+                start=int(token_starts[token_start]),
+                end=int(token_ends[last]),
                 token_start=token_start,
                 token_end=last + 1,
                 num_scored=length,

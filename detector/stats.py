@@ -5,12 +5,12 @@ Glossary:
 - Q(M, S): the regularised upper incomplete gamma function, P(Gamma(M, 1) >= S). Under H0
   (text independent of the key) every pivot r_t is an independent U(0, 1), each Aaronson term
   −ln(1 − r_t) is Exp(1), and S_A ~ Gamma(M, 1), so p = Q(M, S_A) is an exact p-value.
-- ln p is computed from the finite series of Q for integer M,
-  Q(M, S) = e^{−S} Σ_{k=0}^{M−1} S^k / k!, as ln Q = −S + logsumexp_k (k ln S − ln k!),
-  which never underflows (scipy's ``gamma.logsf`` returns −inf at M = 1000, S = 3000, and
-  ``gammaincc`` underflows to 0 near ln p = −745). Where Q > 1/2 the series would lose
-  absolute precision, so there ln Q = log1p(−P(M, S)) with scipy's lower tail P (no underflow
-  concern: P <= 1/2).
+- ln p is ln of scipy's ``gammaincc`` (Q itself, ~1e-14 relative against mpmath) while
+  Q >= ``GAMMAINCC_FLOOR``; where Q > 1/2, ln Q = log1p(−P(M, S)) with scipy's lower tail P
+  (small and accurate there); below the floor, where ``gammaincc`` would underflow (to 0 near
+  ln p = −745; scipy's ``gamma.logsf`` returns −inf at M = 1000, S = 3000), the finite series
+  of Q for integer M, Q(M, S) = e^{−S} Σ_{k=0}^{M−1} S^k / k!, as
+  ln Q = −S + logsumexp_k (k ln S − ln k!), which never underflows (~1e-12 relative).
 
 - Irwin–Hall: the law of U_1 + … + U_M for i.i.d. U(0, 1), the null law of the U-score
   S_U = Σ r_t. Its CDF is F(x) = (1/M!) Σ_{k=0}^{⌊x⌋} (−1)^k C(M, k) (x − k)^M; the series
@@ -80,18 +80,31 @@ def aaronson_log_sf_many(m: int, s: ArrayLike) -> NDArray[np.float64]:
     live = values > 0.0
     if m == 0 or not np.any(live):
         return out
-    k, log_factorials = _series_constants(m)  # (M,), (M,)
-    log_s = np.log(values[live])  # (N',)
-    terms = log_s[:, None] * k[None, :] - log_factorials[None, :]  # (N', M)
-    top = terms.max(axis=1)  # (N',) logsumexp by hand: scipy's costs ~1 ms a call in overhead
-    log_q = -values[live] + top + np.log(np.exp(terms - top[:, None]).sum(axis=1))  # (N',)
-    # Near Q = 1 the series loses absolute precision (ln Q is a difference of two numbers of
-    # size S); there ln Q = ln(1 - P) with P, the lower tail, small and accurate in scipy.
-    near_one = log_q > -math.log(2.0)
+    s_live = values[live]  # (N',)
+    q = gammaincc(m, s_live)  # (N',) Q(M, S); underflows to 0 near ln Q = -745
+    log_q = np.log(q, out=np.full_like(q, -np.inf), where=q > 0.0)
+    # Near Q = 1, ln Q = ln(1 - P) with P, the lower tail, small and accurate in scipy.
+    near_one = q > 0.5
     if np.any(near_one):
-        log_q[near_one] = np.log1p(-gammainc(m, values[live][near_one]))
+        log_q[near_one] = np.log1p(-gammainc(m, s_live[near_one]))
+    # Deep in the tail, the exact log-space series (no underflow at any S).
+    deep = q < GAMMAINCC_FLOOR
+    if np.any(deep):
+        log_q[deep] = _log_sf_series(m, s_live[deep])
     out[live] = np.minimum(log_q, 0.0)
     return out
+
+
+def _log_sf_series(m: int, s: NDArray[np.float64]) -> NDArray[np.float64]:
+    """ln Q(M, S) = −S + logsumexp_k (k ln S − ln k!) for (N,) sums S > 0 (DLMF 8.4.10).
+
+    Memory O(N·M). Accurate to ~1e-12 relative in ln Q, never underflows; used below
+    ``GAMMAINCC_FLOOR``, where scipy's ``gammaincc`` (~1e-14 relative, against mpmath) would.
+    """
+    k, log_factorials = _series_constants(m)  # (M,), (M,)
+    terms = np.log(s)[:, None] * k[None, :] - log_factorials[None, :]  # (N, M)
+    top = terms.max(axis=1)  # (N,) logsumexp by hand: scipy's costs ~1 ms a call in overhead
+    return -s + top + np.log(np.exp(terms - top[:, None]).sum(axis=1))
 
 
 @lru_cache(maxsize=64)
@@ -114,8 +127,22 @@ def aaronson_log_sf(m: int, s: float) -> float:
         E.g. (M, S) = (200, 300) -> ln p = −21.81…, log10 p = −9.47223 (case C7).
     Raises:
         ValueError: m < 0 or not an int; s negative, NaN or infinite.
+
+    The same values as ``aaronson_log_sf_many`` (the same three regimes), on Python floats: a
+    detection's one p-value costs ~3 µs here against ~20 µs through the array path.
     """
-    return float(aaronson_log_sf_many(m, np.array([s], dtype=np.float64))[0])
+    _check_m(m)
+    value = float(s)
+    if not math.isfinite(value) or value < 0.0:
+        raise ValueError(f"expected finite scores S >= 0, got {s!r}")
+    if m == 0 or value == 0.0:
+        return 0.0
+    q = float(gammaincc(m, value))
+    if q > 0.5:
+        return min(math.log1p(-float(gammainc(m, value))), 0.0)
+    if q >= GAMMAINCC_FLOOR:
+        return math.log(q)
+    return min(float(_log_sf_series(m, np.array([value]))[0]), 0.0)
 
 
 @dataclass(frozen=True)

@@ -185,34 +185,55 @@ def detection_plan_arrays(
         a ``DetectionPlan``; checked against ``detection_plan`` in ``tests/keyed``.
     """
     ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
-    skip = np.zeros(ids.shape[0], dtype=np.int8)
+    n = ids.shape[0]
+    skip = np.zeros(n, dtype=np.int8)
     skip[:width] = 1  # no_context
     for special in special_ids:  # a handful of ids: cheaper than np.isin's sort
         skip[ids == special] = 3  # special tokens first, as the reference loop checks them first
-    if ids.shape[0] <= width:
+    if n <= width:
         return DetectionPlan(skip, np.zeros(0, np.int64), np.zeros((0, width), np.int64))
-    windows = np.lib.stride_tricks.sliding_window_view(ids, width)[:-1]  # label of t = width + i
-    candidates = np.flatnonzero(skip[width:] == 0)  # indices i into windows
-    rows = np.ascontiguousarray(windows[candidates])
-    _, first = np.unique(_row_keys(rows, ids), return_index=True)
-    is_first = np.zeros(candidates.shape[0], dtype=bool)
-    is_first[first] = True
-    skip[width + candidates[~is_first]] = 2  # repeated_context
-    chosen = candidates[is_first]
-    return DetectionPlan(skip, chosen + width, rows[is_first])
+    candidates = np.flatnonzero(skip[width:] == 0) + width  # positions t >= m, not special
+    labels = ids[candidates[:, None] + _LABEL_OFFSETS[width]]  # (C, m): ids[t - m : t]
+    row_keys = _label_row_keys(ids, labels, candidates, width)  # (C,)
+    # First occurrence of each label among the candidates: a stable sort groups equal keys
+    # in text order, so the head of each group is the earliest (np.unique's return_index,
+    # without its generic overhead on a few hundred rows).
+    order = np.argsort(row_keys, kind="stable")
+    ordered = row_keys[order]
+    head = np.empty(order.shape[0], dtype=bool)
+    head[:1] = True
+    head[1:] = ordered[1:] != ordered[:-1]
+    is_first = np.zeros(order.shape[0], dtype=bool)
+    is_first[order[head]] = True
+    skip[candidates[~is_first]] = 2  # repeated_context
+    return DetectionPlan(skip, candidates[is_first], labels[is_first])
 
 
-def _row_keys(rows: np.ndarray, ids: np.ndarray) -> np.ndarray:
+_LABEL_OFFSETS = {m: np.arange(-m, 0, dtype=np.int64) for m in range(1, MAX_CONTEXT_WIDTH + 1)}
+
+
+def _label_row_keys(
+    ids: np.ndarray, labels: np.ndarray, candidates: np.ndarray, width: int
+) -> np.ndarray:
     """One comparable value per label row, equal iff the rows are equal.
 
     The ids packed into one uint64 when they fit (m * bits <= 64: m = 4 with a vocabulary
-    below 2^16, as SmolLM2's); otherwise the raw bytes of each row (a void scalar).
+    below 2^16, as SmolLM2's), built from shifted slices of the whole text; otherwise the raw
+    bytes of each row (a void scalar).
+
+    Args:
+        ids: (T,) int64 text. labels: (C, m) int64 rows ``ids[t - m : t]`` of the candidates.
+        candidates: (C,) positions t. width: m.
     """
-    width = rows.shape[1]
-    bits = max(int(ids.max()).bit_length(), 1) if ids.size else 1
-    if ids.size and ids.min() >= 0 and bits * width <= 64:
-        packed = np.zeros(rows.shape[0], dtype=np.uint64)
+    bits = max(int(ids.max()).bit_length(), 1)
+    if ids.min() >= 0 and bits * width <= 64:
+        words = ids.view(np.uint64)  # non-negative: the same bits
+        span = ids.shape[0] - width
+        packed = np.zeros(span, dtype=np.uint64)  # packed[i]: label of position i + m
+        shift = np.uint64(bits)
         for j in range(width):
-            packed = (packed << np.uint64(bits)) | rows[:, j].astype(np.uint64)
-        return packed
+            packed <<= shift
+            packed |= words[j : j + span]
+        return packed[candidates - width]
+    rows = np.ascontiguousarray(labels)
     return rows.view(np.dtype((np.void, rows.dtype.itemsize * width))).reshape(-1)

@@ -24,8 +24,10 @@ Shapes: any broadcastable integer tensors; dtype int64 inside, float64 uniforms 
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import importlib
+import itertools
 import struct
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
@@ -62,6 +64,14 @@ _PHILOX_W1: Final = 0xBB67AE85
 _PHILOX_ROUNDS: Final = 10
 _TWO_POW_53: Final = float(2**53)
 _BELOW_ONE: Final = 1.0 - 2.0**-53
+
+_PHILOX_M0_U64: Final = np.uint64(_PHILOX_M0)
+_MULTIPLIERS: Final = np.array([[_PHILOX_M0], [_PHILOX_M1]], dtype=np.uint64)  # (2, 1)
+_BUMPS: Final = np.array([[_PHILOX_W0], [_PHILOX_W1]], dtype=np.uint64)  # (2, 1)
+_ROUND_BUMPS: Final = (np.arange(_PHILOX_ROUNDS, dtype=np.uint64)[:, None] * _BUMPS[:, 0])[
+    :, :, None
+]  # (ROUNDS, 2, 1): r·W, the Weyl schedule's offset in round r (masked after the add)
+_BLOCK: Final = 8192  # elements per block of the NumPy Philox (~2 MB of round keys)
 
 TAG_CLOCK: Final = b"clock"
 TAG_NONCE_CLOCK: Final = b"nonce-clock"
@@ -185,18 +195,16 @@ def label_key_words(secret: Secret, labels: np.ndarray) -> np.ndarray:
     payload = np.empty((n, m + 1), dtype="<u4")
     payload[:, 0] = m
     payload[:, 1:] = labels
-    raw = payload.tobytes()
-    row = 4 * (m + 1)
+    messages = payload.view(np.dtype((np.void, 4 * (m + 1)))).reshape(-1).tolist()  # N bytes
     base = hashlib.blake2b(key=secret.reveal(), digest_size=8)
     base.update(struct.pack("<I", len(TAG_CLOCK)))
     base.update(TAG_CLOCK)
-    digests: list[bytes] = []
-    append, copy = digests.append, base.copy
-    for offset in range(0, n * row, row):
-        h = copy()
-        h.update(raw[offset : offset + row])
-        append(h.digest())
-    return np.frombuffer(b"".join(digests), dtype="<u4").astype(np.int64).reshape(n, 2)
+    # C-level loops (map over the hash type's methods): no Python bytecode per label
+    blake2b = type(base)
+    states = list(map(blake2b.copy, itertools.repeat(base, n)))
+    collections.deque(map(blake2b.update, states, messages), maxlen=0)
+    digests = b"".join(map(blake2b.digest, states))
+    return np.frombuffer(digests, dtype="<u4").astype(np.int64).reshape(n, 2)
 
 
 def nonce_key(secret: Secret, nonce: int, position: int) -> tuple[int, int]:
@@ -256,21 +264,60 @@ def _philox4x32_10_numpy(
     """Words (x0, x1) of Philox4x32-10 at counter (c0, c1, 0, 0): the CPU fast path.
 
     uint64 arithmetic: a 32x32-bit product is below 2^64, so it is exact and needs no split.
-    Equal, bit for bit, to ``philox4x32_10`` (tested on random inputs and the KATs).
+    Arrays longer than ``_BLOCK`` run block by block (bounded memory, cache-sized work).
+    Equal, bit for bit, to ``philox4x32_10`` (tested on random inputs across the block size and
+    on the KATs).
+
+    Args:
+        c0, c1: (N,) uint64 counter words 0 and 1 in [0, 2^32). k0, k1: (N,) uint64 key words.
+    Returns:
+        (N,) uint64 output words x0 and x1.
     """
-    c2 = np.zeros_like(c0)
-    c3 = np.zeros_like(c0)
-    m0, m1 = np.uint64(_PHILOX_M0), np.uint64(_PHILOX_M1)
-    mask, w0, w1 = np.uint64(_MASK32), np.uint64(_PHILOX_W0), np.uint64(_PHILOX_W1)
-    shift = np.uint64(32)
-    for r in range(_PHILOX_ROUNDS):
-        if r:
-            k0 = (k0 + w0) & mask
-            k1 = (k1 + w1) & mask
-        p0 = c0 * m0
-        p1 = c2 * m1
-        c0, c1, c2, c3 = (p1 >> shift) ^ c1 ^ k0, p1 & mask, (p0 >> shift) ^ c3 ^ k1, p0 & mask
-    return c0, c1
+    n = c0.shape[0]
+    if n <= _BLOCK:
+        return _philox_block(c0, c1, k0, k1)
+    x0, x1 = np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.uint64)
+    for start in range(0, n, _BLOCK):
+        part = slice(start, start + _BLOCK)
+        x0[part], x1[part] = _philox_block(c0[part], c1[part], k0[part], k1[part])
+    return x0, x1
+
+
+def _philox_block(
+    c0: np.ndarray, c1: np.ndarray, k0: np.ndarray, k1: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``_philox4x32_10_numpy`` on at most ``_BLOCK`` elements.
+
+    The detector's arrays are a few hundred long, where the cost of a NumPy call, not the
+    arithmetic, is most of the time; so: the two lanes of a round, c0·M0 and c2·M1, run stacked
+    as one (2, N) array, every operation writes in place, the ten round keys are made in two
+    calls, and round 1 (where c2 = c3 = 0) computes only the c0·M0 lane: 5 calls a round, 12
+    before.
+    """
+    n = c0.shape[0]
+    mask, shift = np.uint64(_MASK32), np.uint64(32)
+    round_keys = np.empty((_PHILOX_ROUNDS, 2, n), dtype=np.uint64)  # Weyl schedule: k + r·W
+    np.add(k0, _ROUND_BUMPS[:, 0], out=round_keys[:, 0])
+    np.add(k1, _ROUND_BUMPS[:, 1], out=round_keys[:, 1])
+    round_keys &= mask
+    even = np.empty((2, n), dtype=np.uint64)  # words (c0, c2)
+    odd = np.empty((2, n), dtype=np.uint64)  # words (c1, c3)
+    product = np.empty((2, n), dtype=np.uint64)
+    # round 1: c0' = hi(0·M1) ^ c1 ^ k0 = c1 ^ k0, c1' = 0, c2' = hi(c0·M0) ^ k1, c3' = lo(c0·M0)
+    np.multiply(c0, _PHILOX_M0_U64, out=product[0])
+    np.bitwise_xor(c1, round_keys[0, 0], out=even[0])
+    np.right_shift(product[0], shift, out=even[1])
+    even[1] ^= round_keys[0, 1]
+    odd[0] = 0
+    np.bitwise_and(product[0], mask, out=odd[1])
+    for r in range(1, _PHILOX_ROUNDS):
+        np.multiply(even, _MULTIPLIERS, out=product)  # (c0·M0, c2·M1)
+        swapped = product[::-1]  # (c2·M1, c0·M0)
+        np.right_shift(swapped, shift, out=even)  # c0' = hi(c2·M1) ^ c1 ^ k0,
+        even ^= odd  #                               c2' = hi(c0·M0) ^ c3 ^ k1
+        even ^= round_keys[r]
+        np.bitwise_and(swapped, mask, out=odd)  # c1' = lo(c2·M1), c3' = lo(c0·M0)
+    return even[0], odd[0]
 
 
 def uniforms_from_keys(

@@ -51,7 +51,7 @@ def test_detecting_loads_no_torch() -> None:
         "from detector.tokens import TokenizedText\n"
         "from detector.detect import detect_tokenized\nfrom detector.scores import resolve_scores\n"
         "ids = tuple(range(100, 140))\n"
-        "text = TokenizedText(ids, 'x' * 40, tuple((i, i + 1) for i in range(40)), None)\n"
+        "text = TokenizedText.from_spans(ids, 'x' * 40, [(i, i + 1) for i in range(40)])\n"
         "source = keyed.KeyedSource(keyed.Secret(bytes(32)))\n"
         "found = detect_tokenized(text, frozenset(), source, alpha=0.01, key_id=None,\n"
         "                         families=resolve_scores(detector.SCORE_NAMES),\n"

@@ -52,8 +52,8 @@ def test_find_spans_greedy_non_overlapping_with_offsets() -> None:
     pivots[224:256] = 1.0 - rng.random(32) * 0.1  # a weaker block of 32 (both on the stride)
     terms = aaronson_terms(pivots)
     scored_tokens = [t + 4 + t // 10 for t in range(300)]  # every 10th token skipped, 4 head
-    token_spans = [(5 * i, 5 * i + 5) for i in range(scored_tokens[-1] + 1)]
-    search = find_spans(terms, scored_tokens, token_spans, max_spans=3)
+    token_starts = np.arange(scored_tokens[-1] + 1) * 5
+    search = find_spans(terms, scored_tokens, token_starts, token_starts + 5, max_spans=3)
     assert search.lengths == (16, 32, 64, 128, 256)
     assert search.windows_scanned == scan_windows(terms)[0].size
     first, second, _ = search.spans
@@ -76,7 +76,7 @@ def test_find_spans_greedy_non_overlapping_with_offsets() -> None:
 @pytest.mark.parametrize("max_spans", [0, 101, True, 2.0])
 def test_find_spans_rejects_bad_max_spans(max_spans: object) -> None:
     with pytest.raises(ValueError, match="max_spans"):
-        find_spans(np.ones(20), list(range(20)), [(i, i + 1) for i in range(20)], max_spans)  # type: ignore[arg-type]
+        find_spans(np.ones(20), list(range(20)), range(20), range(1, 21), max_spans)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 from scipy import special, stats
 
+import detector.stats as stats_module
 from detector.stats import (
+    GAMMAINCC_FLOOR,
     LN10,
     PValue,
     aaronson_log_sf,
@@ -71,10 +73,26 @@ def test_monotone_decreasing_in_s(m: int) -> None:
 
 
 def test_vectorised_matches_scalar() -> None:
-    s = np.array([0.0, 0.5, 10.0, 99.0, 250.0])
+    # Q near 1 (log1p of the lower tail), gammaincc, and past GAMMAINCC_FLOOR (the series).
+    s = np.array([0.0, 0.5, 10.0, 99.0, 250.0, 1000.0, 5000.0])
     assert aaronson_log_sf_many(100, s) == pytest.approx(
         [aaronson_log_sf(100, float(v)) for v in s], rel=1e-14
     )
+
+
+@pytest.mark.parametrize("m", [1, 30, 483])
+def test_continuous_and_monotone_where_gammaincc_hands_over_to_the_series(m: int) -> None:
+    """ln Q switches from ln gammaincc to the exact series where Q < GAMMAINCC_FLOOR: both
+    sides agree to 1e-10 there and the switch does not make ln Q increase in S."""
+    s = np.linspace(m + 10.0, 40.0 * m + 2000.0, 200_001)
+    q = special.gammaincc(m, s)
+    switch = int(np.argmax(q < GAMMAINCC_FLOOR))
+    assert 0 < switch  # the grid crosses the floor
+    near = s[switch - 50 : switch + 50]
+    log_q = aaronson_log_sf_many(m, near)
+    assert np.all(np.diff(log_q) <= 0.0)
+    series = stats_module._log_sf_series(m, near)
+    assert log_q == pytest.approx(series, rel=1e-10)
 
 
 @pytest.mark.parametrize(("m", "s"), [(0, 0.0), (0, 12.5), (7, 0.0), (3000, 0.0)])

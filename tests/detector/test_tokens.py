@@ -7,6 +7,7 @@ import pickle
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pytest
 
 from detector.errors import DetectorError, TokenizerMismatch
@@ -27,7 +28,9 @@ from detector.tokens import check_tokenizer, decoded_pieces, partition_offsets, 
     ids=["plain", "split_character", "gap_and_tail", "leading_gap", "empty"],
 )
 def test_partition_offsets(offsets, length: int, expected) -> None:  # type: ignore[no-untyped-def]
-    assert partition_offsets(offsets, length) == expected
+    starts, ends = partition_offsets(offsets, length)
+    assert (starts.dtype, ends.dtype) == (np.int64, np.int64)
+    assert list(zip(starts.tolist(), ends.tolist(), strict=True)) == expected
 
 
 def test_text_and_id_paths_agree_on_human_text(real_tokenizer, human_passages) -> None:  # type: ignore[no-untyped-def]

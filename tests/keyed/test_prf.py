@@ -201,15 +201,18 @@ def test_extreme_words_stay_below_one():
     assert -math.log1p(-u[-1].item()) < 40.0  # the Aaronson term stays finite
 
 
-def test_numpy_fast_path_equals_tensor_philox():
+@pytest.mark.parametrize("size", [4, 483, 8192, 8193, 100_000])
+def test_numpy_fast_path_equals_tensor_philox(size: int):
     """The CPU fast path (numpy uint64) and the device-generic int64 tensor path agree bit for
-    bit on 100,000 random (counter, key) words, including the extremes."""
+    bit on random (counter, key) words, including the extremes, for one block, exactly one
+    block, one past it and many blocks with a partial last one."""
     import numpy as np
 
-    from keyed.prf import _philox4x32_10_numpy
+    from keyed.prf import _BLOCK, _philox4x32_10_numpy
 
+    assert _BLOCK == 8192  # the sizes above straddle it
     rng = np.random.default_rng(123)
-    words = rng.integers(0, 2**32, size=(4, 100_000), dtype=np.uint64)
+    words = rng.integers(0, 2**32, size=(4, size), dtype=np.uint64)
     words[:, :4] = [[0, 2**32 - 1, 0, 2**32 - 1]] * 4
     c0, c1, k0, k1 = words
     x0n, x1n = _philox4x32_10_numpy(c0.copy(), c1.copy(), k0.copy(), k1.copy())
