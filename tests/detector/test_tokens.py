@@ -126,3 +126,31 @@ def test_check_tokenizer_raises_tokenizer_mismatch() -> None:
 def test_check_tokenizer_rejects_non_fingerprints(bad: object) -> None:
     with pytest.raises(ValueError, match="fingerprint a non-empty string"):
         check_tokenizer(bad, "sha256:bbbb")  # type: ignore[arg-type]
+
+
+def test_backend_encode_equals_the_wrapper_call(real_tokenizer, human_passages) -> None:  # type: ignore[no-untyped-def]
+    """``encode`` calls the Rust backend directly; it must give what the transformers wrapper
+    gives: human text, special-token strings written in the text, emoji, CR LF, empty."""
+    from detector.tokens import encode
+
+    texts = [*human_passages[:40], "<|im_start|>user\nhi<|im_end|>", "a 🎉 b 中文\r\n", "", " "]
+    for text in texts:
+        ids, offsets = encode(real_tokenizer, text)
+        wrapped = real_tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        assert ids.tolist() == wrapped["input_ids"]
+        assert [tuple(pair) for pair in offsets.tolist()] == list(wrapped["offset_mapping"])
+
+
+def test_encode_leaves_a_configured_backend_to_the_wrapper(real_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """A backend left with truncation on (the wrapper turns it off on each call) is not called
+    directly: the text is not cut."""
+    import copy
+
+    from detector.tokens import encode
+
+    tokenizer = copy.deepcopy(real_tokenizer)
+    tokenizer.backend_tokenizer.enable_truncation(max_length=3)
+    text = "one two three four five six"
+    ids, _ = encode(tokenizer, text)
+    assert len(ids) > 3
+    assert ids.tolist() == real_tokenizer(text, add_special_tokens=False)["input_ids"]
