@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Final
 
+import keyed
 from detector.detect import (
     DEFAULT_ALPHA,
     DEFAULT_SCORES,
@@ -117,6 +118,7 @@ def _init_worker(job: _Job) -> None:
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(1)
+    keyed.warm_up()  # compile or load the keyed kernels before the first chunk arrives
     _WORKER_JOB = job
 
 

@@ -104,7 +104,8 @@ def _log_sf_series(m: int, s: NDArray[np.float64]) -> NDArray[np.float64]:
     k, log_factorials = _series_constants(m)  # (M,), (M,)
     terms = np.log(s)[:, None] * k[None, :] - log_factorials[None, :]  # (N, M)
     top = terms.max(axis=1)  # (N,) logsumexp by hand: scipy's costs ~1 ms a call in overhead
-    return -s + top + np.log(np.exp(terms - top[:, None]).sum(axis=1))
+    log_q: NDArray[np.float64] = -s + top + np.log(np.exp(terms - top[:, None]).sum(axis=1))
+    return log_q
 
 
 @lru_cache(maxsize=64)

@@ -255,9 +255,9 @@ def tokenize(
     if text is None:
         raise ValueError("expected text or token_ids, got neither")
     _require_fast(tokenizer)
-    ids, offsets = encode(tokenizer, text)
+    id_array, offsets = encode(tokenizer, text)
     starts, ends = partition_offsets(offsets, len(text))
-    return TokenizedText(ids, text, starts, ends, None)
+    return TokenizedText(id_array, text, starts, ends, None)
 
 
 def _encode_ids(tokenizer: Tokenizer, text: str) -> list[int]:

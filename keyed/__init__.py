@@ -13,6 +13,7 @@ from keyed.context import (
     detection_plan,
     detection_plan_arrays,
     label_at,
+    warm_up,
 )
 from keyed.prf import (
     PRF_VERSION,
@@ -57,4 +58,5 @@ __all__ = [
     "pivot_array",
     "pivots",
     "uniforms_from_keys",
+    "warm_up",
 ]

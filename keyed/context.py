@@ -22,6 +22,7 @@ from enum import StrEnum
 
 import numpy as np
 
+from keyed import prf
 from keyed.prf import PRF_VERSION, SENTINEL, Secret, label_key, nonce_key
 
 Label = tuple[int, ...]
@@ -186,6 +187,21 @@ def detection_plan_arrays(
     """
     ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
     n = ids.shape[0]
+    if n > width and (kernels := prf._kernels()) is not None:
+        bits = max(int(ids.max()).bit_length(), 1)
+        if ids.min() >= 0 and bits * width <= 64:  # labels pack into one uint64
+            skip = np.empty(n, dtype=np.int8)
+            chosen = np.empty(n, dtype=np.int64)
+            special = np.fromiter(special_ids, dtype=np.int64, count=len(special_ids))
+            text = np.array(ids)  # a writeable copy: one compiled specialisation
+            scored = chosen[: kernels.plan_into(text, width, bits, special, skip, chosen)]
+            return DetectionPlan(skip, scored, ids[scored[:, None] + _LABEL_OFFSETS[width]])
+    return _plan_numpy(ids, width, special_ids)
+
+
+def _plan_numpy(ids: np.ndarray, width: int, special_ids: frozenset[int]) -> DetectionPlan:
+    """``detection_plan_arrays`` without the compiled kernel (or for labels too wide to pack)."""
+    n = ids.shape[0]
     skip = np.zeros(n, dtype=np.int8)
     skip[:width] = 1  # no_context
     for special in special_ids:  # a handful of ids: cheaper than np.isin's sort
@@ -234,6 +250,29 @@ def _label_row_keys(
         for j in range(width):
             packed <<= shift
             packed |= words[j : j + span]
-        return packed[candidates - width]
+        keys: np.ndarray = packed[candidates - width]
+        return keys
     rows = np.ascontiguousarray(labels)
-    return rows.view(np.dtype((np.void, rows.dtype.itemsize * width))).reshape(-1)
+    voids: np.ndarray = rows.view(np.dtype((np.void, rows.dtype.itemsize * width))).reshape(-1)
+    return voids
+
+
+def warm_up() -> bool:
+    """Compile (or load from numba's on-disk cache) the keyed CPU kernels now, so the first
+    detection or CPU generation does not pay for it (~0.3-1 s once per process; the service
+    calls this at start-up, corpus workers in their initializer).
+
+    Returns:
+        True when the compiled kernels are in use, False when numba is absent and the NumPy
+        paths run (the same bits).
+    """
+    if prf._kernels() is None:
+        return False
+    ids = np.arange(8, dtype=np.int64)
+    plan = detection_plan_arrays(ids, 2, frozenset({0}))
+    prf.pivot_array(np.zeros((plan.scored.shape[0], 2), np.int64), ids[plan.scored])
+    one = np.ones(1, dtype=np.int64)
+    kernels = prf._kernels()
+    assert kernels is not None
+    kernels.uniforms_into(one, one, one, one, np.empty(1, dtype=np.float64))
+    return True

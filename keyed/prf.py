@@ -25,12 +25,14 @@ Shapes: any broadcastable integer tensors; dtype int64 inside, float64 uniforms 
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 import importlib
 import itertools
 import struct
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Final
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import numpy as np
 
@@ -195,7 +197,8 @@ def label_key_words(secret: Secret, labels: np.ndarray) -> np.ndarray:
     payload = np.empty((n, m + 1), dtype="<u4")
     payload[:, 0] = m
     payload[:, 1:] = labels
-    messages = payload.view(np.dtype((np.void, 4 * (m + 1)))).reshape(-1).tolist()  # N bytes
+    rows = payload.view(np.dtype((np.void, 4 * (m + 1)))).reshape(-1)  # (N,) void rows
+    messages = cast("list[bytes]", rows.tolist())  # N bytes objects of 4(m + 1) bytes
     base = hashlib.blake2b(key=secret.reveal(), digest_size=8)
     base.update(struct.pack("<I", len(TAG_CLOCK)))
     base.update(TAG_CLOCK)
@@ -333,6 +336,13 @@ def uniforms_from_keys(
     """
     shape = torch.Size(np.broadcast_shapes(k0.shape, k1.shape, tokens.shape, arrivals.shape))
     device = tokens.device
+    if device.type == "cpu" and (kernels := _kernels()) is not None:
+        # fresh writeable C int64 copies: one compiled specialisation
+        flat = [np.array(np.broadcast_to(t.numpy(), shape).reshape(-1), dtype=np.int64)
+                for t in (tokens, arrivals, k0, k1)]  # fmt: skip
+        out = np.empty(flat[0].shape[0], dtype=np.float64)
+        kernels.uniforms_into(*flat, out)
+        return torch.from_numpy(out).reshape(shape)
     if device.type == "cpu":
 
         def u64(t: torch.Tensor) -> np.ndarray:
@@ -414,6 +424,17 @@ def pivot_array(keys: np.ndarray, tokens: np.ndarray) -> np.ndarray:
         raise ValueError(
             f"expected keys (T, 2) and tokens (T,), got {keys.shape} and {tokens.shape}"
         )
+    kernels = _kernels()
+    if kernels is not None:
+        out = np.empty(tokens.shape[0], dtype=np.float64)
+        # fresh writeable C int64 copies: one compiled specialisation whatever the caller had
+        kernels.pivots_into(np.array(keys, dtype=np.int64), np.array(tokens, dtype=np.int64), out)
+        return out
+    return _pivot_array_numpy(keys, tokens)
+
+
+def _pivot_array_numpy(keys: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """``pivot_array`` without numba: the vectorised NumPy Philox (the same bits)."""
     u64 = np.uint64
     n0, n1 = _philox4x32_10_numpy(
         tokens.astype(u64), np.ones(tokens.shape, u64), keys[:, 0].astype(u64),
@@ -421,6 +442,16 @@ def pivot_array(keys: np.ndarray, tokens: np.ndarray) -> np.ndarray:
     )  # fmt: skip
     top = ((n1 << u64(21)) | (n0 >> u64(11))).astype(np.float64)
     return np.minimum((top + 0.5) / _TWO_POW_53, _BELOW_ONE)
+
+
+@functools.cache
+def _kernels() -> ModuleType | None:
+    """``keyed._kernels`` (compiled with numba on first use, cached on disk), or None when
+    numba is not installed: then every CPU path runs the NumPy Philox, the same bits."""
+    try:
+        return importlib.import_module("keyed._kernels")
+    except ImportError:
+        return None
 
 
 def pivots(keys: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,7 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
+import keyed
 from sampler.models import LoadedModel, load_model, tokenizer_fingerprint
 from service.detection import DetectionPool
 from service.errors import KeyStoreUnavailable
@@ -136,6 +137,8 @@ async def open_resources(
             metrics.queue_waiting.set,
         )
         stack.callback(worker.close)
+        compiled = await asyncio.to_thread(keyed.warm_up)  # not on the first request
+        log.info("keyed kernels: %s", "compiled (numba)" if compiled else "NumPy (no numba)")
         pool = DetectionPool(
             loaded.tokenizer,
             fingerprint,

@@ -14,6 +14,7 @@ from keyed.context import (
     detection_plan_arrays,
     label_at,
 )
+from keyed import prf
 from keyed.prf import SENTINEL
 
 S = SENTINEL
@@ -174,17 +175,27 @@ def _as_reference(
     return out
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["numba", "numpy"])
 @pytest.mark.parametrize("width", [1, 2, 4, 7])
 @pytest.mark.parametrize(
     "kind",
-    ["random", "one_token", "short_cycle", "few_symbols", "big_ids", "empty", "shorter_than_m"],
-)
-def test_plan_arrays_equal_the_reference_loop(width: int, kind: str) -> None:
+    ["random", "long", "one_token", "short_cycle", "few_symbols", "big_ids", "empty",
+     "shorter_than_m"],
+)  # fmt: skip
+def test_plan_arrays_equal_the_reference_loop(
+    width: int, kind: str, compiled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``detection_plan_arrays`` makes the same decisions as ``detection_plan`` (masking on),
-    on random and on adversarially repetitive texts, with special tokens sprinkled in."""
+    on random and on adversarially repetitive texts, with special tokens sprinkled in — both
+    the compiled kernel (a hash table of packed labels) and the NumPy path (sort-based)."""
+    if not compiled:
+        monkeypatch.setattr(prf, "_kernels", lambda: None)
+    else:
+        assert prf._kernels() is not None  # numba is a dependency: the kernel really runs
     rng = np.random.default_rng(width * 31 + len(kind))
     tokens = {
         "random": rng.integers(0, 49_152, 400),
+        "long": rng.integers(0, 40, 6000),  # many repeats: long probe chains in the table
         "one_token": np.full(300, 17),
         "short_cycle": np.tile([5, 6, 7], 120),
         "few_symbols": rng.integers(0, 3, 500),

@@ -1,0 +1,79 @@
+"""The compiled keyed kernels (keyed/_kernels.py, numba) give the NumPy paths' bits.
+
+Every CPU caller (detector pivots and plan, the sampler's CPU clocks) runs the kernels when
+numba is installed (it is a dependency) and the NumPy paths otherwise; both are checked here
+on random words including the extremes, and the whole detection is compared end to end."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import keyed
+from keyed import prf
+from keyed.prf import _BELOW_ONE, _TWO_POW_53, _philox4x32_10_numpy
+
+
+def _words(size: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    words = rng.integers(0, 2**32, size=(4, size), dtype=np.int64)
+    words[:, :4] = [[0, 2**32 - 1, 0, 2**32 - 1]] * 4
+    return words
+
+
+def test_kernels_are_in_use() -> None:
+    assert prf._kernels() is not None
+    assert keyed.warm_up() is True
+
+
+@pytest.mark.parametrize("size", [4, 483, 20_000])
+def test_pivot_kernel_equals_numpy_philox(size: int) -> None:
+    c0, _, k0, k1 = _words(size, seed=size)
+    keys = np.stack([k0, k1], axis=1)
+    compiled = prf.pivot_array(keys, c0)
+    assert np.array_equal(compiled, prf._pivot_array_numpy(keys, c0))
+    assert compiled.dtype == np.float64 and bool((compiled < 1.0).all() and (compiled > 0).all())
+
+
+def test_uniform_kernel_equals_numpy_philox() -> None:
+    c0, c1, k0, k1 = _words(50_000, seed=7)
+    out = np.empty(c0.shape[0])
+    kernels = prf._kernels()
+    assert kernels is not None
+    kernels.uniforms_into(c0, c1, k0, k1, out)
+    u64 = np.uint64
+    x0, x1 = _philox4x32_10_numpy(*(w.astype(u64) for w in (c0, c1, k0, k1)))
+    top = ((x1 << u64(21)) | (x0 >> u64(11))).astype(np.float64)
+    assert np.array_equal(out, np.minimum((top + 0.5) / _TWO_POW_53, _BELOW_ONE))
+
+
+def test_uniforms_from_keys_same_with_and_without_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sampler's CPU clocks, on broadcast shapes (N, K, B), through either path."""
+    rng = np.random.default_rng(3)
+    k = torch.from_numpy(rng.integers(0, 2**32, size=(5, 2)))
+    tokens = torch.from_numpy(rng.integers(0, 49_152, size=(5, 300)))
+    compiled = prf.clock_uniforms(k, tokens, 4)
+    monkeypatch.setattr(prf, "_kernels", lambda: None)
+    assert torch.equal(compiled, prf.clock_uniforms(k, tokens, 4))
+
+
+def test_detection_same_with_and_without_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A whole detection (plan, keys, pivots, scores) is bit-identical on either path."""
+    from detector.detect import detect_tokenized
+    from detector.scores import resolve_scores
+    from detector.tokens import TokenizedText
+
+    rng = np.random.default_rng(11)
+    ids = np.concatenate([rng.integers(0, 49_152, 300), np.tile([7, 8, 9], 40)])
+    text = TokenizedText.from_spans(ids, "x" * ids.size, [(i, i + 1) for i in range(ids.size)])
+    source = keyed.KeyedSource(keyed.Secret(bytes(range(32))))
+    options = {"alpha": 0.01, "key_id": None, "spans": True, "max_spans": 3,
+               "families": resolve_scores(("u", "li", "lattimore"))}  # fmt: skip
+    compiled = detect_tokenized(text, frozenset({0, 1, 2}), source, **options)  # type: ignore[arg-type]
+    monkeypatch.setattr(prf, "_kernels", lambda: None)
+    assert keyed.warm_up() is False
+    plain = detect_tokenized(text, frozenset({0, 1, 2}), source, **options)  # type: ignore[arg-type]
+    assert compiled.to_json() == plain.to_json()
+    # 296 random positions after the first 4, 4 labels spanning the seam, the cycle's 3 labels
+    assert compiled.num_scored == 296 + 4 + 3
