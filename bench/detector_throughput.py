@@ -71,7 +71,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--texts", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--corpus-texts", type=int, default=1200)
+    parser.add_argument("--corpus-texts", type=int, default=6000)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--chunk-size", type=int, default=8, help="corpus mode: texts per task")
     args = parser.parse_args()
