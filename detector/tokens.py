@@ -12,15 +12,16 @@ Span convention — the spans partition the text they index, in order:
   and a tail after the last token to the last token.
 So ``"".join(text[s:e] for s, e in spans) == text`` whenever there is at least one token.
 
-Shapes: T tokens; ``ids`` and ``spans`` have length T.
+Shapes: T tokens; ``ids``, ``starts`` and ``ends`` are (T,) int64 columns.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import numpy as np
 
@@ -78,11 +79,14 @@ class TokenizedText:
     def __post_init__(self) -> None:
         n = None
         for name in ("ids", "starts", "ends"):
-            column = np.asarray(getattr(self, name), dtype=np.int64)
-            if column.ndim != 1 or (n is not None and column.shape[0] != n):
+            given = np.asarray(getattr(self, name))
+            if given.size and not np.issubdtype(given.dtype, np.integer):
+                raise ValueError(f"expected {name} to be integers, got {given.dtype}")
+            if given.ndim != 1 or (n is not None and given.shape[0] != n):
                 raise ValueError(f"expected {name} of shape ({n if n is not None else 'T'},), "
-                                 f"got {column.shape}")  # fmt: skip
-            n = column.shape[0]
+                                 f"got {given.shape}")  # fmt: skip
+            n = given.shape[0]
+            column = np.array(given, dtype=np.int64)  # our own read-only copy
             column.flags.writeable = False
             object.__setattr__(self, name, column)
 
@@ -94,8 +98,16 @@ class TokenizedText:
         spans: Sequence[tuple[int, int]],
         retokenization_matches: bool | None = None,
     ) -> TokenizedText:
-        """Build from (T,) ids and (T,) ``(start, end)`` pairs."""
-        pairs = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+        """Build from (T,) ids and (T,) ``(start, end)`` pairs.
+
+        Raises:
+            ValueError: spans that are not (T, 2) integers, or columns as the constructor.
+        """
+        pairs = np.asarray(spans)
+        if pairs.size == 0:
+            pairs = np.zeros((0, 2), dtype=np.int64)
+        if pairs.ndim != 2 or pairs.shape[1] != 2:
+            raise ValueError(f"expected spans of shape (T, 2), got {pairs.shape}")
         return cls(np.asarray(ids, dtype=np.int64), text, pairs[:, 0], pairs[:, 1],
                    retokenization_matches)  # fmt: skip
 
@@ -115,9 +127,10 @@ def encode(tokenizer: Tokenizer, text: str) -> tuple[np.ndarray, np.ndarray]:
     ``add_special_tokens=False``: the text is scored as given, no BOS/EOS added. A Hugging Face
     fast tokenizer is called through its Rust backend (``backend_tokenizer.encode``), which is
     what its ``__call__`` runs after setting truncation off, padding off and
-    ``encode_special_tokens`` to ``split_special_tokens``; the wrapper costs ~15 % of a 512-token
-    call. When the backend is set otherwise (the wrapper sets it on each call), the wrapper is
-    called. Tested equal to the wrapper on human text, special-token strings and emoji.
+    ``encode_special_tokens`` to ``split_special_tokens``; the wrapper adds 5-12 % to a
+    512-token call (``bench/results/detector_throughput.json``). The wrapper is called instead
+    when the backend is set otherwise, or when the tokenizer's class overrides a step of the
+    wrapper's path. Tested equal to the wrapper on human text, special-token strings, emoji.
 
     Returns:
         (T,) int64 ids and (T, 2) int64 ``(start, end)`` offsets.
@@ -134,8 +147,31 @@ def encode(tokenizer: Tokenizer, text: str) -> tuple[np.ndarray, np.ndarray]:
     return id_array, np.fromiter(flat, dtype=np.int64, count=2 * len(ids)).reshape(-1, 2)
 
 
+# The methods a fast tokenizer's ``__call__`` runs on the way to ``backend.encode_batch`` and the
+# transformers modules that define the stock versions: a subclass that overrides one of them
+# (e.g. a tokenizer with infilling markers) is always called through its wrapper.
+_ENCODE_PATH: Final = ("__call__", "_get_padding_truncation_strategies", "_encode_plus",
+                       "set_truncation_and_padding", "_convert_encoding")  # fmt: skip
+_STOCK_MODULES: Final = frozenset(
+    {"transformers.tokenization_utils_base", "transformers.tokenization_utils_tokenizers"}
+)
+
+
+@functools.lru_cache(maxsize=64)
+def _stock_encode_path(cls: type) -> bool:
+    """Whether every method on the wrapper's path to the backend is the stock one."""
+    for name in _ENCODE_PATH:
+        owner = next((klass for klass in cls.__mro__ if name in vars(klass)), None)
+        if owner is None or owner.__module__ not in _STOCK_MODULES:
+            return False
+    return True
+
+
 def _backend_is_plain(tokenizer: Tokenizer, backend: Any) -> bool:
-    """Whether ``backend.encode`` is exactly what the wrapper would run for this call."""
+    """Whether ``backend.encode`` is exactly what the wrapper would run for this call: the
+    stock wrapper methods, and the backend set as they would set it."""
+    if not _stock_encode_path(type(tokenizer)):
+        return False
     split = bool(getattr(tokenizer, "split_special_tokens", False))
     try:
         return (

@@ -171,12 +171,15 @@ class DetectionPlan:
 def detection_plan_arrays(
     tokens: np.ndarray, width: int, special_ids: frozenset[int] = frozenset()
 ) -> DetectionPlan:
-    """``detection_plan(tokens, width, masking=True, special_ids)`` vectorised with NumPy.
+    """``detection_plan(tokens, width, masking=True, special_ids)`` on arrays: the detector's path.
 
     A position t >= m that is not a special token is a candidate; a candidate is scored iff no
-    earlier candidate has the same label (first occurrence; ``np.unique`` over the label rows),
-    which is exactly the reference loop's "not in ``seen``", since ``seen`` collects the labels
-    of scored positions and every candidate's label is first seen at a scored position.
+    earlier candidate has the same label (its first occurrence), which is exactly the reference
+    loop's "not in ``seen``", since ``seen`` collects the labels of scored positions and every
+    candidate's label is first seen at a scored position. Two implementations, tested equal to
+    the loop: the compiled kernel (``keyed/_kernels.py``: one pass, a hash table of labels
+    packed into one uint64) when numba is there and the labels pack (m · bits <= 64), else
+    NumPy (a stable sort of the label rows groups repeats; the head of each group is first).
 
     Args:
         tokens: (T,) integer token ids of the text alone.
@@ -192,9 +195,12 @@ def detection_plan_arrays(
         if ids.min() >= 0 and bits * width <= 64:  # labels pack into one uint64
             skip = np.empty(n, dtype=np.int8)
             chosen = np.empty(n, dtype=np.int64)
-            special = np.fromiter(special_ids, dtype=np.int64, count=len(special_ids))
+            # ids are in [0, 2^63) here: a special id outside cannot match one
+            special = np.array([s for s in special_ids if 0 <= s < 2**63], dtype=np.int64)
             text = np.array(ids)  # a writeable copy: one compiled specialisation
-            scored = chosen[: kernels.plan_into(text, width, bits, special, skip, chosen)]
+            scored = chosen[
+                : kernels.plan_into(text, width, bits, special, skip, chosen, kernels.SALT)
+            ]
             return DetectionPlan(skip, scored, ids[scored[:, None] + _LABEL_OFFSETS[width]])
     return _plan_numpy(ids, width, special_ids)
 

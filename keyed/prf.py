@@ -29,6 +29,7 @@ import functools
 import hashlib
 import importlib
 import itertools
+import logging
 import struct
 from collections.abc import Sequence
 from types import ModuleType
@@ -73,7 +74,7 @@ _BUMPS: Final = np.array([[_PHILOX_W0], [_PHILOX_W1]], dtype=np.uint64)  # (2, 1
 _ROUND_BUMPS: Final = (np.arange(_PHILOX_ROUNDS, dtype=np.uint64)[:, None] * _BUMPS[:, 0])[
     :, :, None
 ]  # (ROUNDS, 2, 1): r·W, the Weyl schedule's offset in round r (masked after the add)
-_BLOCK: Final = 8192  # elements per block of the NumPy Philox (~2 MB of round keys)
+_BLOCK: Final = 8192  # elements per block of the NumPy Philox (1.3 MB of round keys)
 
 TAG_CLOCK: Final = b"clock"
 TAG_NONCE_CLOCK: Final = b"nonce-clock"
@@ -302,7 +303,7 @@ def _philox_block(
     round_keys = np.empty((_PHILOX_ROUNDS, 2, n), dtype=np.uint64)  # Weyl schedule: k + r·W
     np.add(k0, _ROUND_BUMPS[:, 0], out=round_keys[:, 0])
     np.add(k1, _ROUND_BUMPS[:, 1], out=round_keys[:, 1])
-    round_keys &= mask
+    round_keys[1:] &= mask  # round 0 uses the key as given, as the tensor path and the kernel
     even = np.empty((2, n), dtype=np.uint64)  # words (c0, c2)
     odd = np.empty((2, n), dtype=np.uint64)  # words (c1, c3)
     product = np.empty((2, n), dtype=np.uint64)
@@ -428,7 +429,8 @@ def pivot_array(keys: np.ndarray, tokens: np.ndarray) -> np.ndarray:
     if kernels is not None:
         out = np.empty(tokens.shape[0], dtype=np.float64)
         # fresh writeable C int64 copies: one compiled specialisation whatever the caller had
-        kernels.pivots_into(np.array(keys, dtype=np.int64), np.array(tokens, dtype=np.int64), out)
+        kernels.pivots_into(np.array(keys, dtype=np.int64, order="C"),
+                            np.array(tokens, dtype=np.int64, order="C"), out)  # fmt: skip
         return out
     return _pivot_array_numpy(keys, tokens)
 
@@ -447,10 +449,16 @@ def _pivot_array_numpy(keys: np.ndarray, tokens: np.ndarray) -> np.ndarray:
 @functools.cache
 def _kernels() -> ModuleType | None:
     """``keyed._kernels`` (compiled with numba on first use, cached on disk), or None when
-    numba is not installed: then every CPU path runs the NumPy Philox, the same bits."""
+    numba is not installed or cannot load them (e.g. no writable cache location): then every
+    CPU path runs the NumPy code, the same bits, and a warning says why once."""
     try:
         return importlib.import_module("keyed._kernels")
     except ImportError:
+        return None
+    except Exception as exc:  # numba present but unusable here: detection must still work
+        logging.getLogger(__name__).warning(
+            "keyed kernels unavailable (%s: %s); using the NumPy paths", type(exc).__name__, exc
+        )
         return None
 
 

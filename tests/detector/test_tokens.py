@@ -131,8 +131,9 @@ def test_check_tokenizer_rejects_non_fingerprints(bad: object) -> None:
 def test_backend_encode_equals_the_wrapper_call(real_tokenizer, human_passages) -> None:  # type: ignore[no-untyped-def]
     """``encode`` calls the Rust backend directly; it must give what the transformers wrapper
     gives: human text, special-token strings written in the text, emoji, CR LF, empty."""
-    from detector.tokens import encode
+    from detector.tokens import _backend_is_plain, encode
 
+    assert _backend_is_plain(real_tokenizer, real_tokenizer.backend_tokenizer)  # the shortcut
     texts = [*human_passages[:40], "<|im_start|>user\nhi<|im_end|>", "a 🎉 b 中文\r\n", "", " "]
     for text in texts:
         ids, offsets = encode(real_tokenizer, text)
@@ -154,3 +155,37 @@ def test_encode_leaves_a_configured_backend_to_the_wrapper(real_tokenizer) -> No
     ids, _ = encode(tokenizer, text)
     assert len(ids) > 3
     assert ids.tolist() == real_tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def test_a_subclass_with_its_own_encode_step_goes_through_its_wrapper() -> None:
+    """A tokenizer class that overrides a step of the wrapper's path to the backend (as
+    CodeLlama's infilling tokenizer does) never takes the shortcut."""
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    from detector.tokens import _stock_encode_path
+
+    class Infilling(TokenizersBackend):  # type: ignore[misc]
+        def _encode_plus(self, *args: Any, **kwargs: Any) -> Any:
+            return super()._encode_plus(*args, **kwargs)
+
+    assert _stock_encode_path(TokenizersBackend)
+    assert not _stock_encode_path(Infilling)
+
+
+def test_tokenized_text_owns_integer_columns() -> None:
+    """The columns are the object's own read-only int64 copies; floats and ragged spans are
+    refused with the field named."""
+    from detector.tokens import TokenizedText
+
+    ids = np.array([5, 6, 7])
+    text = TokenizedText(ids, "abc", np.arange(3), np.arange(1, 4), None)
+    assert ids.flags.writeable  # the caller's array is left alone
+    assert not text.ids.flags.writeable and text.ids.dtype == np.int64
+    assert text.spans == [(0, 1), (1, 2), (2, 3)] and text.piece(1) == "b"
+    with pytest.raises(ValueError, match="ids to be integers"):
+        TokenizedText(np.array([1.9, 2.7]), "ab", np.arange(2), np.arange(1, 3), None)
+    with pytest.raises(ValueError, match="spans of shape"):
+        TokenizedText.from_spans([1, 2], "ab", [(0, 1, 1, 2)])
+    with pytest.raises(ValueError, match="ends of shape"):
+        TokenizedText(ids, "abc", np.arange(3), np.arange(2), None)
+    assert TokenizedText.from_spans([], "", []).ids.shape == (0,)

@@ -34,6 +34,11 @@ def test_pivot_kernel_equals_numpy_philox(size: int) -> None:
     compiled = prf.pivot_array(keys, c0)
     assert np.array_equal(compiled, prf._pivot_array_numpy(keys, c0))
     assert compiled.dtype == np.float64 and bool((compiled < 1.0).all() and (compiled > 0).all())
+    # Outside the contract (key words >= 2^32) both paths still agree, as the tensor path does.
+    wide = keys + 2**32
+    assert np.array_equal(prf.pivot_array(wide, c0), prf._pivot_array_numpy(wide, c0))
+    # Fortran order and other integer dtypes give the same values (one compiled version).
+    assert np.array_equal(prf.pivot_array(np.asfortranarray(keys), c0.astype(np.uint32)), compiled)
 
 
 def test_uniform_kernel_equals_numpy_philox() -> None:
@@ -77,3 +82,46 @@ def test_detection_same_with_and_without_kernels(monkeypatch: pytest.MonkeyPatch
     assert compiled.to_json() == plain.to_json()
     # 296 random positions after the first 4, 4 labels spanning the seam, the cycle's 3 labels
     assert compiled.num_scored == 296 + 4 + 3
+
+
+def test_plan_kernel_is_exact_when_every_label_lands_in_one_slot() -> None:
+    """With the salt at 0, labels crafted so that their hashes all fall in slot 0 of the table
+    (the multiplicative hash inverted): the probe chains are as long as they get, and the plan
+    still equals the NumPy path's. (The per-process salt keeps such texts from being built.)"""
+    from keyed.context import _LABEL_OFFSETS, _plan_numpy
+
+    kernels = prf._kernels()
+    assert kernels is not None
+    inverse = pow(0x9E3779B97F4A7C15, -1, 2**64)
+    rng = np.random.default_rng(5)
+    labels: list[int] = []
+    while len(labels) < 4 * 500:  # 500 labels of 4 ids < 49152, hash top 16 bits all zero
+        packed = (int(rng.integers(0, 2**48)) * inverse) % 2**64
+        words = [(packed >> shift) & 0xFFFF for shift in (48, 32, 16, 0)]
+        if max(words) < 49_152:
+            labels.extend(words)
+    ids = np.array(labels * 2, dtype=np.int64)  # every label twice: half are repeats
+    skip, chosen = np.empty(ids.size, np.int8), np.empty(ids.size, np.int64)
+    bits = int(ids.max()).bit_length()
+    no_special, salt = np.zeros(0, np.int64), np.uint64(0)
+    count = kernels.plan_into(ids.copy(), 4, bits, no_special, skip, chosen, salt)
+    reference = _plan_numpy(ids, 4, frozenset())
+    assert np.array_equal(skip, reference.skip)
+    assert np.array_equal(chosen[:count], reference.scored)
+    assert np.array_equal(ids[chosen[:count, None] + _LABEL_OFFSETS[4]], reference.labels)
+
+
+def test_unusable_numba_falls_back_to_numpy(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """numba installed but unable to load the kernels (e.g. no writable cache location raises
+    RuntimeError at import): a warning, then the NumPy paths — never a failed detection."""
+    import importlib
+
+    def broken(name: str) -> object:
+        raise RuntimeError("cannot cache function '_uniform': no locator available")
+
+    monkeypatch.setattr(importlib, "import_module", broken)
+    with caplog.at_level("WARNING", logger="keyed.prf"):
+        assert prf._kernels.__wrapped__() is None  # type: ignore[attr-defined]
+    assert "using the NumPy paths" in caplog.text
