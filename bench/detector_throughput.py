@@ -7,7 +7,7 @@ In one run, on the same texts (human passages of ``data/human-pydoc.jsonl`` join
   tokens/s: the reference of the goal (>= 50 %);
 - ``tokenizer_call``: the same through the ``transformers`` wrapper,
   ``tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)`` (what ``detect``
-  called before it went to the backend; 5-12 % slower), for comparison with earlier runs;
+  called before it went to the backend; 2-12 % slower), for comparison with earlier runs;
 - ``aaronson_evidence``: ``detect`` with its defaults (Aaronson, per-token evidence: ids,
   offsets, skip reasons, pivots and terms in NumPy columns, ``Detection.evidence``),
   scored tokens/s;

@@ -139,12 +139,15 @@ def aaronson_log_sf(m: int, s: float) -> float:
     if m == 0 or value == 0.0:
         return 0.0
     # NumPy's log/log1p, not math's: the same bits as the array path (they can differ by 1 ulp)
+    # and np.minimum, not min: -0.0 (log1p of an underflowed lower tail) comes out as 0.0 there
     q = gammaincc(m, value)
     if q > 0.5:
-        return min(float(np.log1p(-gammainc(m, value))), 0.0)
-    if q >= GAMMAINCC_FLOOR:
-        return float(np.log(q))
-    return min(float(_log_sf_series(m, np.array([value]))[0]), 0.0)
+        log_q = np.log1p(-gammainc(m, value))
+    elif q >= GAMMAINCC_FLOOR:
+        log_q = np.log(q)
+    else:
+        log_q = _log_sf_series(m, np.array([value]))[0]
+    return float(np.minimum(log_q, 0.0))
 
 
 @dataclass(frozen=True)

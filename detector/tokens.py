@@ -127,10 +127,11 @@ def encode(tokenizer: Tokenizer, text: str) -> tuple[np.ndarray, np.ndarray]:
     ``add_special_tokens=False``: the text is scored as given, no BOS/EOS added. A Hugging Face
     fast tokenizer is called through its Rust backend (``backend_tokenizer.encode``), which is
     what its ``__call__`` runs after setting truncation off, padding off and
-    ``encode_special_tokens`` to ``split_special_tokens``; the wrapper adds 5-12 % to a
-    512-token call (``bench/results/detector_throughput.json``). The wrapper is called instead
-    when the backend is set otherwise, or when the tokenizer's class overrides a step of the
-    wrapper's path. Tested equal to the wrapper on human text, special-token strings, emoji.
+    ``encode_special_tokens`` to ``split_special_tokens``; the wrapper adds 2-12 % to a
+    512-token call (``bench/results/detector_throughput.json`` and earlier runs). The wrapper is
+    called instead when the backend is set otherwise, or when the tokenizer's class overrides a
+    step of the wrapper's path (e.g. CodeLlama, LayoutLM, NLLB: slower, never different).
+    Tested equal to the wrapper on human text, special-token strings, emoji.
 
     Returns:
         (T,) int64 ids and (T, 2) int64 ``(start, end)`` offsets.
@@ -152,6 +153,7 @@ def encode(tokenizer: Tokenizer, text: str) -> tuple[np.ndarray, np.ndarray]:
 # (e.g. a tokenizer with infilling markers) is always called through its wrapper.
 _ENCODE_PATH: Final = ("__call__", "_get_padding_truncation_strategies", "_encode_plus",
                        "set_truncation_and_padding", "_convert_encoding")  # fmt: skip
+_OPTIONAL_HOOKS: Final = ("_switch_to_input_mode",)  # called when defined; stock when absent
 _STOCK_MODULES: Final = frozenset(
     {"transformers.tokenization_utils_base", "transformers.tokenization_utils_tokenizers"}
 )
@@ -159,10 +161,16 @@ _STOCK_MODULES: Final = frozenset(
 
 @functools.lru_cache(maxsize=64)
 def _stock_encode_path(cls: type) -> bool:
-    """Whether every method on the wrapper's path to the backend is the stock one."""
-    for name in _ENCODE_PATH:
+    """Whether every method on the wrapper's path to the backend is the stock one: defined in
+    transformers' base modules (by a class there, and not a function patched onto it)."""
+    for name in _ENCODE_PATH + _OPTIONAL_HOOKS:
         owner = next((klass for klass in cls.__mro__ if name in vars(klass)), None)
-        if owner is None or owner.__module__ not in _STOCK_MODULES:
+        if owner is None:
+            if name in _OPTIONAL_HOOKS:
+                continue
+            return False
+        function = getattr(vars(owner)[name], "__module__", owner.__module__)
+        if owner.__module__ not in _STOCK_MODULES or function not in _STOCK_MODULES:
             return False
     return True
 

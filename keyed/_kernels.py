@@ -64,17 +64,17 @@ def uniforms_into(
         out[i] = _uniform(_U64(tokens[i]), _U64(arrivals[i]), _U64(k0[i]), _U64(k1[i]))
 
 
-_FIBONACCI = _U64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio: multiplicative hashing
-SALT = _U64(int.from_bytes(os.urandom(8), "little"))
-"""Per-process salt XORed into each packed label before hashing, so that nobody can craft a
-text whose labels all land in one slot (long probe chains: quadratic time). It moves only
-where a label sits in the table, never which positions are scored."""
+MULTIPLIER = _U64(int.from_bytes(os.urandom(8), "little") | 1)
+"""The plan's hash, h(key) = (key · a mod 2^64) >> (64 − log2 size), takes a random odd ``a``
+per process (multiply-shift hashing, Dietzfelbinger et al. 1997): nobody can craft a text whose
+labels all land in one slot (long probe chains, quadratic time). It moves only where a label
+sits in the table, never which positions are scored."""
 
 
 @numba.njit(cache=True, nogil=True)
 def plan_into(
     ids: np.ndarray, width: int, bits: int, special: np.ndarray, skip: np.ndarray,
-    chosen: np.ndarray, salt: np.uint64,
+    chosen: np.ndarray, multiplier: np.uint64,
 ) -> int:  # fmt: skip
     """The repeated-context plan of ``keyed.detection_plan_arrays`` in one pass.
 
@@ -86,7 +86,7 @@ def plan_into(
     Args:
         ids: (T,) int64 token ids >= 0. special: (S,) int64 ids never scored.
         skip: (T,) int8 output codes. chosen: (T,) int64 output, scored positions first.
-        salt: XORed into the packed labels before hashing (``SALT``; tests pass 0).
+        multiplier: the odd hash multiplier (``MULTIPLIER``; tests pass fixed ones).
     Returns:
         M, the number of scored positions written to ``chosen[:M]``.
     """
@@ -114,7 +114,7 @@ def plan_into(
         key = _U64(0)
         for j in range(t - width, t):
             key = (key << _U64(bits)) | _U64(ids[j])
-        slot = ((key ^ salt) * _FIBONACCI) >> shift
+        slot = (key * multiplier) >> shift
         repeated = False
         while used[slot]:
             if keys[slot] == key:

@@ -199,7 +199,7 @@ def detection_plan_arrays(
             special = np.array([s for s in special_ids if 0 <= s < 2**63], dtype=np.int64)
             text = np.array(ids)  # a writeable copy: one compiled specialisation
             scored = chosen[
-                : kernels.plan_into(text, width, bits, special, skip, chosen, kernels.SALT)
+                : kernels.plan_into(text, width, bits, special, skip, chosen, kernels.MULTIPLIER)
             ]
             return DetectionPlan(skip, scored, ids[scored[:, None] + _LABEL_OFFSETS[width]])
     return _plan_numpy(ids, width, special_ids)
@@ -264,21 +264,12 @@ def _label_row_keys(
 
 
 def warm_up() -> bool:
-    """Compile (or load from numba's on-disk cache) the keyed CPU kernels now, so the first
-    detection or CPU generation does not pay for it (~0.3-1 s once per process; the service
-    calls this at start-up, corpus workers in their initializer).
+    """Compile (or load from numba's on-disk cache) and check the keyed CPU kernels now, so the
+    first detection or CPU generation does not pay for it (0.4-0.6 s once per process; the
+    service calls this at start-up, corpus workers in their initializer).
 
     Returns:
-        True when the compiled kernels are in use, False when numba is absent and the NumPy
-        paths run (the same bits).
+        True when the compiled kernels are in use, False when the NumPy paths run (numba absent
+        or unable to serve: ``keyed.prf._kernels``; the same bits either way).
     """
-    if prf._kernels() is None:
-        return False
-    ids = np.arange(8, dtype=np.int64)
-    plan = detection_plan_arrays(ids, 2, frozenset({0}))
-    prf.pivot_array(np.zeros((plan.scored.shape[0], 2), np.int64), ids[plan.scored])
-    one = np.ones(1, dtype=np.int64)
-    kernels = prf._kernels()
-    assert kernels is not None
-    kernels.uniforms_into(one, one, one, one, np.empty(1, dtype=np.float64))
-    return True
+    return prf._kernels() is not None

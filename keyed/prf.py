@@ -448,18 +448,54 @@ def _pivot_array_numpy(keys: np.ndarray, tokens: np.ndarray) -> np.ndarray:
 
 @functools.cache
 def _kernels() -> ModuleType | None:
-    """``keyed._kernels`` (compiled with numba on first use, cached on disk), or None when
-    numba is not installed or cannot load them (e.g. no writable cache location): then every
-    CPU path runs the NumPy code, the same bits, and a warning says why once."""
+    """``keyed._kernels``, compiled (or loaded from numba's disk cache) and checked against the
+    NumPy paths on this machine, or None: then every CPU path runs the NumPy code, the same
+    bits. None silently when numba is not installed; with a warning (once per process) when it
+    is but cannot serve — an import error (e.g. a NumPy newer than it supports), no writable
+    cache location, a compile failure, or kernels that disagree with NumPy."""
     try:
-        return importlib.import_module("keyed._kernels")
-    except ImportError:
-        return None
-    except Exception as exc:  # numba present but unusable here: detection must still work
-        logging.getLogger(__name__).warning(
-            "keyed kernels unavailable (%s: %s); using the NumPy paths", type(exc).__name__, exc
-        )
-        return None
+        module = importlib.import_module("keyed._kernels")
+        _check_kernels(module)
+    except ModuleNotFoundError as exc:
+        if exc.name == "numba":
+            return None
+        problem: Exception = exc
+    except Exception as exc:  # detection must work whatever numba does here
+        problem = exc
+    else:
+        return module
+    logging.getLogger(__name__).warning(
+        "keyed kernels unavailable (%s: %s); using the NumPy paths", type(problem).__name__,
+        problem,
+    )  # fmt: skip
+    return None
+
+
+def _check_kernels(module: ModuleType) -> None:
+    """Run each kernel once (this compiles it, or loads it from the cache) and compare it with
+    the NumPy path on 64 random words and a small plan. Raises ``RuntimeError`` on a mismatch.
+    """
+    rng = np.random.default_rng(0)
+    c0, c1, k0, k1 = rng.integers(0, 2**32, size=(4, 64), dtype=np.int64)
+    u64 = np.uint64
+    x0, x1 = _philox4x32_10_numpy(*(w.astype(u64) for w in (c0, c1, k0, k1)))
+    top = ((x1 << u64(21)) | (x0 >> u64(11))).astype(np.float64)
+    expected = np.minimum((top + 0.5) / _TWO_POW_53, _BELOW_ONE)
+    got = np.empty(64, dtype=np.float64)
+    module.uniforms_into(c0, c1, k0, k1, got)
+    keys = np.ascontiguousarray(np.stack([k0, k1], axis=1))
+    pivots_got = np.empty(64, dtype=np.float64)
+    module.pivots_into(keys, c0.copy(), pivots_got)
+    ids = np.array([1, 2, 1, 2, 1, 3, 3], dtype=np.int64)  # m = 2: scored 2, 3, 6; repeats 4, 5
+    skip, chosen = np.empty(7, dtype=np.int8), np.empty(7, dtype=np.int64)
+    count = module.plan_into(ids, 2, 2, np.array([9], np.int64), skip, chosen, module.MULTIPLIER)
+    if not (
+        np.array_equal(got, expected)
+        and np.array_equal(pivots_got, _pivot_array_numpy(keys, c0))
+        and skip.tolist() == [1, 1, 0, 0, 2, 2, 0]
+        and chosen[:count].tolist() == [2, 3, 6]
+    ):
+        raise RuntimeError("compiled keyed kernels disagree with the NumPy paths")
 
 
 def pivots(keys: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

@@ -168,8 +168,13 @@ def test_a_subclass_with_its_own_encode_step_goes_through_its_wrapper() -> None:
         def _encode_plus(self, *args: Any, **kwargs: Any) -> Any:
             return super()._encode_plus(*args, **kwargs)
 
+    class Translating(TokenizersBackend):  # type: ignore[misc]  # NLLB-style input mode hook
+        def _switch_to_input_mode(self) -> None:
+            pass
+
     assert _stock_encode_path(TokenizersBackend)
     assert not _stock_encode_path(Infilling)
+    assert not _stock_encode_path(Translating)
 
 
 def test_tokenized_text_owns_integer_columns() -> None:

@@ -37,8 +37,10 @@ def test_pivot_kernel_equals_numpy_philox(size: int) -> None:
     # Outside the contract (key words >= 2^32) both paths still agree, as the tensor path does.
     wide = keys + 2**32
     assert np.array_equal(prf.pivot_array(wide, c0), prf._pivot_array_numpy(wide, c0))
-    # Fortran order and other integer dtypes give the same values (one compiled version).
+    # Fortran order and other integer dtypes give the same values, through one compiled version.
     assert np.array_equal(prf.pivot_array(np.asfortranarray(keys), c0.astype(np.uint32)), compiled)
+    kernels = prf._kernels()
+    assert kernels is not None and len(kernels.pivots_into.signatures) == 1
 
 
 def test_uniform_kernel_equals_numpy_philox() -> None:
@@ -85,14 +87,16 @@ def test_detection_same_with_and_without_kernels(monkeypatch: pytest.MonkeyPatch
 
 
 def test_plan_kernel_is_exact_when_every_label_lands_in_one_slot() -> None:
-    """With the salt at 0, labels crafted so that their hashes all fall in slot 0 of the table
-    (the multiplicative hash inverted): the probe chains are as long as they get, and the plan
-    still equals the NumPy path's. (The per-process salt keeps such texts from being built.)"""
+    """With a known multiplier (the Fibonacci one), labels crafted so that their hashes all fall
+    in slot 0 of the table (the multiply inverted): the probe chains are as long as they get,
+    and the plan still equals the NumPy path's. (The per-process random multiplier keeps such
+    texts from being built.)"""
     from keyed.context import _LABEL_OFFSETS, _plan_numpy
 
     kernels = prf._kernels()
     assert kernels is not None
-    inverse = pow(0x9E3779B97F4A7C15, -1, 2**64)
+    fibonacci = 0x9E3779B97F4A7C15
+    inverse = pow(fibonacci, -1, 2**64)
     rng = np.random.default_rng(5)
     labels: list[int] = []
     while len(labels) < 4 * 500:  # 500 labels of 4 ids < 49152, hash top 16 bits all zero
@@ -103,25 +107,82 @@ def test_plan_kernel_is_exact_when_every_label_lands_in_one_slot() -> None:
     ids = np.array(labels * 2, dtype=np.int64)  # every label twice: half are repeats
     skip, chosen = np.empty(ids.size, np.int8), np.empty(ids.size, np.int64)
     bits = int(ids.max()).bit_length()
-    no_special, salt = np.zeros(0, np.int64), np.uint64(0)
-    count = kernels.plan_into(ids.copy(), 4, bits, no_special, skip, chosen, salt)
+    assert bits == 16  # the packing the crafting assumed: 4 ids of 16 bits
+    no_special, multiplier = np.zeros(0, np.int64), np.uint64(fibonacci)
+    count = kernels.plan_into(ids.copy(), 4, bits, no_special, skip, chosen, multiplier)
     reference = _plan_numpy(ids, 4, frozenset())
     assert np.array_equal(skip, reference.skip)
     assert np.array_equal(chosen[:count], reference.scored)
     assert np.array_equal(ids[chosen[:count, None] + _LABEL_OFFSETS[4]], reference.labels)
 
 
-def test_unusable_numba_falls_back_to_numpy(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """numba installed but unable to load the kernels (e.g. no writable cache location raises
-    RuntimeError at import): a warning, then the NumPy paths — never a failed detection."""
+def test_the_plan_hashes_with_the_process_multiplier(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``detection_plan_arrays`` hands the kernel the per-process random odd multiplier, and
+    special ids that cannot be token ids (negative, past int64) are simply never matched."""
+    from keyed.context import detection_plan, detection_plan_arrays
+
+    kernels = prf._kernels()
+    assert kernels is not None and int(kernels.MULTIPLIER) % 2 == 1
+    seen: list[object] = []
+    original = kernels.plan_into
+
+    def recording(*args: object) -> int:
+        seen.append(args[-1])
+        return int(original(*args))
+
+    monkeypatch.setattr(kernels, "plan_into", recording)
+    ids = np.tile([5, 6, 7, 5], 30)
+    special = frozenset({-1, 2**64, 7})
+    plan = detection_plan_arrays(ids, 2, special)
+    assert seen == [kernels.MULTIPLIER]
+    reference = detection_plan(ids.tolist(), 2, masking=True, special_ids=special)
+    assert plan.scored.tolist() == [p.position for p in reference if p.skip is None]
+
+
+@pytest.mark.parametrize(
+    ("error", "warns"),
+    [
+        (ModuleNotFoundError("No module named 'numba'", name="numba"), False),
+        (ImportError("Numba needs NumPy 2.3 or less"), True),  # numba there, too old for NumPy
+        (RuntimeError("cannot cache function '_uniform': no locator available"), True),
+    ],
+    ids=["numba_absent", "numba_too_old", "no_cache_location"],
+)
+def test_kernels_fall_back_to_numpy(
+    error: Exception, warns: bool, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """numba absent: the NumPy paths, silently. numba present but unable to serve: a warning,
+    then the NumPy paths — never a failed detection."""
     import importlib
 
     def broken(name: str) -> object:
-        raise RuntimeError("cannot cache function '_uniform': no locator available")
+        raise error
 
     monkeypatch.setattr(importlib, "import_module", broken)
     with caplog.at_level("WARNING", logger="keyed.prf"):
         assert prf._kernels.__wrapped__() is None  # type: ignore[attr-defined]
-    assert "using the NumPy paths" in caplog.text
+    assert ("using the NumPy paths" in caplog.text) is warns
+
+
+def test_kernels_that_disagree_with_numpy_are_not_used(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The loader compares each kernel with the NumPy path on this machine before using it."""
+    import importlib
+    import types
+
+    kernels = prf._kernels()
+    assert kernels is not None
+    wrong = types.SimpleNamespace(**{name: getattr(kernels, name) for name in
+                                     ("pivots_into", "plan_into", "MULTIPLIER")})  # fmt: skip
+
+    def uniforms_off_by_one_bit(c0, c1, k0, k1, out):  # type: ignore[no-untyped-def]
+        kernels.uniforms_into(c0, c1, k0, k1, out)
+        out[0] = np.nextafter(out[0], 0.0)
+
+    wrong.uniforms_into = uniforms_off_by_one_bit
+    monkeypatch.setattr(importlib, "import_module", lambda name: wrong)
+    with caplog.at_level("WARNING", logger="keyed.prf"):
+        assert prf._kernels.__wrapped__() is None  # type: ignore[attr-defined]
+    assert "disagree with the NumPy paths" in caplog.text
