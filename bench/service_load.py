@@ -179,18 +179,6 @@ def start_server(
     raise SystemExit("poissonmark serve did not become ready")
 
 
-def _delete_prefix(url: str, prefix: str) -> None:
-    import redis
-
-    client = redis.Redis.from_url(url)
-    try:
-        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-        if keys:
-            client.delete(*keys)
-    finally:
-        client.close()
-
-
 def _git(*args: str) -> str:
     done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
     return done.stdout.strip()
@@ -268,7 +256,9 @@ def main() -> None:
             process.send_signal(signal.SIGINT)
             process.wait(60)
             if "redis_prefix" in server_settings:
-                _delete_prefix(server_settings["redis_url"], server_settings["redis_prefix"])
+                from service.keystore import delete_prefix
+
+                delete_prefix(server_settings["redis_url"], server_settings["redis_prefix"])
     report = {
         "benchmark": "service_load",
         "commit": _git("rev-parse", "HEAD"),

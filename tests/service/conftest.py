@@ -22,7 +22,6 @@ from typing import Any
 
 import httpx
 import pytest
-import redis
 import torch
 import uvicorn
 from fastapi import FastAPI
@@ -31,7 +30,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from sampler.models import LoadedModel
 from service.app import create_app
-from service.keystore import KeyStore
+from service.keystore import KeyStore, delete_prefix
 from service.settings import Settings
 from service.tokens import TokenStore
 
@@ -83,16 +82,6 @@ def make_settings(home: Path, redis_url: str | None = None, **overrides: Any) ->
     }
     values.update(overrides)
     return Settings(**values)
-
-
-def delete_prefix(url: str, prefix: str) -> None:
-    client = redis.Redis.from_url(url)
-    try:
-        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-        if keys:
-            client.delete(*keys)
-    finally:
-        client.close()
 
 
 @dataclass

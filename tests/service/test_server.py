@@ -27,9 +27,10 @@ from typer.testing import CliRunner
 
 from sampler.models import DEFAULT_MODEL
 from service.cli import app as cli
+from service.keystore import delete_prefix
 from service.server import TcpConfig, prepare_workers
 from service.settings import Settings
-from tests.service.conftest import SERVER_URL, delete_prefix, free_port
+from tests.service.conftest import SERVER_URL, free_port
 from tests.service.test_e2e_real_model import _wait_ready
 
 
