@@ -65,7 +65,7 @@ def aaronson_log_sf_many(m: int, s: ArrayLike) -> NDArray[np.float64]:
         s: (N,) float64 sums S >= 0 (finite).
     Returns:
         (N,) float64 natural-log p-values in (−inf, 0], never −inf or NaN for finite input.
-        Memory is O(N·M).
+        Memory O(N·M) only for the sums past ``GAMMAINCC_FLOOR`` (the series).
     Raises:
         ValueError: m not an int >= 0, or an S negative, NaN or infinite.
     """
@@ -73,6 +73,8 @@ def aaronson_log_sf_many(m: int, s: ArrayLike) -> NDArray[np.float64]:
     values = np.asarray(s, dtype=np.float64)
     if values.ndim != 1:
         raise ValueError(f"expected s of shape (N,), got {values.shape}")
+    if values.shape == (1,):  # one text's p-value: the scalar path, the same bits, ~7x faster
+        return np.array([aaronson_log_sf(m, float(values[0]))])
     if not np.all(np.isfinite(values)) or np.any(values < 0.0):
         bad = values[~np.isfinite(values) | (values < 0.0)][0]
         raise ValueError(f"expected finite scores S >= 0, got {bad!r}")
@@ -129,8 +131,9 @@ def aaronson_log_sf(m: int, s: float) -> float:
     Raises:
         ValueError: m < 0 or not an int; s negative, NaN or infinite.
 
-    The same bits as ``aaronson_log_sf_many`` (the same three regimes and ufuncs) on scalars:
-    a detection's one p-value costs ~3 µs here against ~20 µs through the array path.
+    The same bits as ``aaronson_log_sf_many`` (the same three regimes and ufuncs) on scalars
+    (tested); ``aaronson_log_sf_many`` hands a single sum here: ~3 µs against ~20 µs for its
+    array path.
     """
     _check_m(m)
     value = float(s)

@@ -6,11 +6,12 @@ its NumPy path when numba is absent. Why compiled: the detector's arrays are a f
 long, where a vectorised Philox4x32-10 is ~55 NumPy calls whose fixed cost is most of the time
 (~80 µs for a 512-token text); one pass over the elements here takes a few µs.
 
-Both kernels run Philox4x32-10 (Salmon et al., SC'11) at counter (c0, c1, 0, 0) with key
-(k0, k1) and map the output words to U = min((top 53 bits + 0.5) / 2^53, 1 − 2^-53), exactly
-as ``keyed.prf`` documents; ``tests/keyed`` checks them against the NumPy path, the tensor path
-and the known-answer vectors. Inputs are int64 arrays of uint32 words; ``nogil``: service
-threads detect in parallel.
+``uniforms_into`` runs Philox4x32-10 (Salmon et al., SC'11) at counter (c0, c1, 0, 0) with key
+(k0, k1) and maps the output words to U = min((top 53 bits + 0.5) / 2^53, 1 − 2^-53), exactly
+as ``keyed.prf`` documents (the sampler's CPU clocks and the detector's pivots, arrival 1);
+``plan_into`` is the repeated-context plan. ``keyed.prf`` checks both against its NumPy paths
+when it loads them, and ``tests/keyed`` against the tensor path and the known-answer vectors.
+Inputs are int64 arrays of uint32 words; ``nogil``: service threads detect in parallel.
 """
 
 from __future__ import annotations
@@ -46,13 +47,6 @@ def _uniform(c0: np.uint64, c1: np.uint64, k0: np.uint64, k1: np.uint64) -> floa
     top = (x1 << _S21) | (x0 >> _S11)  # < 2^53: exact in float64
     u = (np.float64(top) + 0.5) / _TWO_POW_53
     return u if u < _BELOW_ONE else _BELOW_ONE
-
-
-@numba.njit(cache=True, nogil=True)
-def pivots_into(keys: np.ndarray, tokens: np.ndarray, out: np.ndarray) -> None:
-    """out[t] = U(keys[t], tokens[t], arrival 1). keys (T, 2) int64, tokens (T,) int64."""
-    for t in range(tokens.shape[0]):
-        out[t] = _uniform(_U64(tokens[t]), _U64(1), _U64(keys[t, 0]), _U64(keys[t, 1]))
 
 
 @numba.njit(cache=True, nogil=True)

@@ -68,7 +68,6 @@ _PHILOX_ROUNDS: Final = 10
 _TWO_POW_53: Final = float(2**53)
 _BELOW_ONE: Final = 1.0 - 2.0**-53
 
-_PHILOX_M0_U64: Final = np.uint64(_PHILOX_M0)
 _MULTIPLIERS: Final = np.array([[_PHILOX_M0], [_PHILOX_M1]], dtype=np.uint64)  # (2, 1)
 _BUMPS: Final = np.array([[_PHILOX_W0], [_PHILOX_W1]], dtype=np.uint64)  # (2, 1)
 _ROUND_BUMPS: Final = (np.arange(_PHILOX_ROUNDS, dtype=np.uint64)[:, None] * _BUMPS[:, 0])[
@@ -290,13 +289,11 @@ def _philox4x32_10_numpy(
 def _philox_block(
     c0: np.ndarray, c1: np.ndarray, k0: np.ndarray, k1: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``_philox4x32_10_numpy`` on at most ``_BLOCK`` elements.
+    """``_philox4x32_10_numpy`` on at most ``_BLOCK`` elements (the NumPy fallback).
 
-    The detector's arrays are a few hundred long, where the cost of a NumPy call, not the
-    arithmetic, is most of the time; so: the two lanes of a round, c0·M0 and c2·M1, run stacked
-    as one (2, N) array, every operation writes in place, the ten round keys are made in two
-    calls, and round 1 (where c2 = c3 = 0) computes only the c0·M0 lane: 5 calls a round, 12
-    before.
+    Few NumPy calls, since on short arrays their fixed cost is most of the time: the two lanes
+    of a round, c0·M0 and c2·M1, run stacked as one (2, N) array, every operation writes in
+    place, and the ten round keys are made in two calls.
     """
     n = c0.shape[0]
     mask, shift = np.uint64(_MASK32), np.uint64(32)
@@ -304,17 +301,12 @@ def _philox_block(
     np.add(k0, _ROUND_BUMPS[:, 0], out=round_keys[:, 0])
     np.add(k1, _ROUND_BUMPS[:, 1], out=round_keys[:, 1])
     round_keys[1:] &= mask  # round 0 uses the key as given, as the tensor path and the kernel
-    even = np.empty((2, n), dtype=np.uint64)  # words (c0, c2)
-    odd = np.empty((2, n), dtype=np.uint64)  # words (c1, c3)
+    even = np.zeros((2, n), dtype=np.uint64)  # words (c0, c2): c2 = 0
+    odd = np.zeros((2, n), dtype=np.uint64)  # words (c1, c3): c3 = 0
+    even[0] = c0
+    odd[0] = c1
     product = np.empty((2, n), dtype=np.uint64)
-    # round 1: c0' = hi(0·M1) ^ c1 ^ k0 = c1 ^ k0, c1' = 0, c2' = hi(c0·M0) ^ k1, c3' = lo(c0·M0)
-    np.multiply(c0, _PHILOX_M0_U64, out=product[0])
-    np.bitwise_xor(c1, round_keys[0, 0], out=even[0])
-    np.right_shift(product[0], shift, out=even[1])
-    even[1] ^= round_keys[0, 1]
-    odd[0] = 0
-    np.bitwise_and(product[0], mask, out=odd[1])
-    for r in range(1, _PHILOX_ROUNDS):
+    for r in range(_PHILOX_ROUNDS):
         np.multiply(even, _MULTIPLIERS, out=product)  # (c0·M0, c2·M1)
         swapped = product[::-1]  # (c2·M1, c0·M0)
         np.right_shift(swapped, shift, out=even)  # c0' = hi(c2·M1) ^ c1 ^ k0,
@@ -337,21 +329,10 @@ def uniforms_from_keys(
     """
     shape = torch.Size(np.broadcast_shapes(k0.shape, k1.shape, tokens.shape, arrivals.shape))
     device = tokens.device
-    if device.type == "cpu" and (kernels := _kernels()) is not None:
-        # fresh writeable C int64 copies: one compiled specialisation
-        flat = [np.array(np.broadcast_to(t.numpy(), shape).reshape(-1), dtype=np.int64)
-                for t in (tokens, arrivals, k0, k1)]  # fmt: skip
-        out = np.empty(flat[0].shape[0], dtype=np.float64)
-        kernels.uniforms_into(*flat, out)
-        return torch.from_numpy(out).reshape(shape)
     if device.type == "cpu":
-
-        def u64(t: torch.Tensor) -> np.ndarray:
-            return np.broadcast_to(t.numpy().astype(np.uint64), shape).reshape(-1)
-
-        n0, n1 = _philox4x32_10_numpy(u64(tokens), u64(arrivals), u64(k0), u64(k1))
-        top = ((n1 << np.uint64(21)) | (n0 >> np.uint64(11))).astype(np.int64)
-        return _to_unit_interval(torch.from_numpy(top).reshape(shape))
+        words = [_c_int64(np.broadcast_to(t.numpy(), shape).reshape(-1))
+                 for t in (tokens, arrivals, k0, k1)]  # fmt: skip
+        return torch.from_numpy(_uniforms_cpu(*words)).reshape(shape)
     zero = torch.zeros((), dtype=torch.int64, device=device)
     c0 = tokens.to(torch.int64).expand(shape)
     c1 = arrivals.to(device=device, dtype=torch.int64).expand(shape)
@@ -425,24 +406,41 @@ def pivot_array(keys: np.ndarray, tokens: np.ndarray) -> np.ndarray:
         raise ValueError(
             f"expected keys (T, 2) and tokens (T,), got {keys.shape} and {tokens.shape}"
         )
+    ones = np.ones(tokens.shape[0], dtype=np.int64)  # arrival j = 1
+    return _uniforms_cpu(_c_int64(tokens), ones, _c_int64(keys[:, 0]), _c_int64(keys[:, 1]))
+
+
+def _c_int64(words: np.ndarray) -> np.ndarray:
+    """``words`` as a writeable C-contiguous int64 array, copied only when it is not one (the
+    kernels then run one compiled version whatever the caller had)."""
+    if words.dtype == np.int64 and words.flags.c_contiguous and words.flags.writeable:
+        return words
+    return np.array(words, dtype=np.int64, order="C")
+
+
+def _uniforms_cpu(c0: np.ndarray, c1: np.ndarray, k0: np.ndarray, k1: np.ndarray) -> np.ndarray:
+    """U at counter (c0, c1, 0, 0) under key (k0, k1), on the CPU: the compiled kernel when it
+    serves (``_kernels``), else NumPy; the same bits.
+
+    Args:
+        c0, c1, k0, k1: (N,) writeable C-contiguous int64 words in [0, 2^32) (``_c_int64``).
+    Returns:
+        (N,) float64 uniforms in (0, 1).
+    """
     kernels = _kernels()
-    if kernels is not None:
-        out = np.empty(tokens.shape[0], dtype=np.float64)
-        # fresh writeable C int64 copies: one compiled specialisation whatever the caller had
-        kernels.pivots_into(np.array(keys, dtype=np.int64, order="C"),
-                            np.array(tokens, dtype=np.int64, order="C"), out)  # fmt: skip
-        return out
-    return _pivot_array_numpy(keys, tokens)
+    if kernels is None:
+        return _uniforms_numpy(c0, c1, k0, k1)
+    out = np.empty(c0.shape[0], dtype=np.float64)
+    kernels.uniforms_into(c0, c1, k0, k1, out)
+    return out
 
 
-def _pivot_array_numpy(keys: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-    """``pivot_array`` without numba: the vectorised NumPy Philox (the same bits)."""
+def _uniforms_numpy(c0: np.ndarray, c1: np.ndarray, k0: np.ndarray, k1: np.ndarray) -> np.ndarray:
+    """``_uniforms_cpu`` in NumPy alone (the fallback, and the reference the kernel is checked
+    against): Philox words, then (top 53 bits + 0.5) / 2^53 clamped below 1."""
     u64 = np.uint64
-    n0, n1 = _philox4x32_10_numpy(
-        tokens.astype(u64), np.ones(tokens.shape, u64), keys[:, 0].astype(u64),
-        keys[:, 1].astype(u64),
-    )  # fmt: skip
-    top = ((n1 << u64(21)) | (n0 >> u64(11))).astype(np.float64)
+    x0, x1 = _philox4x32_10_numpy(*(w.astype(u64) for w in (c0, c1, k0, k1)))
+    top = ((x1 << u64(21)) | (x0 >> u64(11))).astype(np.float64)  # < 2^53: exact
     return np.minimum((top + 0.5) / _TWO_POW_53, _BELOW_ONE)
 
 
@@ -477,21 +475,13 @@ def _check_kernels(module: ModuleType) -> None:
     """
     rng = np.random.default_rng(0)
     c0, c1, k0, k1 = rng.integers(0, 2**32, size=(4, 64), dtype=np.int64)
-    u64 = np.uint64
-    x0, x1 = _philox4x32_10_numpy(*(w.astype(u64) for w in (c0, c1, k0, k1)))
-    top = ((x1 << u64(21)) | (x0 >> u64(11))).astype(np.float64)
-    expected = np.minimum((top + 0.5) / _TWO_POW_53, _BELOW_ONE)
     got = np.empty(64, dtype=np.float64)
     module.uniforms_into(c0, c1, k0, k1, got)
-    keys = np.ascontiguousarray(np.stack([k0, k1], axis=1))
-    pivots_got = np.empty(64, dtype=np.float64)
-    module.pivots_into(keys, c0.copy(), pivots_got)
     ids = np.array([1, 2, 1, 2, 1, 3, 3], dtype=np.int64)  # m = 2: scored 2, 3, 6; repeats 4, 5
     skip, chosen = np.empty(7, dtype=np.int8), np.empty(7, dtype=np.int64)
     count = module.plan_into(ids, 2, 2, np.array([9], np.int64), skip, chosen, module.MULTIPLIER)
     if not (
-        np.array_equal(got, expected)
-        and np.array_equal(pivots_got, _pivot_array_numpy(keys, c0))
+        np.array_equal(got, _uniforms_numpy(c0, c1, k0, k1))
         and skip.tolist() == [1, 1, 0, 0, 2, 2, 0]
         and chosen[:count].tolist() == [2, 3, 6]
     ):
