@@ -110,13 +110,26 @@ def throughput_section(throughput: dict[str, Any]) -> list[str]:
         "| pipeline | per second (best) | per second (median) | vs tokenizer only |",
         "|---|---|---|---|",
     ]
-    for name in ("tokenizer_only", "aaronson_evidence", "aaronson_evidence_rows", "all_scores",
-                 "aaronson_spans"):
+    for name in ("tokenizer_only", "tokenizer_call", "aaronson_evidence",
+                 "aaronson_evidence_rows", "all_scores", "aaronson_spans"):
         row = rows[name]
         lines.append(
             f"| {name} ({row['units']}) | {row['best_per_second']:,.0f} | "
             f"{row['median_per_second']:,.0f} | {row['fraction_of_tokenizer_only']:.0%} |"
         )
+    stages = rows.get("stages_us_per_text")
+    if stages:
+        names = list(stages["compiled"])
+        lines += [
+            "",
+            f"Stages ({stages['units']}; the NumPy fallback where numba is absent):",
+            "",
+            "| | " + " | ".join(names) + " |",
+            "|---|" + "---|" * len(names),
+            "| compiled | " + " | ".join(str(stages["compiled"][n]) for n in names) + " |",
+            "| NumPy fallback | "
+            + " | ".join(str(stages["numpy_fallback"].get(n, "")) for n in names) + " |",
+        ]
     lines += [
         "",
         "Corpus mode (`detect_many`, Aaronson with evidence): wall clock including the pool's "

@@ -15,6 +15,9 @@ In one run, on the same texts (human passages of ``data/human-pydoc.jsonl`` join
   (``Detection.tokens``, built on first use: what JSON output and the CLI's view read);
 - ``all_scores``: ``detect(..., scores=all four)``;
 - ``aaronson_spans``: ``detect(..., spans=True)``;
+- ``stages_us_per_text``: µs per text of each stage alone (tokenize, plan, context keys,
+  pivots, the Aaronson evaluation), with the compiled kernels and, for the plan and the
+  pivots, the NumPy fallback;
 - ``corpus_workers_N``: ``detect_many`` over a larger corpus with N worker processes, run in a
   light process of its own (``bench.corpus_rate``): wall clock including the pool's start-up,
   the time to the first result (start-up: spawned workers import the detector and receive the
@@ -40,10 +43,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from bench.common import RESULTS
 from bench.detector_common import DATA, bench_source, data_home, run_metadata
-from detector import SCORE_NAMES, SCORES, detect
+from detector import AARONSON, SCORE_NAMES, SCORES, detect
+from detector.tokens import tokenize
+from keyed import detection_plan_arrays, label_key_words, pivot_array, prf
 from sampler.models import DEFAULT_MODEL, load_tokenizer, materialise
 
 TEXT_TOKENS = 512
@@ -59,6 +65,35 @@ def texts_of_512_tokens(tokenizer: Any, count: int) -> list[str]:
     if len(pieces) < count:
         raise ValueError(f"only {len(pieces)} pieces of {TEXT_TOKENS} tokens, asked {count}")
     return [tokenizer.decode(piece) for piece in pieces[:count]]
+
+
+def stage_times(tokenizer: Any, source: Any, texts: list[str], repeats: int) -> dict[str, Any]:
+    """Microseconds per text of each stage of ``detect`` alone, best of ``repeats`` loops over
+    the texts (each stage in its own loop: warmer caches than inside the pipeline, so the sum
+    is below the pipeline's time), with the compiled kernels and with the NumPy fallback."""
+    special = frozenset(int(i) for i in tokenizer.all_special_ids)
+    width = source.context_width
+    tokenized = [tokenize(tokenizer, text, None) for text in texts]
+    plans = [detection_plan_arrays(t.ids, width, special) for t in tokenized]
+    keys = [label_key_words(source.secret, plan.labels) for plan in plans]
+    scored = [t.ids[plan.scored] for t, plan in zip(tokenized, plans, strict=True)]
+    pivots = [pivot_array(k, ids) for k, ids in zip(keys, scored, strict=True)]
+    stages: dict[str, Callable[[], object]] = {
+        "tokenize": lambda: [tokenize(tokenizer, text, None) for text in texts],
+        "plan": lambda: [detection_plan_arrays(t.ids, width, special) for t in tokenized],
+        "context_keys": lambda: [label_key_words(source.secret, plan.labels) for plan in plans],
+        "pivots": lambda: [pivot_array(k, ids) for k, ids in zip(keys, scored, strict=True)],
+        "aaronson_evaluate": lambda: [AARONSON.evaluate(r) for r in pivots],
+    }
+
+    def best(run: Callable[[], object]) -> float:
+        return min(timed(lambda: len(run()))[0] for _ in range(repeats)) / len(texts) * 1e6
+
+    out: dict[str, Any] = {"units": "µs per 512-token text, each stage alone"}
+    out["compiled"] = {name: round(best(run), 1) for name, run in stages.items()}
+    with mock.patch.object(prf, "_kernels", lambda: None):  # the NumPy fallback
+        out["numpy_fallback"] = {name: round(best(stages[name]), 1) for name in ("plan", "pivots")}
+    return out
 
 
 def timed(run: Callable[[], int]) -> tuple[float, int]:
@@ -143,6 +178,8 @@ def main() -> None:
     for row in rows.values():
         row["fraction_of_tokenizer_only"] = row["best_per_second"] / reference
 
+    rows["stages_us_per_text"] = stage_times(tokenizer, source, texts, args.repeats)
+
     corpus = (texts * (args.corpus_texts // len(texts) + 1))[: args.corpus_texts]
     with tempfile.TemporaryDirectory() as tmp:
         corpus_file = Path(tmp) / "corpus.json"
@@ -169,6 +206,9 @@ def main() -> None:
     OUT_JSON.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {OUT_JSON}")
     for name, row in rows.items():
+        if name == "stages_us_per_text":
+            print(f"{name}: {row['compiled']}  NumPy fallback: {row['numpy_fallback']}")
+            continue
         rate = row.get("best_per_second", row.get("per_second"))
         share = row.get("fraction_of_tokenizer_only")
         print(f"{name:20s} {rate:12,.0f} /s" + (f"  ({share:.0%} of tokenizer)" if share else ""))
