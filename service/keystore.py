@@ -50,6 +50,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from keyed.context import KeyedSource
 from keyed.prf import PRF_VERSION, SECRET_BYTES, Secret
 from service.errors import (
     KEY_ID_PATTERN,
@@ -185,6 +186,19 @@ class KeyRecord:
     def created(self) -> datetime:
         """``created_at`` as an aware UTC datetime."""
         return datetime.fromisoformat(self.created_at)
+
+    def source(self, nonce: int) -> KeyedSource:
+        """The keyed source of this record for one request: its secret, m, masking and ``nonce``.
+
+        Raises ``ValueError`` (from ``keyed``) when ``nonce`` is outside [0, 2^64).
+        """
+        return KeyedSource(
+            secret=self.secret,
+            context_width=self.context_width,
+            masking=self.masking,
+            nonce=nonce,
+            prf_version=self.prf_version,
+        )
 
     def public(self) -> dict[str, str | int | bool]:
         """Everything but the secret: the view a response, a log line or a CLI table may show."""
