@@ -23,5 +23,6 @@ if ! command -v chromium >/dev/null; then
   fi
 fi
 ruff check keyed sampler detector service tests bench
+ruff format --check keyed sampler detector service tests bench
 mypy
 python -m pytest -q "$@"
