@@ -256,7 +256,7 @@ def main() -> None:
             process.send_signal(signal.SIGINT)
             process.wait(60)
             if "redis_prefix" in server_settings:
-                from service.keystore import delete_prefix
+                from service.redis import delete_prefix
 
                 delete_prefix(server_settings["redis_url"], server_settings["redis_prefix"])
     report = {

@@ -1,7 +1,7 @@
 """Bearer-token authentication and scopes for the routes (DESIGN §5).
 
 ``Authorization: Bearer <token>``: the admin token from settings (compared in constant time) or
-an API token verified against its stored hash (``service.tokens``). No token, a malformed,
+an API token verified against its stored hash (``service.api_tokens``). No token, a malformed,
 unknown or revoked one: 401 (the reason is not told). A valid token without the endpoint's
 scope: 403. A Redis failure while checking: 503, never a 401 that would make clients drop a
 good token. The principal's token id (never the token) goes to the access log.
@@ -14,9 +14,9 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from service.api_tokens import Principal, admin_principal, verify_token
 from service.deps import ResourcesDep, SettingsDep
 from service.errors import NotAuthenticated, ScopeMissing
-from service.tokens import Principal, admin_principal, verify_token
 
 bearer = HTTPBearer(
     auto_error=False,

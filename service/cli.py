@@ -45,7 +45,9 @@ def _emit_json(payload: dict[str, Any]) -> None:
 
 @contextlib.contextmanager
 def _store(settings: Settings) -> Iterator[Any]:
-    from service.keystore import KeyStore, close_redis, load_or_create_kek, open_redis
+    from service.kek import load_or_create_kek
+    from service.keystore import KeyStore
+    from service.redis import close_redis, open_redis
 
     url = settings.redis_url.get_secret_value() if settings.redis_url else None
     client = open_redis(url, settings.home)
@@ -127,7 +129,7 @@ def keys_list(
     """List keys (public fields only)."""
     settings = Settings()
     with _errors(), _store(settings) as store:
-        records = store.list(include_revoked=include_revoked)
+        records = store.list_keys(include_revoked=include_revoked)
     if as_json:
         _emit_json({"keys": [r.public() for r in records]})
         return
@@ -289,7 +291,7 @@ def detect(
 ) -> None:
     """Test a text for the key's watermark (text from --text, --file or stdin), or every line
     of a JSONL corpus (--jsonl). Without --key, test every key of the tenant (multi-key)."""
-    from detector import TokenizerMismatch, check_tokenizer
+    from detector import DetectOptions, TokenizerMismatch, check_tokenizer
     from detector import detect as run_detect
     from keyed import KeyedSource
     from sampler.models import tokenizer_fingerprint
@@ -325,7 +327,8 @@ def detect(
                 raise ValueError("--jsonl needs --key (corpus mode tests one key)")
             _detect_all_keys(
                 settings, tenant, include_revoked, model, as_json,
-                text=text, token_ids=ids, alpha=alpha, scores=families, spans=spans,
+                text=text, token_ids=ids,
+                options=DetectOptions(alpha=alpha, scores=families, spans=spans),
             )  # fmt: skip
             return
         with _store(settings) as store:
@@ -343,8 +346,8 @@ def detect(
             )
             err.print(", ".join(f"{v} {k}" for k, v in counts.items()), highlight=False)
             return
-        result = run_detect(tokenizer, source, text=text, token_ids=ids, alpha=alpha,
-                            key_id=record.key_id, scores=families, spans=spans)
+        options = DetectOptions(alpha=alpha, key_id=record.key_id, scores=families, spans=spans)
+        result = run_detect(tokenizer, source, text=text, token_ids=ids, options=options)
     if as_json:
         _emit_json(result.to_json())
         return
@@ -366,7 +369,7 @@ def _detect_all_keys(
     from sampler.models import tokenizer_fingerprint
 
     with _store(settings) as store:
-        records = store.list(tenant, include_revoked=include_revoked)
+        records = store.list_keys(tenant, include_revoked=include_revoked)
     tokenizer = _tokenizer(settings, model, as_json)
     fingerprint = tokenizer_fingerprint(tokenizer)
     sources = {
@@ -507,7 +510,7 @@ def _detect_jsonl(
         TimeRemainingColumn,
     )
 
-    from detector import CorpusItem, detect_many
+    from detector import CorpusItem, DetectOptions, detect_many
 
     done = _done_ids(output) if output is not None else set()
     with path.open(encoding="utf-8") as f:
@@ -549,8 +552,8 @@ def _detect_jsonl(
     try:
         with Progress(*columns, console=err, transient=False) as progress:
             task = progress.add_task("detect", total=total)
-            results = detect_many(tokenizer, source, items(), workers=workers, alpha=alpha,
-                                  key_id=key_id, scores=scores, spans=spans)
+            options = DetectOptions(alpha=alpha, key_id=key_id, scores=scores, spans=spans)
+            results = detect_many(tokenizer, source, items(), workers=workers, options=options)
             for result in results:
                 while pending and pending[0] is not None:
                     write(pending.popleft())  # type: ignore[arg-type]
@@ -690,8 +693,8 @@ def serve(
 
 @contextlib.contextmanager
 def _token_store(settings: Settings) -> Iterator[Any]:
-    from service.keystore import close_redis, open_redis
-    from service.tokens import TokenStore
+    from service.api_tokens import TokenStore
+    from service.redis import close_redis, open_redis
 
     url = settings.redis_url.get_secret_value() if settings.redis_url else None
     client = open_redis(url, settings.home)
@@ -710,7 +713,7 @@ def tokens_create(
     as_json: Json = False,
 ) -> None:
     """Create an API token. It is shown once, here; the service stores only its hash."""
-    from service.tokens import SCOPES
+    from service.api_tokens import SCOPES
 
     settings = Settings()
     with _errors(), _token_store(settings) as store:
@@ -731,7 +734,7 @@ def tokens_list(
     """List API tokens (ids, tenants, scopes; never the tokens)."""
     settings = Settings()
     with _errors(), _token_store(settings) as store:
-        records = store.list(tenant)
+        records = store.list_tokens(tenant)
     if as_json:
         _emit_json({"tokens": [r.public() for r in records]})
         return

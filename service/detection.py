@@ -30,6 +30,7 @@ import cachetools
 import torch
 
 from detector.multikey import detect_multi
+from detector.options import DetectOptions as DetectorOptions
 from detector.tokens import check_tokenizer
 from keyed import KeyedSource
 from service.errors import LimitExceeded, NoKeys
@@ -108,7 +109,7 @@ class DetectionPool:
             return [record]
         records = [
             r
-            for r in store.list(tenant, include_revoked=options.include_revoked)
+            for r in store.list_keys(tenant, include_revoked=options.include_revoked)
             if r.tokenizer == self.fingerprint
         ]
         if not records:
@@ -139,9 +140,9 @@ class DetectionPool:
             sources,
             text=item.text,
             token_ids=item.token_ids,
-            alpha=options.alpha,
-            scores=options.scores,
-            spans=options.spans,
+            options=DetectorOptions(
+                alpha=options.alpha, scores=options.scores, spans=options.spans
+            ),
         )
         results = []
         for key_id, detection in found.results.items():

@@ -2,7 +2,7 @@
 
 Every message is safe to show a caller or write to a log: it may name a key id, a tenant, a
 file path or a Redis location, never key material, a key-encryption key, a bearer token or a
-password. Library code raises these classes (and ``ValueError`` for bad input values) and never
+password. Library code raises these classes (``InvalidInput`` for bad input values) and never
 builds HTTP errors itself; ``PROBLEMS`` maps each class to a status and a stable RFC 9457
 problem type, looked up along the class's MRO (``problem_for``), and ``service.problems``
 renders the problem+json response.
@@ -93,7 +93,7 @@ class KeyStoreUnavailable(PoissonmarkError):
     """Redis could not be reached or refused the operation.
 
     ``where`` is a location with any password already redacted (see
-    ``service.keystore.redact_url``).
+    ``service.redis.redact_url``).
     """
 
     def __init__(self, where: str, reason: str) -> None:
@@ -115,6 +115,24 @@ class KekFileError(PoissonmarkError):
 
     def __str__(self) -> str:
         return f"key-encryption key file {self.path}: {self.problem}"
+
+
+class InvalidInput(PoissonmarkError, ValueError):
+    """A value outside what the service accepts (a request field the schema let through, a CLI
+    option, a record parameter): names the field and what was expected.
+
+    Also a ``ValueError`` (STYLE 6: a boundary check names expected and actual), but the only
+    kind of ``ValueError`` the service reports as the caller's fault; any other is a bug (500).
+    A message may quote the offending value only when it cannot hold a secret.
+    """
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(field, problem)
+        self.field = field
+        self.problem = problem
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.problem}"
 
 
 # --- Errors of the HTTP service --------------------------------------------------------------
@@ -292,8 +310,7 @@ PROBLEMS: Final[dict[type[BaseException], ProblemType]] = {
     ),
     KeyRecordCorrupt: ProblemType("key-record-corrupt", 500, "Stored key is corrupt", expose=False),
     KekFileError: ProblemType("kek-file", 500, "Key-encryption key unusable", expose=False),
-    # Library functions check their inputs at the boundary and raise ValueError naming the
-    # field and the limit (STYLE 6): input the schema let through but a library refused.
+    InvalidInput: INVALID_REQUEST,
     ValueError: INVALID_REQUEST,
 }
 

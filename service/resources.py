@@ -24,17 +24,11 @@ from redis.retry import Retry
 import keyed
 from sampler.models import LoadedModel, load_model, tokenizer_fingerprint
 from service.detection import DetectionPool
-from service.errors import KeyStoreUnavailable
-from service.keystore import (
-    KEK_FILENAME,
-    KeyStore,
-    close_redis,
-    describe_client,
-    load_or_create_kek,
-    open_redis,
-)
+from service.kek import KEK_FILENAME, load_or_create_kek
+from service.keystore import KeyStore
 from service.metrics import Metrics
 from service.ratelimit import RateLimiter
+from service.redis import close_redis, describe_client, open_redis
 from service.settings import Settings
 from service.worker import GenerationWorker
 
@@ -94,16 +88,6 @@ def _kek(settings: Settings) -> bytes:
     return load_or_create_kek(settings.home)
 
 
-def _migrate(store: KeyStore) -> None:
-    try:
-        migrated = store.seal_plaintext_secrets()
-    except KeyStoreUnavailable as exc:
-        log.warning("could not check for plaintext key records (%s); will not retry", exc.reason)
-        return
-    if migrated:
-        log.warning("sealed the plaintext secrets of %d key record(s) under the KEK", len(migrated))
-
-
 @contextlib.asynccontextmanager
 async def open_resources(
     settings: Settings, metrics: Metrics, loader: ModelLoader = load_served_model
@@ -124,7 +108,6 @@ async def open_resources(
         log.info("key store: %s, prefix %r", describe_client(sync), settings.redis_prefix)
 
         store = KeyStore(sync, await asyncio.to_thread(_kek, settings), settings.redis_prefix)
-        await asyncio.to_thread(_migrate, store)
 
         loaded = await asyncio.to_thread(loader, settings)
         fingerprint = tokenizer_fingerprint(loaded.tokenizer)

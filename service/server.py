@@ -21,7 +21,7 @@ from uvicorn.supervisors import Multiprocess
 
 from sampler.models import materialise
 from service.app import create_app
-from service.keystore import load_or_create_kek
+from service.kek import load_or_create_kek
 from service.metrics import MULTIPROC_ENV
 from service.settings import Settings
 

@@ -55,7 +55,7 @@ async def list_keys(
     include_revoked: Annotated[bool, Query(description="Include revoked keys.")] = True,
 ) -> KeyList:
     records = await to_thread.run_sync(
-        lambda: store.list(principal.tenant, include_revoked=include_revoked)
+        lambda: store.list_keys(principal.tenant, include_revoked=include_revoked)
     )
     return KeyList(keys=[_out(r) for r in records])
 

@@ -29,10 +29,11 @@ from fastapi.testclient import TestClient
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from sampler.models import LoadedModel
+from service.api_tokens import TokenStore
 from service.app import create_app
-from service.keystore import KeyStore, delete_prefix
+from service.keystore import KeyStore
+from service.redis import delete_prefix
 from service.settings import Settings
-from service.tokens import TokenStore
 
 SERVER_URL = "redis://127.0.0.1:6379/0"
 

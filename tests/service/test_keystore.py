@@ -37,15 +37,12 @@ from service.errors import (
     PoissonmarkError,
     UnknownKey,
 )
-from service.keystore import (
+from service.kek import KEK_BYTES, load_or_create_kek
+from service.keystore import KeyRecord, KeyStore, new_key_id
+from service.redis import (
     EMBEDDED_AOF_FILENAME,
     EMBEDDED_DB_FILENAME,
-    KEK_BYTES,
-    KeyRecord,
-    KeyStore,
     close_redis,
-    load_or_create_kek,
-    new_key_id,
     open_redis,
     redact_url,
 )
@@ -185,7 +182,7 @@ def test_store_works_over_a_decoding_client(backend: Backend) -> None:
     try:
         store = KeyStore(decoding, backend.kek, prefix=backend.prefix)
         assert store.get(record.key_id, tenant="acme") == record
-        assert store.list(tenant="acme") == [record]
+        assert store.list_keys(tenant="acme") == [record]
         assert store.revoke(record.key_id).revoked is True
     finally:
         decoding.close()
@@ -195,18 +192,18 @@ def test_list_is_oldest_first_and_filters_revoked(store: KeyStore) -> None:
     records = [store.create(TOKENIZER) for _ in range(4)]
     store.revoke(records[1].key_id)
 
-    listed = store.list()
+    listed = store.list_keys()
     assert [r.key_id for r in listed] == [r.key_id for r in records]
     assert [r.revoked for r in listed] == [False, True, False, False]
     assert listed[2].secret == records[2].secret
 
-    active = store.list(include_revoked=False)
+    active = store.list_keys(include_revoked=False)
     assert [r.key_id for r in active] == [records[i].key_id for i in (0, 2, 3)]
 
 
 def test_list_of_an_empty_store_is_empty(store: KeyStore) -> None:
-    assert store.list() == []
-    assert store.list(tenant="nobody") == []
+    assert store.list_keys() == []
+    assert store.list_keys(tenant="nobody") == []
 
 
 def test_revoke_is_persisted_and_idempotent(backend: Backend) -> None:
@@ -265,9 +262,9 @@ def test_another_tenant_sees_an_unknown_key(store: KeyStore) -> None:
         store.revoke(mine.key_id, tenant="globex")
     assert store.get(mine.key_id).revoked is False  # the foreign revoke changed nothing
 
-    assert [r.key_id for r in store.list(tenant="acme")] == [mine.key_id]
-    assert [r.key_id for r in store.list(tenant="globex")] == [theirs.key_id]
-    assert {r.key_id for r in store.list()} == {mine.key_id, theirs.key_id}
+    assert [r.key_id for r in store.list_keys(tenant="acme")] == [mine.key_id]
+    assert [r.key_id for r in store.list_keys(tenant="globex")] == [theirs.key_id]
+    assert {r.key_id for r in store.list_keys()} == {mine.key_id, theirs.key_id}
 
 
 def test_unknown_key_id(store: KeyStore) -> None:
@@ -313,7 +310,7 @@ def test_wrong_kek_fails_to_decrypt(backend: Backend) -> None:
     assert record.secret.reveal().hex() not in str(caught.value)
     assert caught.value.__cause__ is None  # no chained crypto exception carrying context
     with pytest.raises(KeyDecryptionFailed):
-        other.list()
+        other.list_keys()
 
 
 def test_ciphertext_moved_to_another_record_fails_to_decrypt(backend: Backend) -> None:
@@ -333,6 +330,8 @@ def test_ciphertext_moved_to_another_record_fails_to_decrypt(backend: Backend) -
         pytest.param(b"v2:AAAA", "format", id="unknown_version"),
         pytest.param(b"v1:not base64!", "base64", id="not_base64"),
         pytest.param(b"v1:" + base64.b64encode(b"short"), "length", id="truncated"),
+        # No plaintext secret is ever read (0.1 has no pre-encryption records to migrate).
+        pytest.param(bytes(range(32)).hex().encode(), "format", id="plaintext_hex"),
     ],
 )
 def test_malformed_sealed_secret(backend: Backend, stored: bytes, reason: str) -> None:
@@ -550,7 +549,7 @@ def test_create_validates_before_touching_redis(backend: Backend) -> None:
         store.create(TOKENIZER, context_width=65)
     with pytest.raises(ValueError, match="tenant"):
         store.create(TOKENIZER, tenant="no spaces")
-    assert store.list() == []
+    assert store.list_keys() == []
     assert backend.raw_values() == b""
 
 
@@ -619,7 +618,7 @@ def test_unreachable_redis_is_key_store_unavailable_without_password(tmp_path: P
             store.ping,
             lambda: store.create(TOKENIZER),
             lambda: store.get(OTHER_KEY_ID),
-            store.list,
+            store.list_keys,
             lambda: store.revoke(OTHER_KEY_ID),
         ):
             with pytest.raises(KeyStoreUnavailable) as caught:

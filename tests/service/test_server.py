@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 
 from sampler.models import DEFAULT_MODEL
 from service.cli import app as cli
-from service.keystore import delete_prefix
+from service.redis import delete_prefix
 from service.server import TcpConfig, prepare_workers
 from service.settings import Settings
 from tests.service.conftest import SERVER_URL, free_port

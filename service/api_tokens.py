@@ -24,20 +24,20 @@ verifies with ``verify_token`` on its ``redis.asyncio`` client.
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import hmac
 import re
 import secrets
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 import redis
 import redis.asyncio
 
-from service.errors import KeyStoreUnavailable, PoissonmarkError
-from service.keystore import DEFAULT_PREFIX, TENANT_PATTERN, describe_client, utc_now_iso
+from service.errors import InvalidInput, KeyStoreUnavailable, PoissonmarkError
+from service.keystore import DEFAULT_PREFIX, check_tenant, utc_now_iso
+from service.redis import as_text, describe_client, reaching_redis
 
 SCOPES: Final = ("generate", "detect", "keys")
 TOKEN_PREFIX: Final = "pmt_"
@@ -96,11 +96,13 @@ def digest(token: str) -> str:
 
 
 def check_scopes(scopes: Iterable[str]) -> tuple[str, ...]:
-    """The scopes in ``SCOPES`` order; ``ValueError`` naming an unknown one or an empty set."""
+    """The scopes in ``SCOPES`` order; ``InvalidInput`` naming an unknown one or an empty set."""
     given = list(scopes)
     unknown = [s for s in given if s not in SCOPES]
     if unknown or not given:
-        raise ValueError(f"scopes: expected a non-empty subset of {', '.join(SCOPES)}, got {given}")
+        raise InvalidInput(
+            "scopes", f"expected a non-empty subset of {', '.join(SCOPES)}, got {given}"
+        )
     return tuple(s for s in SCOPES if s in given)
 
 
@@ -113,12 +115,8 @@ def admin_principal(token: str, admin_token: str | None, tenant: str) -> Princip
     return None
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else value
-
-
 def _principal(token: str, raw: Mapping[Any, Any]) -> Principal | None:
-    fields = {_text(k): _text(v) for k, v in raw.items()}
+    fields = {as_text(k): as_text(v) for k, v in raw.items()}
     stored = fields.get("digest", "")
     # compare_digest first and unconditionally, so a missing or revoked record costs the same
     if not hmac.compare_digest(digest(token), stored) or fields.get("revoked") != "0":
@@ -154,7 +152,7 @@ class TokenStore:
 
     def __init__(self, client: redis.Redis, prefix: str = DEFAULT_PREFIX) -> None:
         if not isinstance(prefix, str) or not prefix:
-            raise ValueError(f"prefix: expected a non-empty string, got {prefix!r}")
+            raise InvalidInput("prefix", f"expected a non-empty string, got {prefix!r}")
         self._client = client
         self._prefix = prefix
         self._where = describe_client(client)
@@ -162,28 +160,18 @@ class TokenStore:
     def _key(self, token_id: str) -> str:
         return f"{self._prefix}token:{token_id}"
 
-    @contextlib.contextmanager
-    def _reaching_redis(self) -> Iterator[None]:
-        try:
-            yield
-        except redis.RedisError as exc:
-            raise KeyStoreUnavailable(self._where, type(exc).__name__) from exc
-
     def create(self, tenant: str, scopes: Iterable[str], name: str = "") -> tuple[str, TokenRecord]:
         """A new token (returned once, in clear) and its record.
 
         Raises:
-            ValueError: a malformed tenant, unknown scopes, or a name that is too long or not
+            InvalidInput: a malformed tenant, unknown scopes, or a name that is too long or not
                 printable.
         """
-        if not isinstance(tenant, str) or not TENANT_PATTERN.fullmatch(tenant):
-            raise ValueError(
-                f"tenant: expected 1..64 characters from [A-Za-z0-9_.-], got {tenant!r:.80}"
-            )
+        check_tenant(tenant)
         checked = check_scopes(scopes)
         if len(name) > NAME_MAX_CHARS or not name.isprintable():
-            raise ValueError(f"name: expected at most {NAME_MAX_CHARS} printable characters")
-        with self._reaching_redis():
+            raise InvalidInput("name", f"expected at most {NAME_MAX_CHARS} printable characters")
+        with reaching_redis(self._client):
             for _ in range(5):
                 token_id = secrets.token_hex(8)
                 secret = base64.urlsafe_b64encode(secrets.token_bytes(32)).rstrip(b"=").decode()
@@ -222,16 +210,16 @@ class TokenStore:
         """Raises ``UnknownToken``."""
         if not isinstance(token_id, str) or not TOKEN_ID_PATTERN.fullmatch(token_id):
             raise UnknownToken(str(token_id))
-        with self._reaching_redis():
+        with reaching_redis(self._client):
             raw = self._client.hgetall(self._key(token_id))
         if not raw:
             raise UnknownToken(token_id)
         return self._record(raw)
 
-    def list(self, tenant: str | None = None) -> list[TokenRecord]:
+    def list_tokens(self, tenant: str | None = None) -> list[TokenRecord]:
         """Every token (of one tenant when given), oldest first; never digests."""
-        with self._reaching_redis():
-            ids = sorted(_text(m) for m in self._client.smembers(f"{self._prefix}tokens"))
+        with reaching_redis(self._client):
+            ids = sorted(as_text(m) for m in self._client.smembers(f"{self._prefix}tokens"))
             pipe = self._client.pipeline(transaction=False)
             for token_id in ids:
                 pipe.hgetall(self._key(token_id))
@@ -244,7 +232,7 @@ class TokenStore:
     def revoke(self, token_id: str) -> TokenRecord:
         """Revoke a token (idempotent); it stops authenticating at once. Raises ``UnknownToken``."""
         record = self.get(token_id)
-        with self._reaching_redis():
+        with reaching_redis(self._client):
             self._client.hset(self._key(token_id), "revoked", "1")
         return TokenRecord(
             record.token_id, record.tenant, record.scopes, record.name, record.created_at, True
@@ -252,7 +240,7 @@ class TokenStore:
 
     @staticmethod
     def _record(raw: Mapping[Any, Any]) -> TokenRecord:
-        f = {_text(k): _text(v) for k, v in raw.items()}
+        f = {as_text(k): as_text(v) for k, v in raw.items()}
         return TokenRecord(
             f["token_id"],
             f["tenant"],

@@ -1,5 +1,4 @@
-"""API tokens (``service/tokens.py``), the ``poissonmark tokens``/``serve`` CLI, and the key
-store's migration of pre-encryption records (``KeyStore.seal_plaintext_secrets``)."""
+"""API tokens (``service/api_tokens.py``) and the ``poissonmark tokens``/``serve`` CLI."""
 
 from __future__ import annotations
 
@@ -14,12 +13,7 @@ import redis
 import redis.asyncio
 from typer.testing import CliRunner
 
-from keyed.prf import Secret
-from service.cli import app as cli
-from service.errors import KeyRecordCorrupt
-from service.keystore import KeyStore, close_redis, open_redis
-from service.settings import Settings
-from service.tokens import (
+from service.api_tokens import (
     SCOPES,
     TOKEN_PATTERN,
     TokenStore,
@@ -28,6 +22,9 @@ from service.tokens import (
     digest,
     verify_token,
 )
+from service.cli import app as cli
+from service.redis import close_redis, open_redis
+from service.settings import Settings
 
 PREFIX = "pmtest:tok:"
 
@@ -90,9 +87,9 @@ def test_list_and_revoke(client: redis.Redis) -> None:
     store = TokenStore(client, PREFIX)
     _, a = store.create("acme", ["keys"], "first")
     _, b = store.create("beta", ["detect"])
-    assert [r.token_id for r in store.list()] == [a.token_id, b.token_id]
-    assert [r.token_id for r in store.list("beta")] == [b.token_id]
-    assert "digest" not in store.list()[0].public()
+    assert [r.token_id for r in store.list_tokens()] == [a.token_id, b.token_id]
+    assert [r.token_id for r in store.list_tokens("beta")] == [b.token_id]
+    assert "digest" not in store.list_tokens()[0].public()
     assert store.revoke(a.token_id).revoked and store.revoke(a.token_id).revoked  # idempotent
     with pytest.raises(UnknownToken):
         store.revoke("0123456789abcdef")
@@ -160,39 +157,3 @@ def test_settings_errors_never_echo_secrets() -> None:
         with pytest.raises(ValueError) as caught:
             Settings(**{field: value})
         assert value not in str(caught.value)
-
-
-# --- Migration of records written before encryption at rest --------------------------------
-
-
-def _legacy_record(client: redis.Redis, store: KeyStore, secret_field: str) -> str:
-    """Rewrite a fresh record's secret field in a pre-encryption form; return the key id."""
-    record = store.create("sha256:0123abcd")
-    client.hset(f"{PREFIX}key:{record.key_id}", "secret", secret_field)
-    return record.key_id
-
-
-def test_plaintext_records_are_sealed_on_start(client: redis.Redis) -> None:
-    store = KeyStore(client, secrets.token_bytes(32), PREFIX)
-    material = secrets.token_bytes(32)
-    hex_id = _legacy_record(client, store, material.hex())
-    import base64
-
-    b64_id = _legacy_record(client, store, base64.b64encode(material).decode())
-    sealed = store.create("sha256:0123abcd")
-    before = client.hget(f"{PREFIX}key:{sealed.key_id}", "secret")
-
-    assert sorted(store.seal_plaintext_secrets()) == sorted([hex_id, b64_id])
-    for key_id in (hex_id, b64_id):
-        stored = client.hget(f"{PREFIX}key:{key_id}", "secret").decode()
-        assert stored.startswith("v1:") and material.hex() not in stored
-        assert store.get(key_id).secret == Secret(material)
-    assert client.hget(f"{PREFIX}key:{sealed.key_id}", "secret") == before  # untouched
-    assert store.seal_plaintext_secrets() == []  # idempotent
-
-
-def test_an_unreadable_legacy_secret_is_reported(client: redis.Redis) -> None:
-    store = KeyStore(client, secrets.token_bytes(32), PREFIX)
-    key_id = _legacy_record(client, store, "not a secret")
-    with pytest.raises(KeyRecordCorrupt, match=key_id):
-        store.seal_plaintext_secrets()

