@@ -40,6 +40,7 @@ from rich.progress import track
 
 from bench.common import DATA, RESULTS, environment
 from detector.detect import detect
+from detector.options import DetectOptions
 from detector.scores import anlppt
 from keyed import KeyedSource, Secret
 from sampler.completion import eos_ids, prompt_ids
@@ -147,7 +148,8 @@ def run_cell(loaded: Any, cell: Cell, row: dict, key: int, drafter_cache: dict) 
     result = generate(loaded.model, prompt, config, source, drafter, eos_ids(loaded))
     ids = list(result.token_ids)
     stats = result.stats
-    found = detect(loaded.tokenizer, source, token_ids=ids, scores=SCORES[1:])
+    options = DetectOptions(scores=SCORES[1:])
+    found = detect(loaded.tokenizer, source, token_ids=ids, options=options)
     record = {
         "cell": cell.name, "prompt": row["id"], "key": key, "ids": ids,
         "text": loaded.tokenizer.decode(ids),

@@ -25,7 +25,7 @@ import numpy as np
 
 from bench.common import RESULTS
 from bench.detector_common import DATA, GENERATIONS, bench_source, data_home, run_metadata
-from detector import SCORE_NAMES, detect
+from detector import SCORE_NAMES, DetectOptions, detect
 from keyed import detection_plan
 from sampler.models import DEFAULT_MODEL, load_tokenizer
 
@@ -70,7 +70,8 @@ def evaluate(
             prefix = prefix_with_scored(ids, special, source.context_width, n)
             if not prefix:
                 continue
-            detection = detect(tokenizer, source, token_ids=prefix, scores=SCORE_NAMES)
+            options = DetectOptions(scores=SCORE_NAMES)
+            detection = detect(tokenizer, source, token_ids=prefix, options=options)
             assert detection.num_scored == n
             for name, p in detection.scores.items():
                 log10[name].append(p.log10_p_value)

@@ -47,7 +47,7 @@ from unittest import mock
 
 from bench.common import RESULTS
 from bench.detector_common import DATA, bench_source, data_home, run_metadata
-from detector import AARONSON, SCORE_NAMES, SCORES, detect
+from detector import AARONSON, SCORE_NAMES, SCORES, DetectOptions, detect
 from detector.tokens import tokenize
 from keyed import detection_plan_arrays, label_key_words, pivot_array, prf
 from sampler.models import DEFAULT_MODEL, load_tokenizer, materialise
@@ -134,9 +134,11 @@ def main() -> None:
             total += len(enc["input_ids"])
         return total
 
-    def scored(**options: Any) -> Callable[[], int]:
+    def scored(**fields: Any) -> Callable[[], int]:
+        options = DetectOptions(**fields)
+
         def run() -> int:
-            return sum(detect(tokenizer, source, text=t, **options).num_scored for t in texts)
+            return sum(detect(tokenizer, source, text=t, options=options).num_scored for t in texts)
 
         return run
 

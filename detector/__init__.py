@@ -1,7 +1,8 @@
 """Watermark detection: text -> token ids -> pivots -> scores -> p-values -> verdict, evidence.
 
 Public API (DESIGN §4):
-- ``detect(tokenizer, source, *, text, token_ids, alpha, key_id, scores, spans) -> Detection``
+- ``detect(tokenizer, source, *, text, token_ids, options) -> Detection``; ``DetectOptions``:
+  the level, key id, score families and span search, one frozen validated value.
 - ``detect_multi(tokenizer, sources, ...) -> MultiKeyDetection``: every candidate key, the best
   key's p corrected for their number (Bonferroni).
 - ``detect_many(tokenizer, source, items, *, workers, ...) -> Iterator[CorpusResult]``: corpora.
@@ -17,10 +18,11 @@ Never imports ``sampler``: keyed randomness comes from ``keyed`` alone.
 """
 
 from detector.corpus import CorpusItem, CorpusResult, detect_many
-from detector.detect import DEFAULT_ALPHA, DEFAULT_SCORES, detect, verdict
+from detector.detect import detect, verdict
 from detector.errors import DetectorError, TokenizerMismatch
 from detector.evidence import Detection, TokenColumns, TokenEvidence, Verdict
 from detector.multikey import MultiKeyDetection, detect_multi
+from detector.options import DEFAULT_ALPHA, DEFAULT_SCORES, DetectOptions
 from detector.scores import (
     AARONSON,
     SCORE_NAMES,
@@ -50,6 +52,7 @@ __all__ = [
     "SCORE_NAMES",
     "CorpusItem",
     "CorpusResult",
+    "DetectOptions",
     "Detection",
     "DetectorError",
     "MultiKeyDetection",

@@ -18,23 +18,16 @@ import concurrent.futures as cf
 import multiprocessing
 import sys
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Final
 
 import keyed
-from detector.detect import (
-    DEFAULT_ALPHA,
-    DEFAULT_SCORES,
-    check_options,
-    detect_tokenized,
-    tokenize_input,
-)
+from detector.detect import DEFAULT_OPTIONS, check_options, detect_tokenized, tokenize_input
 from detector.errors import DetectorError
 from detector.evidence import Detection
-from detector.scores import ScoreFamily
-from detector.spans import DEFAULT_MAX_SPANS
+from detector.options import DetectOptions
 from detector.tokens import Tokenizer
 from keyed import KeyedSource
 
@@ -82,26 +75,13 @@ class _Job:
 
     tokenizer: Tokenizer
     source: KeyedSource
-    alpha: float
-    key_id: str | None
-    families: tuple[ScoreFamily, ...]
-    spans: bool
-    max_spans: int
+    options: DetectOptions
 
     def run(self, item: CorpusItem) -> CorpusResult:
         try:
             tokenized = tokenize_input(self.tokenizer, item.text, item.token_ids)
             special = frozenset(int(i) for i in self.tokenizer.all_special_ids)
-            detection = detect_tokenized(
-                tokenized,
-                special,
-                self.source,
-                alpha=self.alpha,
-                key_id=self.key_id,
-                families=self.families,
-                spans=self.spans,
-                max_spans=self.max_spans,
-            )
+            detection = detect_tokenized(tokenized, special, self.source, self.options)
         except (ValueError, DetectorError) as exc:
             return CorpusResult(item.id, None, str(exc))
         return CorpusResult(item.id, detection, None)
@@ -140,12 +120,8 @@ def detect_many(
     source: KeyedSource,
     items: Iterable[str | CorpusItem],
     *,
+    options: DetectOptions = DEFAULT_OPTIONS,
     workers: int = 1,
-    alpha: float = DEFAULT_ALPHA,
-    key_id: str | None = None,
-    scores: Sequence[str | ScoreFamily] = DEFAULT_SCORES,
-    spans: bool = False,
-    max_spans: int = DEFAULT_MAX_SPANS,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> Iterator[CorpusResult]:
     """Detect the key's watermark in every item, in input order.
@@ -157,21 +133,21 @@ def detect_many(
         items: texts (ids ``"0"``, ``"1"``, …) or ``CorpusItem``s; consumed lazily.
         workers: processes, 1..256; 1 runs in this process (no pool).
         chunk_size: items per task sent to a worker, >= 1.
-        alpha, key_id, scores, spans, max_spans: as ``detect``, for every item.
+        options: as ``detect``, for every item.
     Yields:
         one ``CorpusResult`` per item, in input order; per-item input errors are results.
     Raises:
         ValueError: invalid options (checked before any item is read), or an item that is
             neither a string nor a ``CorpusItem``.
     """
-    alpha, families = check_options(alpha, scores, key_id, max_spans)
+    check_options(options)
     if not isinstance(source, KeyedSource):
         raise ValueError(f"expected source to be a KeyedSource, got {type(source).__name__}")
     limits = (("workers", workers, MAX_WORKERS), ("chunk_size", chunk_size, 10**6))
     for name, value, limit in limits:
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
             raise ValueError(f"expected {name} an int in [1, {limit}], got {value!r}")
-    job = _Job(tokenizer, source, alpha, key_id, families, spans, max_spans)
+    job = _Job(tokenizer, source, options)
     return _serial(job, items) if workers == 1 else _parallel(job, items, workers, chunk_size)
 
 

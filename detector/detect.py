@@ -19,15 +19,15 @@ Shapes: T tokens in the text, M scored; keys (M, 2) int64, pivots (M,) float64.
 
 from __future__ import annotations
 
-import math
 import operator
 from collections.abc import Sequence
+from typing import Final
 
 import numpy as np
 
 from detector.evidence import Detection, TokenColumns, Verdict
-from detector.scores import ScoreFamily, resolve_scores
-from detector.spans import DEFAULT_MAX_SPANS, find_spans
+from detector.options import DetectOptions
+from detector.spans import find_spans
 from detector.stats import PValue, min_scored_tokens
 from detector.tokens import TokenizedText, Tokenizer, tokenize
 from keyed import (
@@ -39,11 +39,8 @@ from keyed import (
     pivot_array,
 )
 
-DEFAULT_ALPHA = 0.01
-MAX_ALPHA = 0.5
-DEFAULT_SCORES: tuple[str, ...] = ("aaronson",)
-"""Scores computed by default: Aaronson alone (exact p, the most powerful of the four on real
-SmolLM2 generations at 16-128 scored tokens: ``bench/results/detector.md``)."""
+DEFAULT_OPTIONS: Final = DetectOptions()
+"""``detect``'s default: alpha 0.01, Aaronson alone, no key id, no span search."""
 
 
 def detect(
@@ -52,11 +49,7 @@ def detect(
     *,
     text: str | None = None,
     token_ids: Sequence[int] | None = None,
-    alpha: float = DEFAULT_ALPHA,
-    key_id: str | None = None,
-    scores: Sequence[str | ScoreFamily] = DEFAULT_SCORES,
-    spans: bool = False,
-    max_spans: int = DEFAULT_MAX_SPANS,
+    options: DetectOptions = DEFAULT_OPTIONS,
 ) -> Detection:
     """Test a text for the watermark of one key.
 
@@ -69,39 +62,23 @@ def detect(
         token_ids: (T,) exact ids to score instead of re-tokenizing ``text``; each in
             [0, len(tokenizer)). With ``text`` too, ``retokenization_matches`` reports whether
             tokenizing the text reproduces them.
-        alpha: level in (0, 0.5] for the verdict.
-        key_id: the key's public id, echoed in the result.
-        scores: score families to compute besides Aaronson (always computed: the verdict, the
-            evidence ``score`` and the spans use its exact p-value): names from
-            ``detector.scores.SCORE_NAMES`` (``"u"``, ``"li"``, ``"lattimore"``) or families
-            with other parameters (``li_score(0.2)``, ``lattimore_score(1e-4)``).
-        spans: also run the span search (``detector.spans``) and report the strongest windows.
-        max_spans: at most this many spans, in [1, 100].
+        options: level, key id, score families, span search (``DetectOptions``, validated
+            where it is made).
     Returns:
         a ``Detection``: verdict, p-value per score (``method`` ``"exact"`` or
         ``"chernoff_bound"``), per-token evidence with character offsets and every score's
         per-token term, skip counts, spans when asked.
     Raises:
-        ValueError: naming the field and the limit — alpha outside (0, 0.5]; neither text nor
-            token_ids; a non-string text; a token id that is not an int or is outside the vocab;
-            a slow tokenizer with text only; an unknown or repeated score; max_spans out of
-            range.
+        ValueError: naming the field and the limit — neither text nor token_ids; a non-string
+            text; a token id that is not an int or is outside the vocab; a slow tokenizer with
+            text only; options that are not a ``DetectOptions``.
     """
-    alpha, families = check_options(alpha, scores, key_id, max_spans)
+    check_options(options)
     if not isinstance(source, KeyedSource):
         raise ValueError(f"expected source to be a KeyedSource, got {type(source).__name__}")
     tokenized = tokenize_input(tokenizer, text, token_ids)
     special = frozenset(int(i) for i in tokenizer.all_special_ids)
-    return detect_tokenized(
-        tokenized,
-        special,
-        source,
-        alpha=alpha,
-        key_id=key_id,
-        families=families,
-        spans=spans,
-        max_spans=max_spans,
-    )
+    return detect_tokenized(tokenized, special, source, options)
 
 
 def tokenize_input(
@@ -121,18 +98,13 @@ def detect_tokenized(
     tokenized: TokenizedText,
     special: frozenset[int],
     source: KeyedSource,
-    *,
-    alpha: float,
-    key_id: str | None,
-    families: tuple[ScoreFamily, ...],
-    spans: bool,
-    max_spans: int,
+    options: DetectOptions,
 ) -> Detection:
-    """``detect`` after tokenization and validation (shared with ``detect_multi``).
+    """``detect`` after tokenization and validation (shared with ``detect_multi`` and
+    ``detect_many``).
 
     Args:
         tokenized: the text's ids and character spans. special: ids never scored.
-        families: from ``resolve_scores`` (Aaronson first).
         Others as ``detect``.
     """
     # Repeated labels are skipped whatever the key's masking flag (DESIGN §2, detection): with
@@ -142,7 +114,8 @@ def detect_tokenized(
     plan = detection_plan_arrays(ids, source.context_width, special)
     keys = label_key_words(source.secret, plan.labels)  # (M, 2) int64
     r = pivot_array(keys, ids[plan.scored])  # (M,) float64
-    evaluated = {family.name: family.evaluate(r) for family in families}
+    alpha = options.alpha
+    evaluated = {family.name: family.evaluate(r) for family in options.families}
     aaronson_terms = evaluated["aaronson"][0]  # (M,)
     if not all(np.isfinite(terms).all() for terms, _ in evaluated.values()):
         raise AssertionError("a score family produced a non-finite term")  # families' contract
@@ -160,12 +133,16 @@ def detect_tokenized(
     needed = min_scored_tokens(alpha)
     aaronson = evaluated["aaronson"][1]
     search = None
-    if spans:
+    if options.spans:
         search = find_spans(
-            aaronson_terms, plan.scored.tolist(), tokenized.starts, tokenized.ends, max_spans
+            aaronson_terms,
+            plan.scored.tolist(),
+            tokenized.starts,
+            tokenized.ends,
+            options.max_spans,
         )
     return Detection(
-        key_id=key_id,
+        key_id=options.key_id,
         num_tokens=int(ids.shape[0]),
         num_scored=num_scored,
         verdict=verdict(aaronson, num_scored, alpha, needed),
@@ -176,7 +153,7 @@ def detect_tokenized(
         alpha=alpha,
         min_scored_tokens=needed,
         spans=search,
-        score_params={family.name: dict(family.params) for family in families},
+        score_params={family.name: dict(family.params) for family in options.families},
     )
 
 
@@ -190,26 +167,10 @@ def verdict(p: PValue, num_scored: int, alpha: float, needed: int) -> Verdict:
     return Verdict.NOT_DETECTED
 
 
-def check_options(
-    alpha: float, scores: Sequence[str | ScoreFamily], key_id: str | None, max_spans: int
-) -> tuple[float, tuple[ScoreFamily, ...]]:
-    """Validate the options shared by ``detect``, ``detect_multi`` and ``detect_many``."""
-    alpha = _check_alpha(alpha)
-    families = resolve_scores(scores)
-    if key_id is not None and not isinstance(key_id, str):
-        raise ValueError(f"expected key_id to be a string, got {type(key_id).__name__}")
-    if isinstance(max_spans, bool) or not isinstance(max_spans, int) or not 1 <= max_spans <= 100:
-        raise ValueError(f"expected max_spans an int in [1, 100], got {max_spans!r}")
-    return alpha, families
-
-
-def _check_alpha(alpha: float) -> float:
-    if isinstance(alpha, bool) or not isinstance(alpha, float | int):
-        raise ValueError(f"expected alpha to be a number in (0, {MAX_ALPHA}], got {alpha!r}")
-    value = float(alpha)
-    if not (math.isfinite(value) and 0.0 < value <= MAX_ALPHA):
-        raise ValueError(f"expected alpha in (0, {MAX_ALPHA}], got {alpha!r}")
-    return value
+def check_options(options: DetectOptions) -> None:
+    """Reject options that are not a ``DetectOptions`` (its fields validate themselves)."""
+    if not isinstance(options, DetectOptions):
+        raise ValueError(f"expected options to be a DetectOptions, got {type(options).__name__}")
 
 
 def _check_token_ids(token_ids: Sequence[int], vocab_size: int) -> list[int]:

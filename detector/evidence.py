@@ -171,8 +171,13 @@ class TokenColumns:
         out: list[TokenEvidence] = []
         m = 0  # index of the next scored token
         fields: tuple[object, ...]
-        for token, start, end, code in zip(self.ids.tolist(), self.starts.tolist(),
-                                           self.ends.tolist(), self.skip.tolist(), strict=True):
+        for token, start, end, code in zip(
+            self.ids.tolist(),
+            self.starts.tolist(),
+            self.ends.tolist(),
+            self.skip.tolist(),
+            strict=True,
+        ):
             if code == 0:
                 fields = (token, text[start:end], start, end, "scored", None,
                           pivots[m], aaronson[m], term_dicts[m])  # fmt: skip

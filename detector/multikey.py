@@ -15,6 +15,7 @@ corrected p, so pass no more keys than the question needs.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -24,16 +25,15 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from detector.detect import (
-    DEFAULT_ALPHA,
-    DEFAULT_SCORES,
+    DEFAULT_OPTIONS,
     check_options,
     detect_tokenized,
     tokenize_input,
     verdict,
 )
 from detector.evidence import Detection, Verdict
-from detector.scores import ScoreFamily
-from detector.spans import DEFAULT_MAX_SPANS, bonferroni_log
+from detector.options import DetectOptions
+from detector.spans import bonferroni_log
 from detector.stats import LN10, PValue
 from detector.tokens import Tokenizer
 from keyed import KeyedSource
@@ -113,10 +113,7 @@ def detect_multi(
     *,
     text: str | None = None,
     token_ids: Sequence[int] | None = None,
-    alpha: float = DEFAULT_ALPHA,
-    scores: Sequence[str | ScoreFamily] = DEFAULT_SCORES,
-    spans: bool = False,
-    max_spans: int = DEFAULT_MAX_SPANS,
+    options: DetectOptions = DEFAULT_OPTIONS,
 ) -> MultiKeyDetection:
     """Test a text against every candidate key and correct the best p-value for their number.
 
@@ -125,15 +122,21 @@ def detect_multi(
             fingerprint with ``check_tokenizer`` first).
         sources: key id -> keyed source, 1..``MAX_KEYS`` keys (the caller chooses them: active
             keys of the tenant; revoked ones only when asked).
-        text, token_ids, alpha, scores, spans, max_spans: as ``detect``; the text is tokenized
-            once.
+        text, token_ids: as ``detect``; the text is tokenized once.
+        options: as ``detect``, for every key, with ``key_id`` None (each result carries its
+            key's id from ``sources``).
     Returns:
         a ``MultiKeyDetection``: per-key results and the corrected verdict.
     Raises:
         ValueError: no keys or more than ``MAX_KEYS``, a key id that is not a string, a source
-            that is not a ``KeyedSource``, or any ``detect`` input error.
+            that is not a ``KeyedSource``, ``options.key_id`` set, or any ``detect`` input
+            error.
     """
-    alpha, families = check_options(alpha, scores, None, max_spans)
+    check_options(options)
+    if options.key_id is not None:
+        raise ValueError(
+            f"expected options.key_id None (ids come from sources), got {options.key_id!r}"
+        )
     if not isinstance(sources, Mapping) or not 1 <= len(sources) <= MAX_KEYS:
         size = len(sources) if isinstance(sources, Mapping) else type(sources).__name__
         raise ValueError(f"expected a mapping of 1..{MAX_KEYS} key ids to sources, got {size}")
@@ -148,14 +151,7 @@ def detect_multi(
     special = frozenset(int(i) for i in tokenizer.all_special_ids)
     results = {
         key_id: detect_tokenized(
-            tokenized,
-            special,
-            source,
-            alpha=alpha,
-            key_id=key_id,
-            families=families,
-            spans=spans,
-            max_spans=max_spans,
+            tokenized, special, source, dataclasses.replace(options, key_id=key_id)
         )
         for key_id, source in sources.items()
     }
@@ -169,6 +165,8 @@ def detect_multi(
         num_keys=len(ids),
         p_value=corrected_p.p_value,
         log10_p_value=corrected / LN10,
-        verdict=verdict(corrected_p, best_result.num_scored, alpha, best_result.min_scored_tokens),
-        alpha=alpha,
+        verdict=verdict(
+            corrected_p, best_result.num_scored, options.alpha, best_result.min_scored_tokens
+        ),
+        alpha=options.alpha,
     )

@@ -49,13 +49,12 @@ def test_detecting_loads_no_torch() -> None:
     code = (
         "import sys, detector, keyed\n"
         "from detector.tokens import TokenizedText\n"
-        "from detector.detect import detect_tokenized\nfrom detector.scores import resolve_scores\n"
+        "from detector.detect import detect_tokenized\n"
         "ids = tuple(range(100, 140))\n"
         "text = TokenizedText.from_spans(ids, 'x' * 40, [(i, i + 1) for i in range(40)])\n"
         "source = keyed.KeyedSource(keyed.Secret(bytes(32)))\n"
-        "found = detect_tokenized(text, frozenset(), source, alpha=0.01, key_id=None,\n"
-        "                         families=resolve_scores(detector.SCORE_NAMES),\n"
-        "                         spans=True, max_spans=3)\n"
+        "options = detector.DetectOptions(scores=detector.SCORE_NAMES, spans=True)\n"
+        "found = detect_tokenized(text, frozenset(), source, options)\n"
         "assert found.num_scored == 36, found.num_scored\n"
         "print('torch' in sys.modules)\n"
     )

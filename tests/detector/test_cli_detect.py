@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from detector import detect
+from detector import DetectOptions, detect
 from keyed import KeyedSource
 from service.cli import _detect_jsonl, _done_ids
 from tests.detector.helpers import fixed_secret, keyed_race_ids
@@ -82,9 +82,7 @@ def test_jsonl_one_result_per_line_in_order(real_tokenizer, human_passages, tmp_
         real_tokenizer,
         KeyedSource(SECRET),
         text=human_passages[1],
-        key_id="pmk_0123456789abcdef",
-        scores=("u",),
-        spans=True,
+        options=DetectOptions(key_id="pmk_0123456789abcdef", scores=("u",), spans=True),
     ).to_json()
     expected.pop("tokens")
     assert by_id["h1"] == {"id": "h1", **expected}

@@ -8,7 +8,7 @@ import pickle
 
 import pytest
 
-from detector import detect
+from detector import DetectOptions, detect
 from detector.corpus import CorpusItem, CorpusResult, detect_many
 from keyed import KeyedSource
 from tests.detector.helpers import fixed_secret, keyed_race_ids
@@ -33,16 +33,19 @@ def expected(real_tokenizer, source: KeyedSource, item: CorpusItem):  # type: ig
         source,
         text=item.text,
         token_ids=item.token_ids,
-        key_id="pmk_c",
-        scores=("li",),
-        spans=True,
+        options=DetectOptions(key_id="pmk_c", scores=("li",), spans=True),
     )
 
 
 def test_detect_many_serial_matches_detect(real_tokenizer, corpus) -> None:  # type: ignore[no-untyped-def]
     source = KeyedSource(fixed_secret("corpus"))
     results = list(
-        detect_many(real_tokenizer, source, corpus, key_id="pmk_c", scores=("li",), spans=True)
+        detect_many(
+            real_tokenizer,
+            source,
+            corpus,
+            options=DetectOptions(key_id="pmk_c", scores=("li",), spans=True),
+        )
     )
     assert [r.id for r in results] == [item.id for item in corpus]  # input order
     for item, result in zip(corpus, results, strict=True):
@@ -68,10 +71,10 @@ def test_detect_many_workers_match_serial(real_tokenizer, corpus) -> None:  # ty
     # Two spawned worker processes, chunks of 3 (so chunks interleave across workers): results
     # are identical to the serial run and in input order.
     source = KeyedSource(fixed_secret("corpus"))
-    options = {"key_id": "pmk_c", "scores": ("li",), "spans": True}
-    serial = list(detect_many(real_tokenizer, source, corpus, **options))  # type: ignore[arg-type]
+    options = DetectOptions(key_id="pmk_c", scores=("li",), spans=True)
+    serial = list(detect_many(real_tokenizer, source, corpus, options=options))
     parallel = list(
-        detect_many(real_tokenizer, source, iter(corpus), workers=2, chunk_size=3, **options)  # type: ignore[arg-type]
+        detect_many(real_tokenizer, source, iter(corpus), options=options, workers=2, chunk_size=3)
     )
     assert parallel == serial
 
@@ -102,7 +105,14 @@ def test_detect_many_rejects_bad_options_before_reading(real_tokenizer, kwargs, 
         yield  # pragma: no cover
 
     with pytest.raises(ValueError, match=message):
-        detect_many(real_tokenizer, KeyedSource(fixed_secret("x")), never_read(), **kwargs)
+        options = {k: kwargs.pop(k) for k in ("alpha", "scores") if k in kwargs}
+        detect_many(
+            real_tokenizer,
+            KeyedSource(fixed_secret("x")),
+            never_read(),
+            options=DetectOptions(**options),
+            **kwargs,
+        )
 
 
 def test_detect_many_rejects_other_item_types(real_tokenizer) -> None:  # type: ignore[no-untyped-def]

@@ -12,6 +12,7 @@ import torch
 
 from detector import (
     Detection,
+    DetectOptions,
     PValue,
     TokenEvidence,
     Verdict,
@@ -100,7 +101,12 @@ def test_c5_weak_watermark_on_twenty_tokens_is_insufficient(real_tokenizer) -> N
     ids = keyed_race_continue(
         secret, [9, 99, 999, 9999], 20, np.random.default_rng(5), support=4, concentration=0.02
     )
-    detection = detect(real_tokenizer, KeyedSource(secret), token_ids=ids, scores=SCORE_NAMES)
+    detection = detect(
+        real_tokenizer,
+        KeyedSource(secret),
+        token_ids=ids,
+        options=DetectOptions(scores=SCORE_NAMES),
+    )
     assert detection.num_scored == 20 and detection.p_value.p_value >= 0.01
     assert detection.verdict is Verdict.INSUFFICIENT_EVIDENCE
 
@@ -127,7 +133,10 @@ def test_verdict_rule(log10_p: float, num_scored: int, expected: Verdict) -> Non
 @pytest.mark.parametrize("text", ["", "   \n\t "], ids=["empty", "whitespace"])
 def test_c8_empty_text_is_a_valid_request(real_tokenizer, text: str) -> None:  # type: ignore[no-untyped-def]
     detection = detect(
-        real_tokenizer, fixed_source("c8"), text=text, scores=SCORE_NAMES, spans=True
+        real_tokenizer,
+        fixed_source("c8"),
+        text=text,
+        options=DetectOptions(scores=SCORE_NAMES, spans=True),
     )
     assert detection.num_scored == 0
     p = detection.p_value
@@ -209,9 +218,13 @@ REPETITIVE = [
 def test_repetitive_text_is_not_flagged(real_tokenizer, kind: str, payload, masking: bool) -> None:  # type: ignore[no-untyped-def]
     source = fixed_source("repetitive", masking=masking)
     if kind == "ids":
-        detection = detect(real_tokenizer, source, token_ids=payload, scores=SCORE_NAMES)
+        detection = detect(
+            real_tokenizer, source, token_ids=payload, options=DetectOptions(scores=SCORE_NAMES)
+        )
     else:
-        detection = detect(real_tokenizer, source, text=payload, scores=SCORE_NAMES)
+        detection = detect(
+            real_tokenizer, source, text=payload, options=DetectOptions(scores=SCORE_NAMES)
+        )
     assert detection.num_tokens >= 300
     # A few distinct labels (the head plus one cycle): each is scored once, repeats are skipped.
     assert detection.num_scored <= 30
@@ -258,7 +271,9 @@ def test_keyed_race_text_is_flagged(real_tokenizer) -> None:  # type: ignore[no-
     # log10 p near -110; -40 leaves a wide margin and still needs a mean term >= ~2.
     secret = fixed_secret("h1")
     ids = keyed_race_ids(secret, num_new=200, seed=11)
-    detection = detect(real_tokenizer, KeyedSource(secret), token_ids=ids, key_id="key-h1")
+    detection = detect(
+        real_tokenizer, KeyedSource(secret), token_ids=ids, options=DetectOptions(key_id="key-h1")
+    )
     assert detection.num_scored == 200
     assert detection.verdict is Verdict.WATERMARKED
     assert detection.p_value.log10_p_value < -40
@@ -295,7 +310,9 @@ def test_token_offsets_index_the_input(real_tokenizer, text: str) -> None:  # ty
 
 
 def test_to_json_contract(real_tokenizer) -> None:  # type: ignore[no-untyped-def]
-    detection = detect(real_tokenizer, fixed_source("json"), text=ORDINARY, key_id="key-1")
+    detection = detect(
+        real_tokenizer, fixed_source("json"), text=ORDINARY, options=DetectOptions(key_id="key-1")
+    )
     payload = assert_json_safe(detection)
     assert list(payload) == [
         "key_id",
@@ -339,7 +356,9 @@ def test_to_json_contract(real_tokenizer) -> None:  # type: ignore[no-untyped-de
 
 def test_secret_never_in_output(real_tokenizer) -> None:  # type: ignore[no-untyped-def]
     secret = fixed_secret("leak")
-    detection = detect(real_tokenizer, KeyedSource(secret), text=ORDINARY, key_id="k")
+    detection = detect(
+        real_tokenizer, KeyedSource(secret), text=ORDINARY, options=DetectOptions(key_id="k")
+    )
     material = secret.reveal()
     for rendered in (repr(detection), str(detection), json.dumps(detection.to_json())):
         assert material.hex() not in rendered
@@ -372,7 +391,8 @@ def test_secret_never_in_output(real_tokenizer) -> None:  # type: ignore[no-unty
 )
 def test_rejects_bad_input_naming_field_and_limit(real_tokenizer, kwargs, message: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match=message):
-        detect(real_tokenizer, fixed_source("bad"), **kwargs)
+        options = {k: kwargs.pop(k) for k in ("alpha", "key_id") if k in kwargs}
+        detect(real_tokenizer, fixed_source("bad"), **kwargs, options=DetectOptions(**options))
 
 
 def test_rejects_a_source_that_is_not_keyed(real_tokenizer) -> None:  # type: ignore[no-untyped-def]
@@ -386,7 +406,9 @@ def test_rejects_a_source_that_is_not_keyed(real_tokenizer) -> None:  # type: ig
 @pytest.mark.parametrize("scores", [("aaronson",), SCORE_NAMES])
 def test_every_evidence_token_is_consistent(real_tokenizer, human_passages, scores) -> None:  # type: ignore[no-untyped-def]
     text = human_passages[0] + "\n\n" + "again " * 40 + "<|im_end|>" + human_passages[1]
-    detection = detect(real_tokenizer, fixed_source("check"), text=text, scores=scores)
+    detection = detect(
+        real_tokenizer, fixed_source("check"), text=text, options=DetectOptions(scores=scores)
+    )
     reasons = {t.skip_reason for t in detection.tokens}
     assert {"no_context", "repeated_context", "special_token"} <= reasons
     for token in detection.tokens:
@@ -421,7 +443,12 @@ def test_evidence_columns_match_their_rows_and_survive_pickling(real_tokenizer) 
     import pickle
 
     text = "def add(a, b):\n    return a + b\n\n\ndef add(a, b):\n    return a + b\n"
-    detection = detect(real_tokenizer, fixed_source("columns"), text=text, scores=SCORE_NAMES)
+    detection = detect(
+        real_tokenizer,
+        fixed_source("columns"),
+        text=text,
+        options=DetectOptions(scores=SCORE_NAMES),
+    )
     columns = detection.evidence
     rows = detection.tokens
     assert [t.id for t in rows] == columns.ids.tolist()

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from detector import Verdict, detect
+from detector import DetectOptions, Verdict, detect
 from detector.multikey import best_key_corrected, detect_multi
 from detector.scores import aaronson_terms
 from detector.stats import LN10, aaronson_log_sf_many
@@ -57,12 +57,16 @@ def test_detect_multi_finds_the_right_key(real_tokenizer) -> None:  # type: igno
         "pmk_b": fixed_source("multi-b", context_width=2),
         "pmk_c": fixed_source("multi-c"),
     }
-    result = detect_multi(real_tokenizer, sources, token_ids=ids, scores=("u",), spans=True)
+    options = DetectOptions(scores=("u",), spans=True)
+    result = detect_multi(real_tokenizer, sources, token_ids=ids, options=options)
     assert result.best_key_id == "pmk_right" and result.num_keys == 4
     assert list(result.results) == list(sources)
     for key_id, source in sources.items():
         single = detect(
-            real_tokenizer, source, token_ids=ids, key_id=key_id, scores=("u",), spans=True
+            real_tokenizer,
+            source,
+            token_ids=ids,
+            options=DetectOptions(key_id=key_id, scores=("u",), spans=True),
         )
         assert result.results[key_id] == single  # identical to testing that key alone
     best = result.best.p_value
@@ -104,6 +108,6 @@ def test_detect_multi_rejects_bad_sources(real_tokenizer, sources, message: str)
 def test_detect_multi_validates_detect_options(real_tokenizer) -> None:  # type: ignore[no-untyped-def]
     sources = {"k": fixed_source("opts")}
     with pytest.raises(ValueError, match="alpha"):
-        detect_multi(real_tokenizer, sources, text="x", alpha=0.9)
+        detect_multi(real_tokenizer, sources, text="x", options=DetectOptions(alpha=0.9))
     with pytest.raises(ValueError, match="at least one of text or token_ids"):
         detect_multi(real_tokenizer, sources)

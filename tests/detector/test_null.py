@@ -18,6 +18,7 @@ from scipy import stats
 
 from detector.chernoff import ChernoffTail
 from detector.multikey import detect_multi
+from detector.options import DetectOptions
 from detector.scores import SCORE_NAMES, SCORES, LiShape, aaronson_terms, li_terms
 from detector.stats import aaronson_log_sf_many
 from tests.detector.helpers import fixed_source
@@ -90,7 +91,9 @@ def test_human_text_is_not_flagged(real_tokenizer, human_passages: list[str]) ->
     log_p: dict[str, list[float]] = {name: [] for name in SCORE_NAMES}
     sources = {name: fixed_source(name) for name in KEYS}
     for text in human_passages:
-        result = detect_multi(real_tokenizer, sources, text=text, scores=SCORE_NAMES)
+        result = detect_multi(
+            real_tokenizer, sources, text=text, options=DetectOptions(scores=SCORE_NAMES)
+        )
         for detection in result.results.values():
             for score, p in detection.scores.items():
                 log_p[score].append(p.log_p_value)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from detector import detect
+from detector import DetectOptions, detect
 from detector.scores import aaronson_terms
 from detector.spans import (
     MIN_WINDOW,
@@ -121,7 +121,9 @@ def test_c3_watermarked_completion_behind_human_text(real_tokenizer, human_passa
     secret = fixed_secret("c3")
     human = human_ids(real_tokenizer, human_passages, 1000)
     ids = keyed_race_continue(secret, human, 200, np.random.default_rng(3), concentration=0.1)
-    detection = detect(real_tokenizer, KeyedSource(secret), token_ids=ids, spans=True)
+    detection = detect(
+        real_tokenizer, KeyedSource(secret), token_ids=ids, options=DetectOptions(spans=True)
+    )
     assert detection.spans is not None
     best = detection.spans.spans[0]
     assert best.corrected_p_value < 1e-3
@@ -140,7 +142,9 @@ def test_span_found_when_whole_text_is_not_significant(real_tokenizer, human_pas
     secret = fixed_secret("c3-diluted")
     human = human_ids(real_tokenizer, human_passages, 20_000)
     ids = keyed_race_continue(secret, human, 200, np.random.default_rng(4), concentration=0.05)
-    detection = detect(real_tokenizer, KeyedSource(secret), token_ids=ids, spans=True)
+    detection = detect(
+        real_tokenizer, KeyedSource(secret), token_ids=ids, options=DetectOptions(spans=True)
+    )
     assert detection.p_value.p_value >= 0.01
     assert detection.verdict != "watermarked"
     assert detection.spans is not None and detection.spans.windows_scanned > 5000
@@ -154,7 +158,9 @@ def test_spans_on_human_text_are_not_significant(real_tokenizer, human_passages)
     # a few of 20 texts can fall below alpha = 0.01 by chance; this fixed key has none.
     source = KeyedSource(fixed_secret("spans-human"))
     for text in human_passages[:20]:
-        detection = detect(real_tokenizer, source, text=text, spans=True, max_spans=2)
+        detection = detect(
+            real_tokenizer, source, text=text, options=DetectOptions(spans=True, max_spans=2)
+        )
         assert detection.spans is not None
         assert len(detection.spans.spans) <= 2
         assert all(s.corrected_p_value >= 0.01 for s in detection.spans.spans)

@@ -69,20 +69,19 @@ def test_uniforms_from_keys_same_with_and_without_kernels(monkeypatch: pytest.Mo
 
 def test_detection_same_with_and_without_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     """A whole detection (plan, keys, pivots, scores) is bit-identical on either path."""
+    from detector import DetectOptions
     from detector.detect import detect_tokenized
-    from detector.scores import resolve_scores
     from detector.tokens import TokenizedText
 
     rng = np.random.default_rng(11)
     ids = np.concatenate([rng.integers(0, 49_152, 300), np.tile([7, 8, 9], 40)])
     text = TokenizedText.from_spans(ids, "x" * ids.size, [(i, i + 1) for i in range(ids.size)])
     source = keyed.KeyedSource(keyed.Secret(bytes(range(32))))
-    options = {"alpha": 0.01, "key_id": None, "spans": True, "max_spans": 3,
-               "families": resolve_scores(("u", "li", "lattimore"))}  # fmt: skip
-    compiled = detect_tokenized(text, frozenset({0, 1, 2}), source, **options)  # type: ignore[arg-type]
+    options = DetectOptions(scores=("u", "li", "lattimore"), spans=True)
+    compiled = detect_tokenized(text, frozenset({0, 1, 2}), source, options)
     monkeypatch.setattr(prf, "_kernels", lambda: None)
     assert keyed.warm_up() is False
-    plain = detect_tokenized(text, frozenset({0, 1, 2}), source, **options)  # type: ignore[arg-type]
+    plain = detect_tokenized(text, frozenset({0, 1, 2}), source, options)
     assert compiled.to_json() == plain.to_json()
     # 296 random positions after the first 4, 4 labels spanning the seam, the cycle's 3 labels
     assert compiled.num_scored == 296 + 4 + 3

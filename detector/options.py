@@ -1,0 +1,73 @@
+"""What a detection computes and at which level: ``DetectOptions`` (DESIGN §4).
+
+One frozen value, validated once where it is made, shared by ``detect``, ``detect_multi`` and
+``detect_many`` (and pickled once into each corpus worker).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from detector.scores import ScoreFamily, resolve_scores
+from detector.spans import DEFAULT_MAX_SPANS, MAX_SPANS_LIMIT
+
+DEFAULT_ALPHA: Final = 0.01
+MAX_ALPHA: Final = 0.5
+DEFAULT_SCORES: tuple[str, ...] = ("aaronson",)
+"""Scores computed by default: Aaronson alone (exact p, the most powerful of the four on real
+SmolLM2 generations at 16-128 scored tokens: ``bench/results/detector.md``)."""
+
+
+@dataclass(frozen=True)
+class DetectOptions:
+    """The options of a detection (the text and the key are its inputs, not options).
+
+    Attributes:
+        alpha: level in (0, 0.5] of the verdict (stored as a float).
+        key_id: the key's public id, echoed in the result (``detect``, ``detect_many``);
+            ``detect_multi`` takes the ids from its sources and wants None here.
+        scores: score families to compute besides Aaronson (always computed: the verdict, the
+            evidence ``score`` and the spans use its exact p-value): names from
+            ``detector.scores.SCORE_NAMES`` (``"u"``, ``"li"``, ``"lattimore"``) or families
+            with other parameters (``li_score(0.2)``, ``lattimore_score(1e-4)``); stored as a
+            tuple.
+        spans: also run the span search (``detector.spans``) and report the strongest windows.
+        max_spans: at most this many spans, in [1, 100].
+        families: derived, not an argument: ``resolve_scores(scores)``, Aaronson first.
+    Raises:
+        ValueError: naming the field and the limit — alpha outside (0, 0.5], a key_id that is
+            not a string, an unknown or repeated score, max_spans out of range, spans not a
+            bool.
+    """
+
+    alpha: float = DEFAULT_ALPHA
+    key_id: str | None = None
+    scores: Sequence[str | ScoreFamily] = DEFAULT_SCORES
+    spans: bool = False
+    max_spans: int = DEFAULT_MAX_SPANS
+    families: tuple[ScoreFamily, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        alpha = self.alpha
+        if isinstance(alpha, bool) or not isinstance(alpha, float | int):
+            raise ValueError(f"expected alpha to be a number in (0, {MAX_ALPHA}], got {alpha!r}")
+        if not (math.isfinite(alpha) and 0.0 < alpha <= MAX_ALPHA):
+            raise ValueError(f"expected alpha in (0, {MAX_ALPHA}], got {alpha!r}")
+        if self.key_id is not None and not isinstance(self.key_id, str):
+            raise ValueError(f"expected key_id to be a string, got {type(self.key_id).__name__}")
+        families = resolve_scores(self.scores)
+        if not isinstance(self.spans, bool):
+            raise ValueError(f"expected spans to be a bool, got {self.spans!r}")
+        max_spans = self.max_spans
+        is_int = isinstance(max_spans, int) and not isinstance(max_spans, bool)
+        if not (is_int and 1 <= max_spans <= MAX_SPANS_LIMIT):
+            raise ValueError(
+                f"expected max_spans an int in [1, {MAX_SPANS_LIMIT}], got {max_spans!r}"
+            )
+        # Normalised in place (the instance is not shared yet): a float level, immutable scores.
+        object.__setattr__(self, "alpha", float(alpha))
+        object.__setattr__(self, "scores", tuple(self.scores))
+        object.__setattr__(self, "families", families)
