@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -20,7 +21,7 @@ from detector import (
     min_scored_tokens,
     verdict,
 )
-from detector.scores import SCORE_NAMES
+from detector.scores import SCORE_NAMES, SCORES
 from keyed import KeyedSource, keys_tensor, label_key, pivots
 from tests.detector.helpers import (
     fixed_secret,
@@ -393,6 +394,40 @@ def test_rejects_bad_input_naming_field_and_limit(real_tokenizer, kwargs, messag
     with pytest.raises(ValueError, match=message):
         options = {k: kwargs.pop(k) for k in ("alpha", "key_id") if k in kwargs}
         detect(real_tokenizer, fixed_source("bad"), **kwargs, options=DetectOptions(**options))
+
+
+def test_detect_options_are_normalised_and_frozen() -> None:
+    options = DetectOptions(alpha=1 / 20, scores=["li", "u"], max_spans=100)
+    assert options.alpha == 0.05 and type(options.alpha) is float
+    assert options.scores == ("li", "u")  # a tuple: the options cannot change after validation
+    assert [f.name for f in options.families] == ["aaronson", "li", "u"]  # Aaronson first
+    assert DetectOptions().families == (SCORES["aaronson"],)
+    assert DetectOptions(alpha=0.05, scores=("li", "u"), max_spans=100) == options
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.alpha = 0.1  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"max_spans": 0}, r"max_spans an int in \[1, 100\]"),
+        ({"max_spans": 101}, r"max_spans an int in \[1, 100\]"),
+        ({"max_spans": True}, "max_spans"),
+        ({"spans": 1}, "spans to be a bool"),
+        ({"scores": "u"}, "sequence of names"),
+        ({"scores": ("u", "u")}, "requested twice"),
+        ({"alpha": "0.01"}, "alpha to be a number"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_detect_options_reject_bad_fields(fields, message: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match=message):
+        DetectOptions(**fields)
+
+
+def test_rejects_options_that_are_not_detect_options(real_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match="options to be a DetectOptions"):
+        detect(real_tokenizer, fixed_source("bad"), text="x", options={"alpha": 0.1})  # type: ignore[arg-type]
 
 
 def test_rejects_a_source_that_is_not_keyed(real_tokenizer) -> None:  # type: ignore[no-untyped-def]

@@ -109,5 +109,7 @@ def test_detect_multi_validates_detect_options(real_tokenizer) -> None:  # type:
     sources = {"k": fixed_source("opts")}
     with pytest.raises(ValueError, match="alpha"):
         detect_multi(real_tokenizer, sources, text="x", options=DetectOptions(alpha=0.9))
+    with pytest.raises(ValueError, match="key_id None"):  # each result's id is its source's
+        detect_multi(real_tokenizer, sources, text="x", options=DetectOptions(key_id="k"))
     with pytest.raises(ValueError, match="at least one of text or token_ids"):
         detect_multi(real_tokenizer, sources)
