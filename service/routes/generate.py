@@ -12,32 +12,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import secrets
 from collections.abc import AsyncIterator
 from typing import Any
 
 from anyio import to_thread
 from fastapi import APIRouter, Request
 
-from detector.tokens import check_tokenizer
-from keyed import KeyedSource
 from sampler.completion import prompt_ids
-from sampler.decoder import SamplerConfig
-from sampler.processing import Processing
 from service.auth import CanGenerate
 from service.deps import MetricsDep, PoolDep, ResourcesDep, SettingsDep, StoreDep, WorkerDep
 from service.detection import DetectionPool
 from service.errors import GenerationCancelled
+from service.generation import Generated, Generation, from_body, prepare
 from service.limits import check_generate, check_prompt_tokens
 from service.metrics import Metrics
 from service.problems import problem_body
 from service.schemas.common import problem_responses
-from service.schemas.generate import (
-    GenerateDelta,
-    GenerateRequest,
-    GenerateResponse,
-    GenerationStatsOut,
-)
+from service.schemas.generate import GenerateDelta, GenerateRequest, GenerateResponse
 from service.streaming import EventStreamResponse, IncrementalDecoder, decode_text, sse
 from service.worker import Failed, Finished, Job, Tokens
 
@@ -57,30 +48,9 @@ def _encode(pool: DetectionPool, body: GenerateRequest, loaded: Any) -> list[int
     return prompt_ids(mine, body.prompt, messages)
 
 
-def _response(
-    body: GenerateRequest, key_id: str, nonce: int, finished: Finished, text: str
-) -> GenerateResponse:
-    r, s = finished.result, finished.result.stats
-    return GenerateResponse(
-        text=text,
-        token_ids=list(r.token_ids),
-        key_id=key_id,
-        method=body.method,
-        drafter=finished.drafter,
-        nonce=nonce,
-        finish_reason=r.finish_reason,
-        watermark_applied=r.watermark_applied,
-        stats=GenerationStatsOut(
-            emitted_tokens=s.emitted_tokens,
-            target_forward_passes=s.target_forward_passes,
-            aatps=s.aatps,
-            drafter_calls=s.drafter_calls,
-            accepted_per_level=list(s.accepted_per_level),
-            prefill_seconds=s.prefill_seconds,
-            seconds=s.seconds,
-            tokens_per_second=s.tokens_per_second,
-        ),
-    )
+def _response(generation: Generation, finished: Finished, text: str) -> GenerateResponse:
+    done = Generated(generation, text, finished.result, finished.drafter)
+    return GenerateResponse.model_validate(done.to_json())
 
 
 async def _client_gone(request: Request) -> None:
@@ -107,9 +77,9 @@ async def _result_unless_gone(job: Job, request: Request, metrics: Metrics) -> F
 
 
 async def _events(
-    job: Job, body: GenerateRequest, key_id: str, nonce: int, decoder: IncrementalDecoder
+    job: Job, generation: Generation, decoder: IncrementalDecoder
 ) -> AsyncIterator[bytes]:
-    yield sse("start", {"key_id": key_id, "nonce": nonce, "method": body.method})
+    yield sse("start", generation.start_json())
     while True:
         event = await job.events.get()
         if isinstance(event, Tokens):
@@ -119,7 +89,7 @@ async def _events(
             tail = decoder.finish()
             if tail:
                 yield sse("delta", GenerateDelta(text=tail, token_ids=[]).model_dump())
-            done = _response(body, key_id, nonce, event, decoder.text)
+            done = _response(generation, event, decoder.text)
             yield sse("done", done.model_dump())
             return
         elif isinstance(event, Failed):
@@ -145,20 +115,12 @@ async def generate(
 ) -> GenerateResponse | EventStreamResponse:
     """Sample a watermarked completion with the caller's key (an exact sample of the model)."""
     check_generate(body, settings)
+    wanted = from_body(body)
     record = await to_thread.run_sync(store.get_active, body.key_id, principal.tenant)
-    check_tokenizer(record.tokenizer, resources.fingerprint, record.key_id)
+    generation = prepare(record, resources.fingerprint, wanted)
     ids = await pool.run(_encode, pool, body, resources.loaded)
     check_prompt_tokens(len(ids), settings)
-    config = SamplerConfig(
-        body.method,
-        body.drafts,
-        body.lookahead,
-        body.max_new_tokens,
-        Processing(body.temperature, body.top_k, body.top_p),
-    )
-    nonce = secrets.randbelow(2**63) if body.nonce is None else body.nonce
-    source = KeyedSource(record.secret, record.context_width, record.masking, nonce)
-    job = worker.submit(ids, config, source, body.drafter if config.speculative else None)
+    job = worker.submit(ids, generation.config, generation.source, generation.drafter)
     tokenizer = resources.loaded.tokenizer  # decode only (immutable) on the event loop
     if body.stream:
 
@@ -168,7 +130,6 @@ async def generate(
             job.cancel()
 
         decoder = IncrementalDecoder(tokenizer)
-        return EventStreamResponse(_events(job, body, record.key_id, nonce, decoder), on_close)
+        return EventStreamResponse(_events(job, generation, decoder), on_close)
     finished = await _result_unless_gone(job, request, metrics)
-    text = decode_text(tokenizer, finished.result.token_ids)
-    return _response(body, record.key_id, nonce, finished, text)
+    return _response(generation, finished, decode_text(tokenizer, finished.result.token_ids))
