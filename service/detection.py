@@ -1,13 +1,22 @@
-"""Detection for the service: choose the keys, run the detector off the event loop (DESIGN §5).
+"""Detection for the service: choose the keys, run the detector, shape the result (DESIGN §5).
+
+The functions at the top are the one path the HTTP routes (through ``DetectionPool``) and the
+CLI (``poissonmark detect``) share:
+
+- ``choose_keys``: which keys a detection tests — its ``key_id`` (revoked keys still detect:
+  text they marked keeps its mark; the key's tokenizer must be this one), or every key of the
+  tenant made for this tokenizer (active ones, revoked too on request), at most ``max_keys``.
+- ``detect_keys``: the detector over those keys (``detector.multikey.detect_multi``: per-key
+  results, Bonferroni over keys; one key is the case K = 1).
+- ``detection_json`` / ``multi_key_json``: the wire shapes of one key's result
+  (``KeyDetectionOut``) and of the whole detection (``DetectResponse``), for the HTTP responses
+  and the CLI's ``--json`` alike.
 
 The event loop only awaits: key lookups (sync Redis) and the detector (tokenizer + PRF + stats)
 run on a small thread pool, each thread with its own copy of the tokenizer (a fast tokenizer
 is not safe to share between threads that encode) and one torch thread (the detector's tensors
 are small: intra-op threads only add synchronisation; measured 10.7 -> 4.5 ms per 300-token
-text on 2 cores). Which keys a request tests is decided here:
-its ``key_id`` (revoked keys still detect: text they marked keeps its mark), or every key of the
-caller's tenant made for this tokenizer (active ones, revoked too on request). The statistics
-are the detector's (``detector.multikey.detect_multi``: per-key results, Bonferroni over keys).
+text on 2 cores).
 
 A record looked up by ``key_id`` is kept, decrypted, for ``key_cache_ttl_s`` seconds per
 (tenant, key id) — a Redis round trip and an AES-GCM open less per request. Nothing detection
@@ -27,17 +36,101 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import cachetools
-import torch
 
-from detector.multikey import detect_multi
+from detector.evidence import Detection
+from detector.multikey import MultiKeyDetection, detect_multi
 from detector.options import DetectOptions as DetectorOptions
-from detector.tokens import check_tokenizer
-from keyed import KeyedSource
+from detector.tokens import Tokenizer, check_tokenizer
 from service.errors import LimitExceeded, NoKeys
 from service.keystore import KeyRecord, KeyStore
 from service.schemas.detect import DetectInput, DetectOptions
 
 T = TypeVar("T")
+KeyLookup = Callable[[str, str | None], KeyRecord]
+"""(key id, tenant or None) -> record: ``KeyStore.get``, or a cache in front of it."""
+
+DETECTION_NONCE = 0
+"""The nonce of a detection's keyed sources. Detection never reads the nonce stream (positions
+keyed by it are never scored), so any nonce gives the same result."""
+
+
+def choose_keys(
+    store: KeyStore,
+    fingerprint: str,
+    tenant: str | None,
+    key_id: str | None,
+    *,
+    include_revoked: bool,
+    max_keys: int,
+    lookup: KeyLookup | None = None,
+) -> list[KeyRecord]:
+    """The keys a detection tests (module docstring), in the store's order.
+
+    Args:
+        fingerprint: ``tokenizer_fingerprint`` of the tokenizer detection uses.
+        tenant: the caller's tenant; None (the CLI, by key id) for any tenant's key.
+        key_id: test this key alone; None for every key of ``tenant`` for this tokenizer.
+        lookup: how a record is read by id (default ``store.get``).
+    Raises:
+        UnknownKey: ``key_id`` is absent or another tenant's.
+        TokenizerMismatch: ``key_id`` was made for another tokenizer.
+        NoKeys: no ``key_id`` and the tenant has no key for this tokenizer.
+        LimitExceeded: no ``key_id`` and more than ``max_keys`` candidates.
+    """
+    if key_id is not None:
+        record = (lookup or store.get)(key_id, tenant)
+        check_tokenizer(record.tokenizer, fingerprint, record.key_id)
+        return [record]
+    listed = store.list_keys(tenant, include_revoked=include_revoked)
+    records = [r for r in listed if r.tokenizer == fingerprint]
+    if not records:
+        raise NoKeys("(any)" if tenant is None else tenant)
+    if len(records) > max_keys:
+        raise LimitExceeded("key_id (omitted: keys to test)", max_keys, len(records), "keys")
+    return records
+
+
+def detect_keys(
+    tokenizer: Tokenizer,
+    records: Sequence[KeyRecord],
+    options: DetectorOptions,
+    *,
+    text: str | None = None,
+    token_ids: Sequence[int] | None = None,
+) -> MultiKeyDetection:
+    """One text against ``records`` (from ``choose_keys``), tokenized once.
+
+    Raises:
+        ValueError: from the detector (bad ids, no keys, ``options.key_id`` set).
+    """
+    sources = {r.key_id: r.source(DETECTION_NONCE) for r in records}
+    return detect_multi(tokenizer, sources, text=text, token_ids=token_ids, options=options)
+
+
+def detection_json(detection: Detection, *, tokens: bool) -> dict[str, Any]:
+    """One key's result, uncorrected (``KeyDetectionOut``): the detector's wire shape and the
+    scored tokens a verdict needs; ``tokens`` null unless asked for."""
+    return detection.to_json(tokens=tokens) | {"min_scored_tokens": detection.min_scored_tokens}
+
+
+def multi_key_json(found: MultiKeyDetection, *, tokens: bool) -> dict[str, Any]:
+    """The whole detection (``DetectResponse``): the verdict on the best key's corrected
+    p-value, then each key's own result in ``results``. Plain JSON, no key material."""
+    return {
+        "verdict": found.verdict.value,
+        "alpha": found.alpha,
+        "best_key_id": found.best_key_id,
+        "num_keys": found.num_keys,
+        "p_value": found.p_value,
+        "log10_p_value": found.log10_p_value,
+        "results": [detection_json(d, tokens=tokens) for d in found.results.values()],
+    }
+
+
+def _one_torch_thread() -> None:
+    import torch  # the pool's threads only; the CLI's use of this module needs no torch
+
+    torch.set_num_threads(1)
 
 
 class DetectionPool:
@@ -65,12 +158,12 @@ class DetectionPool:
         self.fingerprint = fingerprint
         self._local = threading.local()
         self._copy_lock = threading.Lock()
-        self._records: cachetools.TTLCache[tuple[str, str], KeyRecord] | None = None
+        self._records: cachetools.TTLCache[tuple[str | None, str], KeyRecord] | None = None
         if key_cache_ttl_s > 0:
             self._records = cachetools.TTLCache(key_cache_size, key_cache_ttl_s)
         self._records_lock = threading.Lock()  # TTLCache is not thread-safe
         self._executor = ThreadPoolExecutor(
-            threads, thread_name_prefix="detect", initializer=torch.set_num_threads, initargs=(1,)
+            threads, thread_name_prefix="detect", initializer=_one_torch_thread
         )
 
     def tokenizer(self) -> Any:
@@ -95,30 +188,18 @@ class DetectionPool:
     def candidate_keys(
         self, store: KeyStore, tenant: str, options: DetectOptions, max_keys: int
     ) -> list[KeyRecord]:
-        """The keys a request tests (see module docstring).
+        """``choose_keys`` for a request of ``tenant``, by-id lookups through the cache."""
+        return choose_keys(
+            store,
+            self.fingerprint,
+            tenant,
+            options.key_id,
+            include_revoked=options.include_revoked,
+            max_keys=max_keys,
+            lookup=functools.partial(self._record, store),
+        )
 
-        Raises:
-            UnknownKey: ``key_id`` is absent or another tenant's.
-            TokenizerMismatch: ``key_id`` was made for another tokenizer.
-            NoKeys: no ``key_id`` and the tenant has no key for this tokenizer.
-            LimitExceeded: no ``key_id`` and more than ``max_keys`` candidates.
-        """
-        if options.key_id is not None:
-            record = self._record(store, options.key_id, tenant)
-            check_tokenizer(record.tokenizer, self.fingerprint, record.key_id)
-            return [record]
-        records = [
-            r
-            for r in store.list_keys(tenant, include_revoked=options.include_revoked)
-            if r.tokenizer == self.fingerprint
-        ]
-        if not records:
-            raise NoKeys(tenant)
-        if len(records) > max_keys:
-            raise LimitExceeded("key_id (omitted: keys to test)", max_keys, len(records), "keys")
-        return records
-
-    def _record(self, store: KeyStore, key_id: str, tenant: str) -> KeyRecord:
+    def _record(self, store: KeyStore, key_id: str, tenant: str | None) -> KeyRecord:
         """``store.get(key_id, tenant)``, through the cache (module docstring)."""
         if self._records is None:
             return store.get(key_id, tenant)
@@ -134,31 +215,11 @@ class DetectionPool:
         self, records: Sequence[KeyRecord], item: DetectInput, options: DetectOptions
     ) -> dict[str, Any]:
         """One text against ``records``: the ``DetectResponse`` wire shape."""
-        sources = {r.key_id: KeyedSource(r.secret, r.context_width, r.masking) for r in records}
-        found = detect_multi(
-            self.tokenizer(),
-            sources,
-            text=item.text,
-            token_ids=item.token_ids,
-            options=DetectorOptions(
-                alpha=options.alpha, scores=options.scores, spans=options.spans
-            ),
+        wanted = DetectorOptions(alpha=options.alpha, scores=options.scores, spans=options.spans)
+        found = detect_keys(
+            self.tokenizer(), records, wanted, text=item.text, token_ids=item.token_ids
         )
-        results = []
-        for key_id, detection in found.results.items():
-            out = detection.to_json(tokens=options.evidence)
-            out["key_id"] = key_id
-            out["min_scored_tokens"] = detection.min_scored_tokens
-            results.append(out)
-        return {
-            "verdict": found.verdict.value,
-            "alpha": found.alpha,
-            "best_key_id": found.best_key_id,
-            "num_keys": found.num_keys,
-            "p_value": found.p_value,
-            "log10_p_value": found.log10_p_value,
-            "results": results,
-        }
+        return multi_key_json(found, tokens=options.evidence)
 
     def detect_all(
         self,
