@@ -40,7 +40,8 @@ from rich.progress import track
 
 from bench.appd_eval import PROCESSING, heldout_prompts, key_source, output_laws
 from bench.common import RESULTS, environment
-from keyed import Secret, exponential_clocks, keys_tensor, label_key
+from keyed import Secret, label_key
+from keyed.tensor import exponential_clocks, keys_tensor
 from sampler.baselines import gumbels
 from sampler.completion import eos_ids, prompt_ids
 from sampler.decoder import SamplerConfig, generate

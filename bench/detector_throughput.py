@@ -49,7 +49,7 @@ from bench.common import RESULTS
 from bench.detector_common import DATA, bench_source, data_home, run_metadata
 from detector import AARONSON, SCORE_NAMES, SCORES, DetectOptions, detect
 from detector.tokens import tokenize
-from keyed import detection_plan_arrays, label_key_words, pivot_array, prf
+from keyed import _kernel_loader, detection_plan_arrays, label_key_words, pivot_array
 from sampler.models import DEFAULT_MODEL, load_tokenizer, materialise
 
 TEXT_TOKENS = 512
@@ -91,7 +91,7 @@ def stage_times(tokenizer: Any, source: Any, texts: list[str], repeats: int) -> 
 
     out: dict[str, Any] = {"units": "µs per 512-token text, each stage alone"}
     out["compiled"] = {name: round(best(run), 1) for name, run in stages.items()}
-    with mock.patch.object(prf, "_kernels", lambda: None):  # the NumPy fallback
+    with mock.patch.object(_kernel_loader, "kernels", lambda: None):  # the NumPy fallback
         out["numpy_fallback"] = {name: round(best(stages[name]), 1) for name in ("plan", "pivots")}
     return out
 

@@ -93,8 +93,8 @@ _WORKER_JOB: _Job | None = None
 
 def _init_worker(job: _Job) -> None:
     global _WORKER_JOB
-    # Detection needs no torch (keyed imports it on first tensor use): a worker that has it
-    # anyway runs one intra-op thread, one process per core.
+    # Detection needs no torch (only keyed.tensor, the sampler's path, imports it): a worker
+    # that has it anyway runs one intra-op thread, one process per core.
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(1)

@@ -1,8 +1,18 @@
 """The watermark contract: key material, the keyed PRF, labels and the repeated-context rule.
 
-The only home of keyed randomness in poissonmark (DESIGN §1-§2).
+The only home of keyed randomness in poissonmark (DESIGN §1-§2). Modules:
+- ``keyed.prf``: the construction (``PRF_VERSION``), ``Secret``, context keys, the CPU
+  uniforms and the detector's ``pivot_array``;
+- ``keyed.context``: labels, ``KeyedSource``, the repeated-context rule, the detection plan;
+- ``keyed.philox``: the counter generator in NumPy (the reference and fallback);
+- ``keyed._kernels`` / ``keyed._kernel_loader``: the generator and the plan compiled with
+  numba, checked against NumPy before use (``warm_up``);
+- ``keyed.tensor``: the sampler's clocks on torch tensors (``clock_uniforms``,
+  ``exponential_clocks``, ``keys_tensor``), for any device. Not imported here: ``import
+  keyed`` loads no torch.
 """
 
+from keyed._kernel_loader import warm_up
 from keyed.context import (
     SKIP_CODES,
     DetectionPlan,
@@ -13,24 +23,16 @@ from keyed.context import (
     detection_plan,
     detection_plan_arrays,
     label_at,
-    warm_up,
 )
 from keyed.prf import (
     PRF_VERSION,
     SECRET_BYTES,
     SENTINEL,
     Secret,
-    clock_uniforms,
-    exponential_clocks,
-    keys_tensor,
     label_key,
     label_key_words,
-    label_keys,
     nonce_key,
-    philox4x32_10,
     pivot_array,
-    pivots,
-    uniforms_from_keys,
 )
 
 __all__ = [
@@ -44,19 +46,12 @@ __all__ = [
     "PlannedPosition",
     "Secret",
     "SkipReason",
-    "clock_uniforms",
     "detection_plan",
     "detection_plan_arrays",
-    "exponential_clocks",
-    "keys_tensor",
     "label_at",
     "label_key",
     "label_key_words",
-    "label_keys",
     "nonce_key",
-    "philox4x32_10",
     "pivot_array",
-    "pivots",
-    "uniforms_from_keys",
     "warm_up",
 ]

@@ -1,16 +1,17 @@
-"""Compiled CPU kernels of the keyed PRF (numba): the same bits as ``keyed.prf``'s NumPy path.
+"""Compiled CPU kernels of the keyed PRF (numba): the same bits as ``keyed.philox`` (NumPy).
 
-Imported by ``keyed.prf`` on first use, never at import time (numba takes ~0.2 s to import and
-compiles each kernel once, then loads it from its on-disk cache); ``keyed.prf`` falls back to
-its NumPy path when numba is absent. Why compiled: the detector's arrays are a few hundred
+Imported by ``keyed._kernel_loader`` on first use, never at import time (numba takes ~0.2 s to
+import and compiles each kernel once, then loads it from its on-disk cache); the CPU paths fall
+back to NumPy when numba is absent. Why compiled: the detector's arrays are a few hundred
 long, where a vectorised Philox4x32-10 is ~55 NumPy calls whose fixed cost is most of the time
 (~80 µs for a 512-token text); one pass over the elements here takes a few µs.
 
 ``uniforms_into`` runs Philox4x32-10 (Salmon et al., SC'11) at counter (c0, c1, 0, 0) with key
 (k0, k1) and maps the output words to U = min((top 53 bits + 0.5) / 2^53, 1 − 2^-53), exactly
 as ``keyed.prf`` documents (the sampler's CPU clocks and the detector's pivots, arrival 1);
-``plan_into`` is the repeated-context plan. ``keyed.prf`` checks both against its NumPy paths
-when it loads them, and ``tests/keyed`` against the tensor path and the known-answer vectors.
+``plan_into`` is the repeated-context plan. ``keyed._kernel_loader`` checks both against the
+NumPy paths when it loads them, and ``tests/keyed`` against the tensor path and the
+known-answer vectors.
 Inputs are int64 arrays of uint32 words; ``nogil``: service threads detect in parallel.
 """
 

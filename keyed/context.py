@@ -22,7 +22,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from keyed import prf
+from keyed import _kernel_loader
 from keyed.prf import PRF_VERSION, SENTINEL, Secret, label_key, nonce_key
 
 Label = tuple[int, ...]
@@ -190,7 +190,7 @@ def detection_plan_arrays(
     """
     ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
     n = ids.shape[0]
-    if n > width and (kernels := prf._kernels()) is not None:
+    if n > width and (kernels := _kernel_loader.kernels()) is not None:
         bits = max(int(ids.max()).bit_length(), 1)
         if ids.min() >= 0 and bits * width <= 64:  # labels pack into one uint64
             skip = np.empty(n, dtype=np.int8)
@@ -261,15 +261,3 @@ def _label_row_keys(
     rows = np.ascontiguousarray(labels)
     voids: np.ndarray = rows.view(np.dtype((np.void, rows.dtype.itemsize * width))).reshape(-1)
     return voids
-
-
-def warm_up() -> bool:
-    """Compile (or load from numba's on-disk cache) and check the keyed CPU kernels now, so the
-    first detection or CPU generation does not pay for it (0.4-0.6 s once per process; the
-    service calls this at start-up, corpus workers in their initializer).
-
-    Returns:
-        True when the compiled kernels are in use, False when the NumPy paths run (numba absent
-        or unable to serve: ``keyed.prf._kernels``; the same bits either way).
-    """
-    return prf._kernels() is not None

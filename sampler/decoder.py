@@ -27,7 +27,8 @@ from typing import Literal
 import torch
 from transformers import PreTrainedModel
 
-from keyed import KeyedSource, Label, Secret, exponential_clocks, label_at
+from keyed import KeyedSource, Label, Secret, label_at
+from keyed.tensor import exponential_clocks
 from sampler.cached_lm import CachedLM
 from sampler.drafters import Drafter, feed_target_hidden, wants_target_hidden
 from sampler.processing import Processing, Support, process

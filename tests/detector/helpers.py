@@ -7,7 +7,8 @@ import hashlib
 import numpy as np
 import torch
 
-from keyed import KeyedSource, Secret, exponential_clocks, keys_tensor, label_key
+from keyed import KeyedSource, Secret, label_key
+from keyed.tensor import exponential_clocks, keys_tensor
 
 
 def fixed_secret(name: str) -> Secret:

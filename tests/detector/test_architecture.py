@@ -45,7 +45,7 @@ def test_importing_detector_loads_no_sampler_module() -> None:
 
 def test_detecting_loads_no_torch() -> None:
     """Corpus workers start by importing the detector: torch (seconds to import) stays out of a
-    whole detection, key derivation and pivots included (keyed loads it on first tensor use)."""
+    whole detection, key derivation and pivots included (only ``keyed.tensor`` imports it)."""
     code = (
         "import sys, detector, keyed\n"
         "from detector.tokens import TokenizedText\n"

@@ -22,13 +22,15 @@ from detector import (
     verdict,
 )
 from detector.scores import SCORE_NAMES, SCORES
-from keyed import KeyedSource, keys_tensor, label_key, pivots
+from keyed import KeyedSource, label_key
+from keyed.tensor import keys_tensor
 from tests.detector.helpers import (
     fixed_secret,
     fixed_source,
     keyed_race_continue,
     keyed_race_ids,
 )
+from tests.keyed.reference import pivots
 
 # Case C9 fixture: on the SmolLM2 tokenizer, decode([1000, 18434]) = "())+" ("()" then ")+"),
 # which re-encodes as [5107, 27] ("())" "+"): decode -> encode does not give the ids back.

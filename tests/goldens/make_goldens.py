@@ -25,15 +25,8 @@ from typing import Any
 
 import torch
 
-from keyed.prf import (
-    PRF_VERSION,
-    SENTINEL,
-    Secret,
-    label_key,
-    nonce_key,
-    philox4x32_10,
-    uniforms_from_keys,
-)
+from keyed.prf import PRF_VERSION, SENTINEL, Secret, label_key, nonce_key
+from keyed.tensor import philox4x32_10, uniforms_from_keys
 
 GOLDENS_DIR = Path(__file__).resolve().parent
 S = SENTINEL

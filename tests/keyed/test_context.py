@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from keyed import prf
+from keyed import _kernel_loader
 from keyed.context import (
     SKIP_CODES,
     DetectionPlan,
@@ -189,9 +189,9 @@ def test_plan_arrays_equal_the_reference_loop(
     on random and on adversarially repetitive texts, with special tokens sprinkled in — both
     the compiled kernel (a hash table of packed labels) and the NumPy path (sort-based)."""
     if not compiled:
-        monkeypatch.setattr(prf, "_kernels", lambda: None)
+        monkeypatch.setattr(_kernel_loader, "kernels", lambda: None)
     else:
-        assert prf._kernels() is not None  # numba is a dependency: the kernel really runs
+        assert _kernel_loader.kernels() is not None  # numba is a dependency: the kernel really runs
     rng = np.random.default_rng(width * 31 + len(kind))
     tokens = {
         "random": rng.integers(0, 49_152, 400),

@@ -9,22 +9,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 from keyed.context import KeyedSource
-from keyed.prf import (
-    PRF_VERSION,
-    SENTINEL,
-    Secret,
-    clock_uniforms,
-    keys_tensor,
-    label_key,
-    nonce_key,
-    philox4x32_10,
-    pivots,
-    uniforms_from_keys,
-)
+from keyed.prf import PRF_VERSION, SENTINEL, Secret, label_key, nonce_key, pivot_array
+from keyed.tensor import clock_uniforms, keys_tensor, philox4x32_10, uniforms_from_keys
+from tests.keyed.reference import pivots
 from tests.keyed.test_prf import reference_block
 
 GOLDEN_FILE = Path(__file__).resolve().parents[1] / "goldens" / f"prf_v{PRF_VERSION}.json"
@@ -81,6 +73,7 @@ def test_golden_case(case):
     assert sampler[0, 0, arrival - 1].item() == expected
     if arrival == 1:
         assert pivots(k, torch.tensor([token])).item() == expected
+        assert pivot_array(np.array([key]), np.array([token])).item() == expected  # the detector
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.values[0]["kind"] == "label"][:10])

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import keyed
-from keyed import prf
-from keyed.prf import _BELOW_ONE, _TWO_POW_53, _philox4x32_10_numpy
+from keyed import _kernel_loader, prf, tensor
+from keyed.philox import BELOW_ONE, TWO_POW_53, philox4x32_10_numpy
 
 
 def _words(size: int, seed: int) -> np.ndarray:
@@ -23,7 +23,7 @@ def _words(size: int, seed: int) -> np.ndarray:
 
 
 def test_kernels_are_in_use() -> None:
-    assert prf._kernels() is not None
+    assert _kernel_loader.kernels() is not None
     assert keyed.warm_up() is True
 
 
@@ -38,9 +38,9 @@ def test_pivot_kernel_equals_numpy_philox(size: int, monkeypatch: pytest.MonkeyP
     wide = keys + 2**32
     compiled_wide = prf.pivot_array(wide, c0)
     assert np.array_equal(prf.pivot_array(np.asfortranarray(keys), c0.astype(np.uint32)), compiled)
-    kernels = prf._kernels()
+    kernels = _kernel_loader.kernels()
     assert kernels is not None and len(kernels.uniforms_into.signatures) == 1
-    monkeypatch.setattr(prf, "_kernels", lambda: None)
+    monkeypatch.setattr(_kernel_loader, "kernels", lambda: None)
     assert np.array_equal(prf.pivot_array(keys, c0), compiled)
     assert np.array_equal(prf.pivot_array(wide, c0), compiled_wide)
 
@@ -48,13 +48,13 @@ def test_pivot_kernel_equals_numpy_philox(size: int, monkeypatch: pytest.MonkeyP
 def test_uniform_kernel_equals_numpy_philox() -> None:
     c0, c1, k0, k1 = _words(50_000, seed=7)
     out = np.empty(c0.shape[0])
-    kernels = prf._kernels()
+    kernels = _kernel_loader.kernels()
     assert kernels is not None
     kernels.uniforms_into(c0, c1, k0, k1, out)
     u64 = np.uint64  # the mapping spelled out here, not through prf's helper
-    x0, x1 = _philox4x32_10_numpy(*(w.astype(u64) for w in (c0, c1, k0, k1)))
+    x0, x1 = philox4x32_10_numpy(*(w.astype(u64) for w in (c0, c1, k0, k1)))
     top = ((x1 << u64(21)) | (x0 >> u64(11))).astype(np.float64)
-    assert np.array_equal(out, np.minimum((top + 0.5) / _TWO_POW_53, _BELOW_ONE))
+    assert np.array_equal(out, np.minimum((top + 0.5) / TWO_POW_53, BELOW_ONE))
 
 
 def test_uniforms_from_keys_same_with_and_without_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -62,9 +62,9 @@ def test_uniforms_from_keys_same_with_and_without_kernels(monkeypatch: pytest.Mo
     rng = np.random.default_rng(3)
     k = torch.from_numpy(rng.integers(0, 2**32, size=(5, 2)))
     tokens = torch.from_numpy(rng.integers(0, 49_152, size=(5, 300)))
-    compiled = prf.clock_uniforms(k, tokens, 4)
-    monkeypatch.setattr(prf, "_kernels", lambda: None)
-    assert torch.equal(compiled, prf.clock_uniforms(k, tokens, 4))
+    compiled = tensor.clock_uniforms(k, tokens, 4)
+    monkeypatch.setattr(_kernel_loader, "kernels", lambda: None)
+    assert torch.equal(compiled, tensor.clock_uniforms(k, tokens, 4))
 
 
 def test_detection_same_with_and_without_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -79,7 +79,7 @@ def test_detection_same_with_and_without_kernels(monkeypatch: pytest.MonkeyPatch
     source = keyed.KeyedSource(keyed.Secret(bytes(range(32))))
     options = DetectOptions(scores=("u", "li", "lattimore"), spans=True)
     compiled = detect_tokenized(text, frozenset({0, 1, 2}), source, options)
-    monkeypatch.setattr(prf, "_kernels", lambda: None)
+    monkeypatch.setattr(_kernel_loader, "kernels", lambda: None)
     assert keyed.warm_up() is False
     plain = detect_tokenized(text, frozenset({0, 1, 2}), source, options)
     assert compiled.to_json() == plain.to_json()
@@ -94,7 +94,7 @@ def test_plan_kernel_is_exact_when_every_label_lands_in_one_slot() -> None:
     texts from being built.)"""
     from keyed.context import _LABEL_OFFSETS, _plan_numpy
 
-    kernels = prf._kernels()
+    kernels = _kernel_loader.kernels()
     assert kernels is not None
     fibonacci = 0x9E3779B97F4A7C15
     inverse = pow(fibonacci, -1, 2**64)
@@ -122,7 +122,7 @@ def test_the_plan_hashes_with_the_process_multiplier(monkeypatch: pytest.MonkeyP
     special ids that cannot be token ids (negative, past int64) are simply never matched."""
     from keyed.context import detection_plan, detection_plan_arrays
 
-    kernels = prf._kernels()
+    kernels = _kernel_loader.kernels()
     assert kernels is not None and int(kernels.MULTIPLIER) % 2 == 1
     seen: list[object] = []
     original = kernels.plan_into
@@ -161,8 +161,8 @@ def test_kernels_fall_back_to_numpy(
         raise error
 
     monkeypatch.setattr(importlib, "import_module", broken)
-    with caplog.at_level("WARNING", logger="keyed.prf"):
-        assert prf._kernels.__wrapped__() is None  # type: ignore[attr-defined]
+    with caplog.at_level("WARNING", logger="keyed._kernel_loader"):
+        assert _kernel_loader.kernels.__wrapped__() is None  # type: ignore[attr-defined]
     assert ("using the NumPy paths" in caplog.text) is warns
 
 
@@ -173,7 +173,7 @@ def test_kernels_that_disagree_with_numpy_are_not_used(
     import importlib
     import types
 
-    kernels = prf._kernels()
+    kernels = _kernel_loader.kernels()
     assert kernels is not None
     wrong = types.SimpleNamespace(plan_into=kernels.plan_into, MULTIPLIER=kernels.MULTIPLIER)
 
@@ -183,6 +183,6 @@ def test_kernels_that_disagree_with_numpy_are_not_used(
 
     wrong.uniforms_into = uniforms_off_by_one_bit
     monkeypatch.setattr(importlib, "import_module", lambda name: wrong)
-    with caplog.at_level("WARNING", logger="keyed.prf"):
-        assert prf._kernels.__wrapped__() is None  # type: ignore[attr-defined]
+    with caplog.at_level("WARNING", logger="keyed._kernel_loader"):
+        assert _kernel_loader.kernels.__wrapped__() is None  # type: ignore[attr-defined]
     assert "disagree with the NumPy paths" in caplog.text

@@ -1,4 +1,6 @@
-"""``label_keys`` (batched context keys) equals ``label_key`` bit for bit (DESIGN §2: one PRF)."""
+"""Batched context keys equal ``label_key`` bit for bit, and ``pivot_array`` the tensor path's
+pivots (DESIGN §2: one PRF). ``label_keys`` and ``pivots`` are the test references
+(``tests/keyed/reference.py``)."""
 
 from __future__ import annotations
 
@@ -6,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from keyed import SENTINEL, Secret, label_key, label_key_words, label_keys, pivot_array, pivots
+from keyed import SENTINEL, Secret, label_key, label_key_words, pivot_array
+from tests.keyed.reference import label_keys, pivots
 
 
 def test_label_keys_equals_label_key() -> None:

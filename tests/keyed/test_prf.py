@@ -21,18 +21,9 @@ from randomgen import Philox
 from scipy import stats
 
 from keyed.context import KeyedSource
-from keyed.prf import (
-    PRF_VERSION,
-    SENTINEL,
-    Secret,
-    clock_uniforms,
-    keys_tensor,
-    label_key,
-    nonce_key,
-    philox4x32_10,
-    pivots,
-    uniforms_from_keys,
-)
+from keyed.prf import PRF_VERSION, SENTINEL, Secret, label_key, nonce_key, pivot_array
+from keyed.tensor import clock_uniforms, keys_tensor, philox4x32_10, uniforms_from_keys
+from tests.keyed.reference import pivots
 
 MASK32 = 2**32 - 1
 VOCAB = 49_152
@@ -194,7 +185,7 @@ def test_uniforms_strictly_inside_unit_interval():
 
 def test_extreme_words_stay_below_one():
     """The largest 53-bit value would round (top53 + 0.5) / 2^53 up to 1; U must stay < 1."""
-    from keyed.prf import _to_unit_interval
+    from keyed.tensor import _to_unit_interval
 
     u = _to_unit_interval(torch.tensor([0, 2**52, 2**53 - 2, 2**53 - 1]))
     assert bool((u < 1.0).all()) and bool((u > 0.0).all())
@@ -208,14 +199,14 @@ def test_numpy_fast_path_equals_tensor_philox(size: int):
     block, one past it and many blocks with a partial last one."""
     import numpy as np
 
-    from keyed.prf import _BLOCK, _philox4x32_10_numpy
+    from keyed.philox import BLOCK, philox4x32_10_numpy
 
-    assert _BLOCK == 8192  # the sizes above straddle it
+    assert BLOCK == 8192  # the sizes above straddle it
     rng = np.random.default_rng(123)
     words = rng.integers(0, 2**32, size=(4, size), dtype=np.uint64)
     words[:, :4] = [[0, 2**32 - 1, 0, 2**32 - 1]] * 4
     c0, c1, k0, k1 = words
-    x0n, x1n = _philox4x32_10_numpy(c0.copy(), c1.copy(), k0.copy(), k1.copy())
+    x0n, x1n = philox4x32_10_numpy(c0.copy(), c1.copy(), k0.copy(), k1.copy())
     t = [torch.from_numpy(w.astype(np.int64)) for w in words]
     zero = torch.zeros_like(t[0])
     x0t, x1t, _, _ = philox4x32_10((t[0], t[1], zero, zero), (t[2], t[3]))
@@ -399,6 +390,8 @@ def test_case_c2_sampler_and_detector_paths_agree():
     observed = vocab[:, 17]
     sampler = clock_uniforms(keys, vocab, 4)[:, 17, 0]
     assert torch.equal(pivots(keys, observed), sampler)
+    detector = pivot_array(keys.numpy(), observed.numpy())  # the detector's own path
+    assert torch.equal(torch.from_numpy(detector), sampler)
     for n in range(0, 64, 13):
         key = (int(keys[n, 0]), int(keys[n, 1]))
         assert sampler[n].item() == reference_uniform(key, int(observed[n]), 1)

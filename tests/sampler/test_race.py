@@ -9,7 +9,8 @@ import pytest
 import torch
 from scipy import stats
 
-from keyed import Secret, exponential_clocks, keys_tensor, label_key
+from keyed import Secret, label_key
+from keyed.tensor import exponential_clocks, keys_tensor
 from sampler.processing import Processing, process
 from sampler.race import acceptance_lower_bound, mpfr_samples, race_winner
 from tests.sampler.conftest import C10_CASES

@@ -1,0 +1,75 @@
+"""Loads the compiled keyed kernels (``keyed/_kernels.py``, numba) and checks them before use.
+
+``kernels()`` imports the kernel module once per process, runs each kernel (which compiles it,
+or loads it from numba's on-disk cache) and compares it with the NumPy path
+(``keyed.philox.uniforms_numpy``) and a small known plan. It returns the module, or None:
+then every CPU path (``keyed.prf``'s pivots and CPU clocks, ``keyed.context``'s plan) runs
+NumPy, the same bits. None silently when numba is not installed; with a warning (once per
+process) when it is but cannot serve — an import error (e.g. a NumPy newer than it supports),
+no writable cache location, a compile failure, or kernels that disagree with NumPy.
+
+Callers look ``kernels`` up on this module at each use, so tests switch the kernels off with
+``monkeypatch.setattr(_kernel_loader, "kernels", lambda: None)``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+from types import ModuleType
+
+import numpy as np
+
+from keyed.philox import uniforms_numpy
+
+
+@functools.cache
+def kernels() -> ModuleType | None:
+    """``keyed._kernels``, compiled and checked on this machine, or None (module docstring)."""
+    try:
+        module = importlib.import_module("keyed._kernels")
+        _check(module)
+    except ModuleNotFoundError as exc:
+        if exc.name == "numba":
+            return None
+        problem: Exception = exc
+    except Exception as exc:  # detection must work whatever numba does here
+        problem = exc
+    else:
+        return module
+    logging.getLogger(__name__).warning(
+        "keyed kernels unavailable (%s: %s); using the NumPy paths", type(problem).__name__,
+        problem,
+    )  # fmt: skip
+    return None
+
+
+def warm_up() -> bool:
+    """Compile (or load from numba's on-disk cache) and check the keyed CPU kernels now, so the
+    first detection or CPU generation does not pay for it (0.4-0.6 s once per process; the
+    service calls this at start-up, corpus workers in their initializer).
+
+    Returns:
+        True when the compiled kernels are in use, False when the NumPy paths run (numba absent
+        or unable to serve: ``kernels``; the same bits either way).
+    """
+    return kernels() is not None
+
+
+def _check(module: ModuleType) -> None:
+    """Run each kernel once and compare it with the NumPy path on 64 random words and with a
+    small plan worked out by hand. Raises ``RuntimeError`` on a mismatch."""
+    rng = np.random.default_rng(0)
+    c0, c1, k0, k1 = rng.integers(0, 2**32, size=(4, 64), dtype=np.int64)
+    got = np.empty(64, dtype=np.float64)
+    module.uniforms_into(c0, c1, k0, k1, got)
+    ids = np.array([1, 2, 1, 2, 1, 3, 3], dtype=np.int64)  # m = 2: scored 2, 3, 6; repeats 4, 5
+    skip, chosen = np.empty(7, dtype=np.int8), np.empty(7, dtype=np.int64)
+    count = module.plan_into(ids, 2, 2, np.array([9], np.int64), skip, chosen, module.MULTIPLIER)
+    if not (
+        np.array_equal(got, uniforms_numpy(c0, c1, k0, k1))
+        and skip.tolist() == [1, 1, 0, 0, 2, 2, 0]
+        and chosen[:count].tolist() == [2, 3, 6]
+    ):
+        raise RuntimeError("compiled keyed kernels disagree with the NumPy paths")
