@@ -34,6 +34,7 @@ from typing import Any, Final
 
 import redis
 import redis.asyncio
+from redis.typing import EncodableT, FieldT
 
 from service.errors import InvalidInput, KeyStoreUnavailable, PoissonmarkError
 from service.keystore import DEFAULT_PREFIX, check_tenant, utc_now_iso
@@ -177,7 +178,7 @@ class TokenStore:
                 secret = base64.urlsafe_b64encode(secrets.token_bytes(32)).rstrip(b"=").decode()
                 token = f"{TOKEN_PREFIX}{token_id}_{secret}"
                 record = TokenRecord(token_id, tenant, checked, name, utc_now_iso(), False)
-                fields = {
+                fields: dict[FieldT, EncodableT] = {
                     "token_id": token_id,
                     "digest": digest(token),
                     "tenant": tenant,
@@ -190,12 +191,12 @@ class TokenStore:
                     return token, record
         raise KeyStoreUnavailable(self._where, "could not allocate an unused token id")
 
-    def _insert(self, token_id: str, fields: dict[str, str]) -> bool:
+    def _insert(self, token_id: str, fields: dict[FieldT, EncodableT]) -> bool:
         """Write a record and its set membership in one transaction; False if the id is taken."""
         key = self._key(token_id)
         with self._client.pipeline(transaction=True) as pipe:
             try:
-                pipe.watch(key)
+                pipe.watch(key)  # type: ignore[no-untyped-call]
                 if pipe.exists(key):
                     return False
                 pipe.multi()

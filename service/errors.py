@@ -311,7 +311,8 @@ PROBLEMS: Final[dict[type[BaseException], ProblemType]] = {
     KeyRecordCorrupt: ProblemType("key-record-corrupt", 500, "Stored key is corrupt", expose=False),
     KekFileError: ProblemType("kek-file", 500, "Key-encryption key unusable", expose=False),
     InvalidInput: INVALID_REQUEST,
-    ValueError: INVALID_REQUEST,
+    # No entry for ValueError (or any other builtin): one that is not InvalidInput is a bug,
+    # reported as INTERNAL (a logged 500), never as the caller's fault.
 }
 
 

@@ -28,6 +28,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 import redis
+from redis.typing import EncodableT, FieldT
 
 from keyed.context import MAX_CONTEXT_WIDTH, KeyedSource
 from keyed.prf import PRF_VERSION, SECRET_BYTES, Secret
@@ -266,7 +267,7 @@ class KeyStore:
         key = self._record_key(record.key_id)
         with self._client.pipeline(transaction=True) as pipe:
             try:
-                pipe.watch(key)
+                pipe.watch(key)  # type: ignore[no-untyped-call]
                 if pipe.exists(key):
                     return False
                 pipe.multi()
@@ -346,7 +347,7 @@ class KeyStore:
             with reaching_redis(self._client), self._client.pipeline(transaction=True) as pipe:
                 try:
                     # WATCH + EXISTS: never create a stray one-field hash if the record vanished.
-                    pipe.watch(key)
+                    pipe.watch(key)  # type: ignore[no-untyped-call]
                     if not pipe.exists(key):
                         raise UnknownKey(key_id)
                     pipe.multi()
@@ -358,7 +359,7 @@ class KeyStore:
         raise KeyStoreUnavailable(self._where, "the record kept changing during revoke")
 
     # Encoding and sealing
-    def _encode(self, record: KeyRecord) -> dict[str, str]:
+    def _encode(self, record: KeyRecord) -> dict[FieldT, EncodableT]:
         return {
             "key_id": record.key_id,
             "secret": self._sealer.seal(record.key_id, record.secret),

@@ -1,12 +1,15 @@
 """The service's request limits (settings), checked before any work is queued.
 
 Each violation raises ``LimitExceeded`` naming the field and the limit (422 ``limit-exceeded``);
-body size is the middleware's (413). Hard limits of the libraries are in the schemas.
+body size is the middleware's (413). Hard limits of the libraries are in the schemas, or
+applied here when they depend on the served model (``InvalidInput``, 422 ``invalid-request``):
+no input a client can send reaches a library's ``ValueError``.
 """
 
 from __future__ import annotations
 
-from service.errors import LimitExceeded
+from sampler.completion import MAX_MESSAGES
+from service.errors import InvalidInput, LimitExceeded
 from service.schemas.detect import DetectInput
 from service.schemas.generate import GenerateRequest
 from service.settings import Settings
@@ -24,7 +27,8 @@ def check_generate(request: GenerateRequest, settings: Settings) -> None:
     if request.prompt is not None:
         _at_most("prompt", len(request.prompt), settings.max_prompt_chars, "characters")
     if request.messages is not None:
-        _at_most("messages", len(request.messages), settings.max_messages, "messages")
+        limit = min(settings.max_messages, MAX_MESSAGES)  # the chat prompt's own bound
+        _at_most("messages", len(request.messages), limit, "messages")
         chars = sum(len(m.content) for m in request.messages)
         _at_most("messages[].content", chars, settings.max_prompt_chars, "characters in all")
 
@@ -33,14 +37,23 @@ def check_prompt_tokens(count: int, settings: Settings) -> None:
     _at_most("prompt", count, settings.max_prompt_tokens, "tokens after the chat template")
 
 
-def check_detect_input(item: DetectInput, settings: Settings, where: str = "") -> None:
+def check_detect_input(
+    item: DetectInput, settings: Settings, vocab_size: int, where: str = ""
+) -> None:
+    """Limits of one text, and its ``token_ids`` inside the served tokenizer's vocabulary."""
     if item.text is not None:
         _at_most(f"{where}text", len(item.text), settings.max_text_chars, "characters")
     if item.token_ids is not None:
         _at_most(f"{where}token_ids", len(item.token_ids), settings.max_token_ids, "ids")
+        for i, token in enumerate(item.token_ids):
+            if not 0 <= token < vocab_size:
+                raise InvalidInput(
+                    f"{where}token_ids[{i}]",
+                    f"expected an id of the served tokenizer, in [0, {vocab_size}), got {token}",
+                )
 
 
-def check_batch(items: list[DetectInput], settings: Settings) -> None:
+def check_batch(items: list[DetectInput], settings: Settings, vocab_size: int) -> None:
     _at_most("items", len(items), settings.max_batch, "items")
     for i, item in enumerate(items):
-        check_detect_input(item, settings, f"items[{i}].")
+        check_detect_input(item, settings, vocab_size, f"items[{i}].")

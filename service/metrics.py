@@ -98,10 +98,10 @@ class Metrics:
         if not self.multiprocess:
             return generate_latest(self.registry)
         combined = CollectorRegistry()
-        MultiProcessCollector(combined)
+        MultiProcessCollector(combined)  # type: ignore[no-untyped-call]
         return generate_latest(combined)
 
     def process_exiting(self) -> None:
         """Drop this process's live gauges from the shared view (multiprocess mode)."""
         if self.multiprocess:
-            mark_process_dead(os.getpid())
+            mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]

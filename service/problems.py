@@ -1,7 +1,10 @@
 """RFC 9457 problem+json responses: the exception handlers of the app (STYLE 12).
 
 Which status and type an error gets is ``service.errors.PROBLEMS`` (looked up along the MRO);
-this module only renders it. A detail is the exception's message when the table marks it safe
+this module only renders it. Only domain exceptions (``PoissonmarkError``, ``DetectorError``)
+and request validation errors are the caller's fault; anything else, a plain ``ValueError``
+included, is a bug: a 500 ``internal-error`` with a generic detail (no message, no traceback),
+the traceback going to the log. A detail is the exception's message when the table marks it safe
 to expose (messages never hold secrets; server-side faults keep a generic detail). Request
 validation errors name every offending field and its constraint, never the input value (it
 could be a pasted secret). Log lines carry the problem type and status, not the detail.
@@ -26,6 +29,7 @@ from service.errors import (
     METHOD_NOT_ALLOWED,
     NOT_FOUND,
     BodyTooLarge,
+    InvalidInput,
     KeyStoreUnavailable,
     LimitExceeded,
     NotAuthenticated,
@@ -53,6 +57,8 @@ def problem_body(
         body["instance"] = instance
     if isinstance(exc, LimitExceeded):
         body["field"], body["limit"] = exc.field, exc.limit
+    elif isinstance(exc, InvalidInput):
+        body["field"] = exc.field
     elif isinstance(exc, BodyTooLarge):
         body["field"], body["limit"] = "body", exc.limit
     return body
@@ -85,6 +91,8 @@ def problem_response(
 
 async def _domain_error(request: Request, exc: Exception) -> JSONResponse:
     problem = problem_for(exc)
+    if problem is INTERNAL:  # a domain class without a table entry: a bug like any other
+        return await _unhandled(request, exc)
     if problem.status >= 500:
         log.error("%s on %s: %s", problem.slug, _instance(request), type(exc).__name__)
     return problem_response(exc, _instance(request), problem)
@@ -163,8 +171,8 @@ def _allowed_methods(request: Request) -> str:
 
 
 def install(app: FastAPI) -> None:
-    """Register the handlers: domain errors by class, validation, HTTP errors, the rest."""
-    for cls in (PoissonmarkError, DetectorError, ValueError):
+    """Register the handlers: domain errors by class, validation, HTTP errors, the rest (500)."""
+    for cls in (PoissonmarkError, DetectorError):
         app.add_exception_handler(cls, _domain_error)
     app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_exception_handler(StarletteHTTPException, _http_error)

@@ -200,8 +200,7 @@ def _start_embedded(home: Path) -> redis.Redis:
 
 def _ensure_aof(client: redis.Redis) -> None:
     """Switch AOF on (if the server runs without it) and wait for the initial AOF write."""
-    answer = {as_text(name): value for name, value in client.config_get("appendonly").items()}
-    if answer.get("appendonly") in ("yes", b"yes"):
+    if client.config_get("appendonly").get("appendonly") == "yes":  # redis-py decodes CONFIG GET
         return
     client.config_set("appendonly", "yes")
     deadline = time.monotonic() + _AOF_REWRITE_WAIT_S

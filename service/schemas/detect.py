@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Self
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
+from detector.scores import SCORE_NAMES
 from service.schemas.common import KeyId, RequestModel, Text
 
 Verdict = Literal["watermarked", "not_detected", "insufficient_evidence"]
@@ -34,6 +35,14 @@ class DetectOptions(RequestModel):
     )
     evidence: bool = Field(default=False, description="Include per-token evidence.")
     spans: bool = Field(default=False, description="Run the span search (windows of evidence).")
+
+    @field_validator("scores")
+    @classmethod
+    def _known_scores(cls, scores: list[str]) -> list[str]:
+        # Checked here (a 422 naming the field), not left to the detector's ValueError.
+        if any(name not in SCORE_NAMES for name in scores) or len(set(scores)) < len(scores):
+            raise ValueError(f"expected names from {list(SCORE_NAMES)}, each at most once")
+        return scores
 
 
 class DetectInput(RequestModel):

@@ -53,6 +53,8 @@ class GenerateRequest(RequestModel):
     def _one_prompt(self) -> Self:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of prompt or messages")
+        if self.messages is not None and not self.messages:
+            raise ValueError("messages: expected at least one message")
         if 0.0 < self.temperature < MIN_TEMPERATURE:
             raise ValueError(f"temperature: expected 0 or >= {MIN_TEMPERATURE}")
         return self

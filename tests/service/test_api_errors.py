@@ -4,7 +4,9 @@ for the detection rate limit; never a 500 for any input (the fuzz test covers th
 
 from __future__ import annotations
 
+import base64
 import json
+import logging
 import threading
 from collections.abc import Iterator
 
@@ -12,6 +14,7 @@ import pytest
 
 from sampler.decoder import SamplerConfig
 from service.deps import get_limiter, get_worker
+from service.detection import DetectionPool
 from service.errors import PROBLEM_BASE, PROBLEMS, problem_for
 from service.ratelimit import RateLimiter
 from service.worker import Finished, GenerationWorker, Job
@@ -112,7 +115,26 @@ def test_schema_limits_name_field_and_limit(
         pytest.param("/v1/detect", {"text": "x", "extra": 1}, "body.extra", id="unknown_field"),
         pytest.param("/v1/detect", {"text": "x", "key_id": "secret"}, "body.key_id", id="key_id"),
         pytest.param("/v1/detect", {"token_ids": [-1]}, "body.token_ids.0", id="negative_id"),
-        pytest.param("/v1/detect", {"text": "x", "scores": ["nope"]}, None, id="unknown_score"),
+        pytest.param(
+            "/v1/detect", {"text": "x", "scores": ["nope"]}, "body.scores", id="unknown_score"
+        ),
+        pytest.param(
+            "/v1/detect", {"text": "x", "scores": ["u", "u"]}, "body.scores", id="score_twice"
+        ),
+        # in the schema's range but outside the served tokenizer's vocabulary (49,152 ids)
+        pytest.param("/v1/detect", {"token_ids": [1, 49152]}, "token_ids[1]", id="id_past_vocab"),
+        pytest.param(
+            "/v1/detect/batch",
+            {"items": [{"text": "x"}, {"token_ids": [2**31 - 1]}]},
+            "items[1].token_ids[0]",
+            id="batch_id_past_vocab",
+        ),
+        pytest.param(
+            "/v1/generate",
+            {"key_id": "pmk_0123456789abcdef", "messages": []},
+            "body",
+            id="no_messages",
+        ),
         pytest.param("/v1/generate", {"key_id": "pmk_0123456789abcdef"}, "body", id="no_prompt"),
         pytest.param(
             "/v1/generate",
@@ -320,3 +342,45 @@ def test_a_key_of_another_tokenizer_is_409_and_skipped_by_multi_key(svc: Service
     assert r.status_code == 200, r.text
     tested = {result["key_id"] for result in r.json()["results"]}
     assert own in tested and foreign.key_id not in tested
+
+
+def test_a_drafter_deeper_than_the_model_is_422(svc: Service) -> None:
+    """``self:N`` passes the schema for N < 100; the served model (2 layers) has the last word."""
+    key_id = svc.create_key()
+    body = {**GEN, "key_id": key_id, "prompt": "x", "method": "mpfr", "drafter": "self:5"}
+    found = problem(
+        svc.client.post("/v1/generate", json=body, headers=svc.admin), 422, "invalid-request"
+    )
+    assert found["field"] == "drafter"
+
+
+def test_an_internal_bug_is_a_logged_500_without_detail(
+    svc: Service, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ValueError that is no domain exception is a bug, never the caller's fault: 500
+    ``internal-error`` problem+json with a generic detail, the traceback in the log only, and no
+    key material in either."""
+    key_id = svc.create_key()
+    secret = svc.store.get(key_id).secret.reveal()
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise ValueError("internal bug 7f3a: an invariant broke")
+
+    monkeypatch.setattr(DetectionPool, "detect", broken)
+    # Starlette's test transport re-raises what reached the server error handler; let the
+    # response through instead (the app's own client: its resources live on that event loop).
+    monkeypatch.setattr(svc.client._transport, "raise_server_exceptions", False)
+    with caplog.at_level(logging.ERROR, logger="poissonmark.service"):
+        r = svc.client.post("/v1/detect", json={"text": "x", "key_id": key_id}, headers=svc.admin)
+    found = problem(r, 500, "internal-error")
+    assert r.headers["content-type"] == "application/problem+json"
+    assert found["detail"] == "the server could not complete the request; the error was logged"
+    assert "7f3a" not in r.text and "Traceback" not in r.text and "ValueError" not in r.text
+    logged = [rec for rec in caplog.records if rec.name == "poissonmark.service"]
+    assert any(
+        rec.levelno == logging.ERROR and rec.exc_info and "7f3a" in str(rec.exc_info[1])
+        for rec in logged
+    ), "the bug was not logged with its traceback"
+    for text in (r.text, caplog.text):
+        for shown in (secret.hex(), base64.b64encode(secret).decode(), repr(secret)):
+            assert shown not in text
