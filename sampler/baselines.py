@@ -1,4 +1,5 @@
-"""Unwatermarked speculative baselines in the decoder's harness: ``vsps`` and ``gls``.
+"""Unwatermarked speculative baselines as policies of the one step loop (``sampler.loop``):
+``Vsps`` for ``vsps`` and ``Gls`` for ``gls`` (``sampler.policies`` has the protocol).
 
 - ``vsps`` — speculative sampling (Leviathan et al. 2023; Chen et al. 2023): one draft chain of
   L tokens from the drafter Q; draft token x at a context is accepted with probability
@@ -14,7 +15,8 @@
   the bonus: replacing it there by a fresh draw from P biases the law (case C10,
   ``tests/sampler/test_baselines.py`` shows it).
 
-Randomness is a ``torch.Generator`` seeded with the request nonce; nothing here is keyed. The
+Randomness is a ``torch.Generator`` seeded with the request nonce, drawn in a fixed order
+(drafts level by level, then the target's draws along the walk); nothing here is keyed. The
 Gumbels of a depth are drawn lazily (``LevelNoise``): only for tokens in a support an argmax
 looks at, each (draft, token) once — the same joint law as full-vocabulary noise, since a token
 outside every support never wins and is never seen.
@@ -23,24 +25,12 @@ Shapes: V vocabulary size; dense log-probabilities are (V,) float64 with −inf 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from typing import Literal
 
 import torch
-from transformers import PreTrainedModel
 
-from sampler.cached_lm import CachedLM
-from sampler.decoder import (
-    BASELINES,
-    GenerationResult,
-    GenerationStats,
-    SamplerConfig,
-    count_at,
-    verify_tree,
-)
-from sampler.drafters import Drafter, feed_target_hidden, wants_target_hidden
-from sampler.processing import dense_logp, process
+from sampler.policies import History
+from sampler.processing import Support, dense_logp
 from sampler.tree import DraftTree
 
 
@@ -128,117 +118,98 @@ def _sample(logp: torch.Tensor, generator: torch.Generator) -> int:
     return int(torch.multinomial(logp.exp(), 1, generator=generator).item())
 
 
-def generate_baseline(
-    target: PreTrainedModel,
-    prompt: list[int],
-    config: SamplerConfig,
-    drafter: Drafter,
-    seed: int,
-    eos_ids: frozenset[int],
-    on_tokens: Callable[[list[int]], None] | None,
-) -> GenerationResult:
-    """Run ``vsps`` or ``gls`` (module docstring); called by ``sampler.decoder.generate``,
-    which validated the prompt, the config and the drafter.
+class _Step:
+    """What a baseline keeps within one step: the dense drafter law at each drafted node, the
+    drafts through each node (by the edge (parent, token) that leads to it) and, for ``gls``,
+    each depth's noise."""
 
-    The step structure is the decoder's: one drafter call per tree level, one tree-attention
-    target forward per step over the KV cache (``verify_tree``), realised-path KV selection,
-    bonus token.
+    def __init__(self, tree: DraftTree) -> None:
+        self.tree = tree
+        self.q_at: dict[int, torch.Tensor] = {}  # node -> (V,) dense drafter law there
+        self.members: dict[tuple[int, int], list[int]] = {}  # (parent, token) -> drafts
+        self.noise: list[LevelNoise] = []  # depth -> the drafts' Gumbels (gls)
 
-    Args:
-        seed: seeds the generator of every draw (the request nonce).
-    Returns:
-        the decoder's ``GenerationResult`` (``watermark_applied`` False).
-    """
-    method, processing, max_new_tokens = config.method, config.processing, config.max_new_tokens
-    if method not in BASELINES:
-        raise ValueError(f"expected a baseline method in {sorted(BASELINES)}, got {method!r}")
-    vocab = target.config.vocab_size
-    generator = torch.Generator().manual_seed(seed)
-    b, lookahead = config.effective_drafts, config.lookahead
-    start = time.perf_counter()
-    lm = CachedLM(target)
-    lm.keep_hidden = wants_target_hidden(drafter)
-    drafter.start(prompt)
-    if len(prompt) > 1:
-        lm.extend(prompt[:-1])
-        feed_target_hidden(drafter, lm, -1)
-    calls_before = drafter.calls
-    prefill = time.perf_counter() - start
-    target_before = lm.forward_calls
-    committed = list(prompt)
-    accepted: list[int] = []
-    drafted: list[int] = []
-    finish: Literal["eos", "length"] = "length"
-    while len(committed) - len(prompt) < max_new_tokens:
-        depth = min(lookahead, max_new_tokens - (len(committed) - len(prompt)))
-        tree = DraftTree(committed[-1], (), 0, set(), None, b)
-        members: dict[int, list[int]] = {0: list(range(b))}  # node -> drafts through it
-        q_at: dict[int, torch.Tensor] = {}  # node -> dense drafter law at that context
-        noise = [LevelNoise(generator, b) for _ in range(depth + 1)] if method == "gls" else None
-        for level in range(1, depth + 1):
-            parents = tree.levels[level - 1] if level - 1 < len(tree.levels) else []
-            if not parents:
-                break
-            q = dense_logp(process(drafter.propose(tree, level, committed), processing), vocab)
-            for row, parent in enumerate(parents):
-                if not bool(torch.isfinite(q[row]).any()):
-                    continue  # the drafter proposes nothing here: no children, P decides
-                alive = members[parent]
-                q_at[parent] = q[row]
-                if noise is not None:
-                    ids, values = noise[level - 1].over(_support(q[row]))
-                    tokens = ids[gls_drafts(q[row][ids], values[alive])].tolist()
-                else:
-                    tokens = [_sample(q[row], generator)]
-                tree.add_drafts(parent, tokens)
-                for i, token in zip(alive, tokens, strict=True):
-                    members.setdefault(tree.nodes[parent].children[token], []).append(i)
-            count_at(drafted, level - 1)
-        base = len(committed) - 1
-        logits = verify_tree(lm, tree, base)
-        p = dense_logp(process(logits, processing), vocab)  # (n, V)
-        emitted_before = len(committed)
-        node, visited = 0, []
-        for level in range(depth + 1):
-            visited.append(node)
-            children = tree.nodes[node].children if level < depth else {}
-            if noise is not None:
-                ids, values = noise[level].over(_support(p[node]))
-                token = int(ids[gls_target(p[node][ids], values[members[node]])])
-            elif children:
-                ((draft, child),) = children.items()
-                u = float(torch.rand((), generator=generator, dtype=torch.float64))
-                if vsps_accepts(p[node], q_at[node], draft, u):
-                    token = draft
-                else:
-                    token = _sample(residual_logp(p[node], q_at[node]), generator)
-            else:  # bonus token
-                token = _sample(p[node], generator)
-            if token in eos_ids:
-                finish = "eos"
-                break
-            committed.append(token)
-            child = children.get(token)
-            if child is not None:
-                count_at(accepted, level)
-            if child is None or len(committed) - len(prompt) >= max_new_tokens:
-                break
-            node = child
-        lm.keep(base, [base + i for i in visited][: len(committed) - 1 - base])
-        drafter.finish_step(tree, visited, committed)
-        feed_target_hidden(drafter, lm, visited[-1])
-        if on_tokens is not None:
-            on_tokens(committed[emitted_before:])
-        if finish == "eos":
-            break
-    ids = committed[len(prompt) :]
-    stats = GenerationStats(
-        emitted_tokens=len(ids) + (1 if finish == "eos" else 0),
-        target_forward_passes=lm.forward_calls - target_before,
-        drafter_calls=drafter.calls - calls_before,
-        accepted_per_level=tuple(accepted),
-        drafted_per_level=tuple(drafted),
-        prefill_seconds=prefill,
-        seconds=time.perf_counter() - start - prefill,
-    )
-    return GenerationResult(tuple(ids), finish, method, False, stats)
+    def alive(self, node: int) -> list[int]:
+        """The drafts whose path passes through ``node``."""
+        n = self.tree.nodes[node]
+        return list(range(n.multiplicity)) if n.parent < 0 else self.members[(n.parent, n.token)]
+
+
+class _Baseline:
+    """Shared by the two baselines: one generator seeded with the request nonce, per-step
+    scratch keyed by the tree it belongs to, dense laws over the vocabulary."""
+
+    def __init__(self, seed: int, vocab: int) -> None:
+        self.generator = torch.Generator().manual_seed(seed)
+        self.vocab = vocab
+        self._step: _Step | None = None
+
+    def step(self, tree: DraftTree) -> _Step:
+        if self._step is None or self._step.tree is not tree:
+            self._step = _Step(tree)
+        return self._step
+
+    def drafts(
+        self, tree: DraftTree, parents: list[int], q: Support, history: History
+    ) -> list[list[int]]:
+        step, dense = self.step(tree), dense_logp(q, self.vocab)  # (n, V)
+        out: list[list[int]] = []
+        for row, parent in enumerate(parents):
+            if not bool(torch.isfinite(dense[row]).any()):
+                out.append([])  # the drafter proposes nothing here: no children, P decides
+                continue
+            alive = step.alive(parent)
+            step.q_at[parent] = dense[row]
+            tokens = self.draft(step, tree.nodes[parent].depth, dense[row], alive)
+            for i, token in zip(alive, tokens, strict=True):
+                step.members.setdefault((parent, token), []).append(i)
+            out.append(tokens)
+        return out
+
+    def targets(self, tree: DraftTree, p: Support, history: History) -> Callable[[int], int]:
+        step, dense = self.step(tree), dense_logp(p, self.vocab)  # (len(tree), V)
+        return lambda node: self.target(step, node, dense[node])
+
+    def draft(self, step: _Step, depth: int, q: torch.Tensor, alive: list[int]) -> list[int]:
+        """Tokens of the ``alive`` drafts at a context of ``depth`` with law ``q`` (V,)."""
+        raise NotImplementedError
+
+    def target(self, step: _Step, node: int, p: torch.Tensor) -> int:
+        """The target's token at ``node``, whose law is ``p`` (V,)."""
+        raise NotImplementedError
+
+
+class Vsps(_Baseline):
+    """``vsps`` (module docstring): one chain; accept the draft with probability
+    min(1, P/Q), else draw from the residual; the bonus (no draft) is drawn from P."""
+
+    def draft(self, step: _Step, depth: int, q: torch.Tensor, alive: list[int]) -> list[int]:
+        return [_sample(q, self.generator)]
+
+    def target(self, step: _Step, node: int, p: torch.Tensor) -> int:
+        children = step.tree.nodes[node].children
+        if not children:  # bonus token (or a context the drafter proposed nothing at)
+            return _sample(p, self.generator)
+        ((draft, _),) = children.items()
+        u = float(torch.rand((), generator=self.generator, dtype=torch.float64))
+        if vsps_accepts(p, step.q_at[node], draft, u):
+            return draft
+        return _sample(residual_logp(p, step.q_at[node]), self.generator)
+
+
+class Gls(_Baseline):
+    """``gls`` (module docstring): drafts and the target's token are argmaxes over the same
+    per-depth Gumbels of the drafts alive at the context."""
+
+    def _noise(self, step: _Step, depth: int) -> LevelNoise:
+        while len(step.noise) <= depth:
+            step.noise.append(LevelNoise(self.generator, step.tree.nodes[0].multiplicity))
+        return step.noise[depth]
+
+    def draft(self, step: _Step, depth: int, q: torch.Tensor, alive: list[int]) -> list[int]:
+        ids, values = self._noise(step, depth).over(_support(q))
+        return ids[gls_drafts(q[ids], values[alive])].tolist()
+
+    def target(self, step: _Step, node: int, p: torch.Tensor) -> int:
+        ids, values = self._noise(step, step.tree.nodes[node].depth).over(_support(p))
+        return int(ids[gls_target(p[ids], values[step.alive(node)])])

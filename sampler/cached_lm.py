@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import CacheLayerMixin
 
 
 class CachedLM:
@@ -67,7 +68,8 @@ class CachedLM:
             self.last_hidden = out.hidden_states[-1][0]
         self.cached += q
         self.forward_calls += 1
-        return out.logits[0]
+        logits: torch.Tensor = out.logits[0]
+        return logits
 
     def extend(self, tokens: list[int]) -> torch.Tensor:
         """Causal forward of a token chain after the cache; returns (q, V) logits."""
@@ -92,12 +94,16 @@ class CachedLM:
             index = torch.tensor(list(range(prefix)) + slots, dtype=torch.long, device=self.device)
             keep_len = prefix + len(slots)
         for layer in self.cache.layers:
-            if not getattr(layer, "is_initialized", False) or layer.keys is None:
+            if not isinstance(layer, CacheLayerMixin) or not layer.is_initialized:
+                continue
+            keys, values = layer.keys, layer.values
+            if keys is None or values is None:
                 continue
             if index is None:
-                layer.keys = layer.keys[:, :, :keep_len]
-                layer.values = layer.values[:, :, :keep_len]
+                layer.keys, layer.values = keys[:, :, :keep_len], values[:, :, :keep_len]
             else:
-                layer.keys = layer.keys.index_select(2, index)
-                layer.values = layer.values.index_select(2, index)
+                layer.keys, layer.values = (
+                    keys.index_select(2, index),
+                    values.index_select(2, index),
+                )
         self.cached = keep_len

@@ -7,7 +7,7 @@ prompt (case C3).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
@@ -65,6 +65,7 @@ def chat_prompt_ids(
     encoded = tokenizer.apply_chat_template(
         list(messages), add_generation_prompt=True, tokenize=True, return_dict=True
     )
+    assert isinstance(encoded, Mapping), "return_dict=True gives a BatchEncoding"
     return [int(t) for t in encoded["input_ids"]]
 
 
@@ -102,4 +103,5 @@ def complete(
         instance = make_drafter(drafter, loaded.model) if isinstance(drafter, str) else drafter
     result = generate(loaded.model, ids, config, source, instance, eos_ids(loaded))
     text = loaded.tokenizer.decode(list(result.token_ids), skip_special_tokens=False)
+    assert isinstance(text, str), "one sequence decodes to one string"
     return Completion(text=text, result=result, drafter=instance.name if instance else None)

@@ -24,20 +24,21 @@ resumable; the final heads are written with ``ParallelHeads.save``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
-from transformers import PreTrainedModel, get_cosine_schedule_with_warmup
+from transformers import GenerationMixin, PreTrainedModel, get_cosine_schedule_with_warmup
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from sampler.completion import chat_prompt_ids
-from sampler.heads import ParallelHeads, new_heads, target_fingerprint
+from sampler.heads import ParallelHeads, new_heads, output_head, target_fingerprint
 from sampler.mdraft import Objective, acceptance_probabilities, off_policy_loss, on_policy_loss
 
 HELDOUT_EVERY = 5  # 1 prompt in 5 is held out
@@ -134,7 +135,7 @@ def generate_sequences(
             torch.manual_seed(
                 seed * 1_000_003 + int(hashlib.sha256(batch[0]["id"].encode()).hexdigest()[:8], 16)
             )
-            outputs = target.generate(
+            outputs = cast(GenerationMixin, target).generate(
                 input_ids=ids,
                 attention_mask=mask,
                 do_sample=True,
@@ -169,7 +170,8 @@ def hidden_states(target: PreTrainedModel, seq: Rollout) -> torch.Tensor:
     """(T, d) the target's final (normed) hidden states over ``seq.ids``, float16 on the CPU."""
     device = next(target.parameters()).device
     out = target.model(input_ids=torch.tensor([seq.ids], device=device))
-    return out.last_hidden_state[0].to("cpu", torch.float16)
+    hidden: torch.Tensor = out.last_hidden_state[0]
+    return hidden.to("cpu", torch.float16)
 
 
 @torch.inference_mode()
@@ -207,7 +209,7 @@ def verifier_laws(
         attention_mask=mask.to(device),
         position_ids=positions[None].to(device),
     ).last_hidden_state[0]
-    head = target.get_output_embeddings()
+    head = output_head(target)
     first = torch.log_softmax(head(hidden[anchors.to(device)]).float(), -1)  # [A, V]
     rest = torch.log_softmax(head(hidden[prefix:]).float(), -1).view(a_count, k, length - 1, -1)
     return torch.cat([first[:, None, None, :].expand(-1, k, 1, -1), rest], dim=2)
@@ -454,7 +456,7 @@ def train(
             heads, target, seq, train_hidden[index], anchors, config.objective, generator
         )
         optimiser.zero_grad(set_to_none=True)
-        loss.backward()
+        torch.autograd.backward(loss)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(heads.parameters(), config.clip))
         optimiser.step()
         schedule.step()
@@ -582,7 +584,7 @@ def prepare_data(
             root / f"rollouts-{split}-n{max_new_tokens}-s{seed}.jsonl",
             max_new_tokens,
             seed,
-            on_progress=(lambda done, total, s=split: on_progress(f"rollouts ({s})", done, total))
+            on_progress=functools.partial(on_progress, f"rollouts ({split})")
             if on_progress
             else None,
         )

@@ -134,14 +134,15 @@ def self_drafter(target: PreTrainedModel, layers: int) -> ModelDrafter:
     shell.model.norm = target.model.norm
     shell.model.rotary_emb = target.model.rotary_emb
     shell.lm_head = target.lm_head
-    shell.eval()
+    shell.train(False)  # eval mode (``eval`` is untyped on transformers models)
     return ModelDrafter(shell, target.config.vocab_size, f"self:{layers}")
 
 
 def model_drafter(path: str, target: PreTrainedModel) -> ModelDrafter:
     """An HF causal LM from a local directory, on the target's device and dtype."""
     param = next(target.parameters())
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=param.dtype).to(param.device)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=param.dtype)
+    model = model.to(param.device)  # type: ignore[arg-type]  # transformers' wrapped .to hides self
     model.eval()
     return ModelDrafter(model, target.config.vocab_size, f"model:{path}")
 

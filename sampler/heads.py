@@ -28,6 +28,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -39,6 +40,11 @@ from sampler.tree import DraftTree
 FORMAT = "poissonmark-heads/2"
 SHIPPED_HEADS = Path(__file__).resolve().parent / "heads_data" / "smollm2-135m-instruct"
 """Heads trained for SmolLM2-135M-Instruct by ``bench/distill_compare.py`` (spec ``heads``)."""
+
+
+def output_head(target: PreTrainedModel) -> nn.Linear:
+    """The target's LM head (``get_output_embeddings``, which transformers leaves untyped)."""
+    return cast(nn.Linear, target.get_output_embeddings())  # type: ignore[no-untyped-call]
 
 
 def target_fingerprint(target: PreTrainedModel) -> str:
@@ -59,11 +65,13 @@ def target_fingerprint(target: PreTrainedModel) -> str:
             [config.vocab_size, config.hidden_size, config.num_hidden_layers], sort_keys=True
         ).encode()
     )
-    for weight in (target.get_output_embeddings().weight, target.get_input_embeddings().weight):
+    embedding = target.get_input_embeddings().weight
+    assert isinstance(embedding, torch.Tensor)
+    for weight in (output_head(target).weight, embedding):
         rounded = weight.detach().to("cpu", torch.bfloat16).view(torch.int16)
         digest.update(rounded.contiguous().numpy().tobytes())
     value = "sha256:" + digest.hexdigest()[:16]
-    target._poissonmark_fingerprint = value
+    target.__dict__["_poissonmark_fingerprint"] = value  # a plain attribute, not a submodule
     return value
 
 
@@ -104,9 +112,10 @@ class ParallelHeads(nn.Module):
         self.config = config
         self.fuse = nn.Linear(2 * d, d, bias=False)
         self.up = nn.ModuleList(nn.Linear(d, d, bias=False) for _ in range(config.lookahead))
-        self.down = nn.ModuleList(nn.Linear(d, d, bias=False) for _ in range(config.lookahead))
+        down = [nn.Linear(d, d, bias=False) for _ in range(config.lookahead)]
+        self.down = nn.ModuleList(down)
         nn.init.zeros_(self.fuse.weight)
-        for layer in self.down:
+        for layer in down:
             nn.init.zeros_(layer.weight)
 
     def features(
@@ -129,8 +138,9 @@ class ParallelHeads(nn.Module):
         dtype = self.fuse.weight.dtype  # the heads' own (float32 while training on bf16 targets)
         embedding = target.get_input_embeddings()(tokens).to(dtype)
         z = self.features(hidden.to(dtype), embedding)
-        head = target.get_output_embeddings()
-        return head(target.model.norm(z.to(head.weight.dtype)))
+        head = output_head(target)
+        out: torch.Tensor = head(target.model.norm(z.to(head.weight.dtype)))
+        return out
 
     def save(self, directory: Path, dtype: torch.dtype = torch.float16) -> None:
         """Write ``heads.safetensors`` (weights in ``dtype``) and ``heads.json``."""

@@ -138,7 +138,8 @@ def load_model(
     if dtype is None:
         dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     tokenizer = AutoTokenizer.from_pretrained(str(path))
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(dev)
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    model = model.to(dev)  # type: ignore[arg-type]  # transformers' wrapped .to hides self
     model.eval()
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, device=dev, dtype=dtype)
 

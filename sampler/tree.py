@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from keyed import KeyedSource, Label
-
 
 @dataclass
 class Node:
@@ -23,8 +21,6 @@ class Node:
         token: the token that ends this context (the root's is the last committed token).
         parent: index of the parent node, -1 for the root.
         depth: 0 for the root.
-        label: the label ℓ(c) of this context (its last m tokens).
-        key: context key (κ0, κ1) of Π(c), the keyed source of the next token.
         multiplicity: ν(c), drafts through this node.
         children: drafted next token -> child index (the draft set D(c) is its keys).
     """
@@ -32,59 +28,30 @@ class Node:
     token: int
     parent: int
     depth: int
-    label: Label
-    key: tuple[int, int]
     multiplicity: int
     children: dict[int, int] = field(default_factory=dict)
 
 
 class DraftTree:
-    """A draft tree rooted at the committed prefix, with keyed sources for every node.
+    """A draft tree rooted at the committed prefix: structure only (tokens, parents,
+    multiplicities). What a method draws at a node is its policy's business
+    (``sampler.policies``); keyed context keys are a function of the tree and the sequence's
+    history (``sampler.policies.context_keys``).
 
     Args:
         root_token: the last committed token.
-        root_label: label of the committed prefix h.
-        position: response position of the token drawn at the root context (= tokens emitted).
-        history: labels already used at earlier response positions (repeated-context rule).
-        source: the request's keyed source, or None for unkeyed methods.
         drafts: B, the root multiplicity.
     """
 
-    def __init__(
-        self,
-        root_token: int,
-        root_label: Label,
-        position: int,
-        history: set[Label],
-        source: KeyedSource | None,
-        drafts: int,
-    ) -> None:
-        self.position = position
-        self.history = history
-        self.source = source
+    def __init__(self, root_token: int, drafts: int) -> None:
         self.nodes: list[Node] = []
         self.levels: list[list[int]] = [[]]
-        self._add(root_token, -1, root_label, drafts)
+        self._add(root_token, -1, drafts)
 
-    def _repeated(self, label: Label, parent: int) -> bool:
-        if label in self.history:
-            return True
-        while parent >= 0:
-            node = self.nodes[parent]
-            if node.label == label:
-                return True
-            parent = node.parent
-        return False
-
-    def _add(self, token: int, parent: int, label: Label, multiplicity: int) -> int:
+    def _add(self, token: int, parent: int, multiplicity: int) -> int:
         depth = 0 if parent < 0 else self.nodes[parent].depth + 1
-        key = (0, 0)
-        if self.source is not None:
-            key = self.source.context_key(
-                label, self.position + depth, self._repeated(label, parent)
-            )
         index = len(self.nodes)
-        self.nodes.append(Node(token, parent, depth, label, key, multiplicity))
+        self.nodes.append(Node(token, parent, depth, multiplicity))
         while len(self.levels) <= depth:
             self.levels.append([])
         self.levels[depth].append(index)
@@ -97,17 +64,15 @@ class DraftTree:
         counts: dict[int, int] = {}
         for token in drafts:
             counts[token] = counts.get(token, 0) + 1
-        width = len(self.nodes[parent].label)
         for token, count in counts.items():
-            label = (*self.nodes[parent].label, token)[-width:]
-            self._add(token, parent, label, count)
+            self._add(token, parent, count)
+
+    def level(self, depth: int) -> list[int]:
+        """Indices of the nodes at ``depth`` (empty past the deepest level)."""
+        return self.levels[depth] if depth < len(self.levels) else []
 
     def __len__(self) -> int:
         return len(self.nodes)
-
-    def keys(self, indices: list[int], device: torch.device) -> torch.Tensor:
-        """(n, 2) int64 context keys of the given nodes."""
-        return torch.tensor([self.nodes[i].key for i in indices], dtype=torch.int64, device=device)
 
     def ancestors(self, upto: int | None = None) -> torch.Tensor:
         """(n, n) bool: [i, j] is True when node j is node i or one of its ancestors."""

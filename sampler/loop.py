@@ -1,0 +1,182 @@
+"""The one speculative step loop (MPFR paper Alg. 7 / Alg. 10; DESIGN §3, Decoder).
+
+One step, from the committed prefix h (``step``):
+1. draft tree: level s = 1..ℓ, ONE drafter call over all contexts of level s−1; the policy
+   draws their drafts, equal drafts merge into one child (``grow_tree``).
+2. verification: ONE target forward over the root and every node, tree-attention mask, over
+   the KV cache of h (``verify_tree``).
+3. walk: from the root, emit the policy's target token while it was drafted; after ℓ accepted
+   levels the bonus; stop at EOS or the token budget (``walk``).
+4. KV cache: keep only the realised path; the drafter is told the step's path.
+What a method draws is its policy (``sampler.policies``); a one-token method is this loop with
+ℓ = 0. Everything a request carries between steps is one ``SequenceState``: batching (issue
+#19) is this step over a set of sequences.
+
+Shapes: n tree nodes, K support slots, V vocabulary, P cached positions.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedModel
+
+from keyed import KeyedSource
+from sampler.cached_lm import CachedLM
+from sampler.drafters import Drafter, feed_target_hidden, wants_target_hidden
+from sampler.methods import SamplerConfig
+from sampler.policies import History, Policy
+from sampler.processing import Processing, process
+from sampler.stats import FinishReason, GenerationStats, count_at
+from sampler.tree import DraftTree
+
+
+@dataclass
+class SequenceState:
+    """One request between steps.
+
+    Attributes:
+        history: committed prefix (prompt + response) and the labels used so far.
+        policy: the method's policy for this request.
+        lm: the target with its KV cache of ``committed[:-1]``.
+        drafter: None for one-token steps.
+        drafts, lookahead: B and L (L = 0 for one-token steps).
+        finish: set once EOS is drawn.
+        started, prefill_seconds, target_calls_before, drafter_calls_before: for the stats.
+    """
+
+    history: History
+    policy: Policy
+    lm: CachedLM
+    drafter: Drafter | None
+    drafts: int
+    lookahead: int
+    max_new_tokens: int
+    processing: Processing
+    eos_ids: frozenset[int]
+    started: float
+    prefill_seconds: float = 0.0
+    target_calls_before: int = 0
+    drafter_calls_before: int = 0
+    accepted: list[int] = field(default_factory=list)  # per level
+    drafted: list[int] = field(default_factory=list)  # per level
+    finish: FinishReason | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.finish is not None or self.history.emitted >= self.max_new_tokens
+
+
+def start(
+    target: PreTrainedModel,
+    prompt: list[int],
+    config: SamplerConfig,
+    source: KeyedSource,
+    drafter: Drafter | None,
+    eos_ids: frozenset[int],
+) -> SequenceState:
+    """Prefill: the target's KV cache over ``prompt[:-1]`` (the last token is the first
+    root); the drafter (None for a method that does not draft) starts on the prompt."""
+    policy = config.spec.policy_for(source, target.config.vocab_size)
+    started = time.perf_counter()
+    lm = CachedLM(target)
+    lm.keep_hidden = wants_target_hidden(drafter)
+    if drafter is not None:
+        drafter.start(prompt)
+    if len(prompt) > 1:
+        lm.extend(prompt[:-1])
+        feed_target_hidden(drafter, lm, -1)
+    history = History(list(prompt), len(prompt), source.context_width)
+    return SequenceState(
+        history, policy, lm, drafter, config.effective_drafts, config.effective_lookahead,
+        config.max_new_tokens, config.processing, eos_ids, started,
+        prefill_seconds=time.perf_counter() - started,
+        target_calls_before=lm.forward_calls,
+        drafter_calls_before=drafter.calls if drafter is not None else 0,
+    )  # fmt: skip
+
+
+def step(seq: SequenceState) -> list[int]:
+    """One speculative step (module docstring); returns the ids it emitted (EOS excluded)."""
+    committed = seq.history.committed
+    depth = min(seq.lookahead, seq.max_new_tokens - seq.history.emitted)
+    tree = DraftTree(committed[-1], seq.drafts)
+    # 1. draft tree: one drafter call per level
+    grow_tree(seq, tree, depth)
+    # 2. verification: one target forward over root + every node, tree-attention mask
+    base = len(committed) - 1
+    p = process(verify_tree(seq.lm, tree, base), seq.processing)  # (n, K)
+    # 3. walk the realised target path; emit target tokens while they were drafted
+    emitted_before = len(committed)
+    visited = walk(seq, tree, seq.policy.targets(tree, p, seq.history), depth)
+    # 4. KV cache: keep only the realised path (the last emitted token is the next root);
+    # visited[k] holds token k of the path root, y1, ..., so the cache keeps committed[:-1]
+    # (after EOS the sequence is done and the cache no longer matters).
+    seq.lm.keep(base, [base + i for i in visited][: len(committed) - 1 - base])
+    if seq.drafter is not None:
+        seq.drafter.finish_step(tree, visited, committed)
+        feed_target_hidden(seq.drafter, seq.lm, visited[-1])
+    return committed[emitted_before:]
+
+
+def grow_tree(seq: SequenceState, tree: DraftTree, depth: int) -> None:
+    """Draft tree construction: one drafter call per level (Alg. 10, lines 3-9)."""
+    for level in range(1, depth + 1):
+        parents = tree.level(level - 1)
+        if not parents:
+            return
+        assert seq.drafter is not None, "a method with lookahead drafts"
+        q = process(seq.drafter.propose(tree, level, seq.history.committed), seq.processing)
+        drafts = seq.policy.drafts(tree, parents, q, seq.history)
+        for parent, tokens in zip(parents, drafts, strict=True):
+            tree.add_drafts(parent, tokens)
+        count_at(seq.drafted, level - 1)
+
+
+def verify_tree(lm: CachedLM, tree: DraftTree, base: int) -> torch.Tensor:
+    """One target forward over the root and every tree node (tree-attention mask over the
+    cached prefix of ``base`` tokens): (len(tree), V) logits, node order."""
+    visible = torch.ones((len(tree), base + len(tree)), dtype=torch.bool)
+    visible[:, base:] = tree.ancestors()
+    return lm.forward([n.token for n in tree.nodes], [n.depth for n in tree.nodes], visible, base)
+
+
+def walk(
+    seq: SequenceState, tree: DraftTree, target_token: Callable[[int], int], depth: int
+) -> list[int]:
+    """Emit the target's token at the root, then at each child it selects while that child was
+    drafted (accepted), up to ``depth`` levels + the bonus; returns the visited nodes."""
+    history = seq.history
+    node, visited = 0, []
+    for level in range(depth + 1):
+        token = target_token(node)
+        visited.append(node)
+        history.draw_at_end()
+        if token in seq.eos_ids:
+            seq.finish = "eos"
+            break
+        history.committed.append(token)
+        child = tree.nodes[node].children.get(token)
+        if child is not None:  # the target's token was drafted: accepted at this level
+            count_at(seq.accepted, level)
+        if child is None or history.emitted >= seq.max_new_tokens:
+            break
+        node = child
+    return visited
+
+
+def stats(seq: SequenceState) -> GenerationStats:
+    """The counters of a finished sequence."""
+    drafter_calls = seq.drafter.calls - seq.drafter_calls_before if seq.drafter else 0
+    return GenerationStats(
+        emitted_tokens=seq.history.emitted + (1 if seq.finish == "eos" else 0),
+        target_forward_passes=seq.lm.forward_calls - seq.target_calls_before,
+        drafter_calls=drafter_calls,
+        accepted_per_level=tuple(seq.accepted),
+        drafted_per_level=tuple(seq.drafted),
+        prefill_seconds=seq.prefill_seconds,
+        seconds=time.perf_counter() - seq.started - seq.prefill_seconds,
+    )

@@ -1,0 +1,150 @@
+"""What a method draws: per-method policies plugged into the one step loop (``sampler.loop``).
+
+A policy answers two questions of a speculative step (MPFR paper Alg. 10):
+(a) ``drafts``: which tokens the drafts take at the contexts of one tree level, given the
+    drafter's processed law Q_k there;
+(b) ``targets``: which token the target emits at a tree context, given its processed law P_k
+    from the step's one verification forward.
+The loop emits (b) along the walk while it was drafted, so for every policy the emitted tokens
+follow the target's law; which policy a method uses is its row in ``sampler.methods.METHODS``.
+
+Here: the keyed race (``basic-uwm``, ``pfr``, ``mpfr`` and the ``*-nowm`` ones, whose source
+just has an ephemeral secret) and plain multinomial sampling (``ar``); the unwatermarked
+speculative baselines ``vsps`` and ``gls`` are in ``sampler.baselines``.
+
+Keyed context keys are a function of the tree, the keyed source and the sequence's
+``History`` (``context_keys``), not something the tree carries.
+
+Shapes: n tree contexts, K support slots, B drafts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from keyed import KeyedSource, Label, label_at
+from keyed.tensor import exponential_clocks
+from sampler.processing import Support
+from sampler.race import mpfr_samples, race_winner
+from sampler.tree import DraftTree
+
+
+@dataclass
+class History:
+    """A sequence's committed prefix as the keyed source sees it (carried across steps).
+
+    Attributes:
+        committed: prompt + response token ids.
+        prompt_len: tokens of the prompt.
+        width: m, the context width of labels.
+        used: labels of the contexts every response position so far was drawn at (the
+            repeated-context rule), EOS's included.
+    """
+
+    committed: list[int]
+    prompt_len: int
+    width: int
+    used: set[Label] = field(default_factory=set)
+
+    @property
+    def emitted(self) -> int:
+        return len(self.committed) - self.prompt_len
+
+    def draw_at_end(self) -> None:
+        """Record that the next response position is drawn at the current context."""
+        self.used.add(label_at(self.committed, len(self.committed), self.width))
+
+
+def context_keys(
+    tree: DraftTree, nodes: list[int], source: KeyedSource, history: History
+) -> torch.Tensor:
+    """Context keys of Π(c) for tree contexts c (DESIGN §2, repeated-context rule).
+
+    Node i stands for the context h ‖ path(i) at response position ``history.emitted +
+    depth(i)``; its key is the label's, unless that label was used at an earlier response
+    position (``history.used``) or at an ancestor on the path, where it is the nonce stream's.
+
+    Returns:
+        (n, 2) int64, one (κ0, κ1) per entry of ``nodes``.
+    """
+    width = history.width
+    tail = history.committed[-width:]  # enough for every label of the tree (padding included)
+    keys: list[tuple[int, int]] = []
+    for node in nodes:
+        context = tail + tree.path_tokens(node)
+        along = [
+            label_at(context, len(tail) + d, width) for d in range(len(context) - len(tail) + 1)
+        ]
+        label = along[-1]
+        repeated = label in history.used or label in along[:-1]
+        keys.append(source.context_key(label, history.emitted + len(along) - 1, repeated))
+    return torch.tensor(keys, dtype=torch.int64)
+
+
+class Policy(Protocol):
+    """How one method draws drafts and target tokens (module docstring)."""
+
+    def drafts(
+        self, tree: DraftTree, parents: list[int], q: Support, history: History
+    ) -> list[list[int]]:
+        """Draft tokens at each of ``parents`` (the nodes of one level, in order), whose
+        drafter laws are ``q`` (n, K); an empty list where the drafter proposes nothing."""
+        ...
+
+    def targets(self, tree: DraftTree, p: Support, history: History) -> Callable[[int], int]:
+        """The token the target emits at a node, from P_k at every node (``p``:
+        (len(tree), K)). The loop calls it along the walk, path order, visited nodes only."""
+        ...
+
+
+class KeyedRace:
+    """The keyed race: drafts are MPFR(Q_k, Π(c), ν(c)) (Alg. 6), the target emits the race
+    winner of P_k under Π(c) (Alg. 2/3): a deterministic function of (key, nonce, prefix).
+
+    Args:
+        source: the request's keyed source (an ephemeral secret for ``*-nowm``).
+    """
+
+    def __init__(self, source: KeyedSource) -> None:
+        self.source = source
+
+    def drafts(
+        self, tree: DraftTree, parents: list[int], q: Support, history: History
+    ) -> list[list[int]]:
+        counts = [tree.nodes[i].multiplicity for i in parents]
+        keys = context_keys(tree, parents, self.source, history).to(q.tokens.device)
+        clocks = exponential_clocks(keys, q.tokens, max(counts))  # (n, K, max ν)
+        return mpfr_samples(q.logp, q.tokens, clocks, counts)
+
+    def targets(self, tree: DraftTree, p: Support, history: History) -> Callable[[int], int]:
+        keys = context_keys(tree, list(range(len(tree))), self.source, history)
+        clocks = exponential_clocks(keys.to(p.tokens.device), p.tokens, 1)[..., 0]  # (n, K)
+        winners: list[int] = race_winner(p.logp, p.tokens, clocks).tolist()
+        return winners.__getitem__
+
+
+class Multinomial:
+    """Plain sampling (``ar``): the target's token is a multinomial draw from P_k, from a
+    ``torch.Generator`` seeded with the request nonce; never drafts (not speculative).
+
+    Args:
+        seed: the generator's seed.
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def drafts(
+        self, tree: DraftTree, parents: list[int], q: Support, history: History
+    ) -> list[list[int]]:
+        raise AssertionError("ar does not draft")
+
+    def targets(self, tree: DraftTree, p: Support, history: History) -> Callable[[int], int]:
+        probs = p.logp.exp().to(torch.float64).cpu()  # (n, K)
+        picks = torch.multinomial(probs, 1, generator=self.generator).squeeze(1)  # (n,)
+        tokens: list[int] = p.tokens.cpu().gather(1, picks[:, None]).squeeze(1).tolist()
+        return tokens.__getitem__

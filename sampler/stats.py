@@ -1,0 +1,50 @@
+"""What a generation returns: the completion and its counters (DESIGN §3, Stats)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from sampler.methods import Method
+
+FinishReason = Literal["eos", "length"]
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    """Counters of one generation. Seconds are wall-clock; prefill is reported separately."""
+
+    emitted_tokens: int
+    target_forward_passes: int
+    drafter_calls: int
+    accepted_per_level: tuple[int, ...]
+    drafted_per_level: tuple[int, ...]
+    prefill_seconds: float
+    seconds: float
+
+    @property
+    def aatps(self) -> float:
+        """Average accepted tokens per step: emitted tokens per target forward pass."""
+        return self.emitted_tokens / max(self.target_forward_passes, 1)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.emitted_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """A completion without the prompt (case C3); EOS is not included in ``token_ids``."""
+
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason
+    method: Method
+    watermark_applied: bool
+    stats: GenerationStats
+
+
+def count_at(counts: list[int], index: int) -> None:
+    """``counts[index] += 1``, growing ``counts`` with zeros (per-level counters)."""
+    while len(counts) <= index:
+        counts.append(0)
+    counts[index] += 1
