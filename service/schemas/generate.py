@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Literal, Self
+from typing import TYPE_CHECKING, Literal, Self
 
 from pydantic import BaseModel, Field, model_validator
 
 from sampler.decoder import MAX_DRAFTS, MAX_LOOKAHEAD
+from sampler.methods import HTTP_METHODS
 from service.schemas.common import KeyId, RequestModel, Text
 
-Method = Literal["ar", "basic-uwm", "pfr", "mpfr", "pfr-nowm", "mpfr-nowm"]
+if TYPE_CHECKING:
+    from sampler.methods import Method
+else:
+    Method = Literal[HTTP_METHODS]
+    """The methods the API serves: the ``http`` rows of ``sampler.methods.METHODS``."""
 MIN_TEMPERATURE = 0.01
 """Below this (and above 0, greedy) logits / T overflow float64 softmax; refused."""
 
