@@ -1,6 +1,6 @@
 """Markdown report of ``bench/results/distill_objectives.json`` (``bench.distill_compare``).
 
-    python -m bench.distill_report
+python -m bench.distill_report
 """
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 from bench.common import RESULTS
+from sampler.methods import METHODS, parse_method
 
 
 def render(data: dict) -> str:
@@ -62,11 +63,8 @@ def render(data: dict) -> str:
         "|---|---|---|---|",
     ]
     for cell, row in data["decoding"].items():
-        same = (
-            "— (unkeyed baseline)"
-            if cell.startswith("vsps")
-            else f"{row['identical']}/{row['prompts']}"
-        )
+        keyed = METHODS[parse_method(cell.split()[0])].watermarked  # identity is a keyed claim
+        same = f"{row['identical']}/{row['prompts']}" if keyed else "— (unkeyed baseline)"
         lines.append(
             f"| {cell} | {row['aatps_mean']:.2f} ± {row['aatps_std']:.2f} | "
             f"{row['tokens_per_second_mean']:.1f} | {same} |"
