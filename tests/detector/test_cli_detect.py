@@ -1,8 +1,8 @@
-"""``poissonmark detect --jsonl`` (service/cli.py, the detect command's corpus mode): one JSON
-result per input line in input order, error lines, resume, and worker processes.
+"""``poissonmark detect --jsonl`` (service/cli/corpus.py, the detect command's corpus mode): one
+JSON result per input line in input order, error lines, resume, and worker processes.
 
-In-process tests call the corpus helper with a tokenizer and a keyed source (no key store); the
-last test runs the real command as a subprocess on the embedded Redis."""
+In-process tests call the public corpus runner with a tokenizer and a keyed source (no key
+store); the last test runs the real command as a subprocess on the embedded Redis."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import pytest
 
 from detector import DetectOptions, detect
 from keyed import KeyedSource
-from service.cli import _detect_jsonl, _done_ids
+from service.cli.corpus import CorpusCounts, detect_corpus, done_ids
+from service.detection import detection_json
 from tests.detector.helpers import fixed_secret, keyed_race_ids
 
 SECRET = fixed_secret("cli-jsonl")
@@ -43,18 +44,10 @@ def read_jsonl(path: Path) -> list[dict]:  # type: ignore[type-arg]
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
-def run_helper(real_tokenizer, corpus: Path, out: Path, workers: int = 1) -> dict[str, int]:  # type: ignore[no-untyped-def]
-    return _detect_jsonl(
-        real_tokenizer,
-        KeyedSource(SECRET),
-        "pmk_0123456789abcdef",
-        corpus,
-        out,
-        workers=workers,
-        alpha=0.01,
-        scores=["u"],
-        spans=True,
-        keep_tokens=False,
+def run_helper(real_tokenizer, corpus: Path, out: Path, workers: int = 1) -> CorpusCounts:  # type: ignore[no-untyped-def]
+    options = DetectOptions(alpha=0.01, key_id="pmk_0123456789abcdef", scores=["u"], spans=True)
+    return detect_corpus(
+        real_tokenizer, KeyedSource(SECRET), corpus, out, options, workers=workers, tokens=False
     )
 
 
@@ -64,28 +57,22 @@ def test_jsonl_one_result_per_line_in_order(real_tokenizer, human_passages, tmp_
     counts = run_helper(real_tokenizer, corpus, out)
     rows = read_jsonl(out)
     assert [r.get("id") for r in rows] == ["h0", "7", None, "no-input", "bad-ids", "h1", None, "h2"]
-    assert counts == {
-        "detected": 4,
-        "watermarked": 1,
-        "errors": 4,
-        "skipped (already in output)": 0,
-    }
+    assert counts == CorpusCounts(detected=4, watermarked=1, errors=4, skipped=0)
     by_id = {r["id"]: r for r in rows if r.get("id")}
     assert by_id["7"]["verdict"] == "watermarked" and by_id["h0"]["verdict"] != "watermarked"
     assert rows[2] == {"id": None, "line": 3, "error": rows[2]["error"]}
     assert "not JSON" in rows[2]["error"] and "text or token_ids" in by_id["no-input"]["error"]
     assert "token_ids[1]" in by_id["bad-ids"]["error"]
-    assert "tokens" not in by_id["h0"]  # --no-tokens
+    assert by_id["h0"]["tokens"] is None  # --no-tokens, as POST /v1/detect without evidence
     assert set(by_id["h0"]["scores"]) == {"aaronson", "u"} and by_id["h0"]["spans"] is not None
-    # Each result is the library's detection of that line.
-    expected = detect(
+    # Each result is the library's detection of that line, in the service's one-key shape.
+    found = detect(
         real_tokenizer,
         KeyedSource(SECRET),
         text=human_passages[1],
         options=DetectOptions(key_id="pmk_0123456789abcdef", scores=("u",), spans=True),
-    ).to_json()
-    expected.pop("tokens")
-    assert by_id["h1"] == {"id": "h1", **expected}
+    )
+    assert by_id["h1"] == {"id": "h1", **detection_json(found, tokens=False)}
 
 
 def test_jsonl_resumes_after_an_interruption(real_tokenizer, human_passages, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -95,10 +82,10 @@ def test_jsonl_resumes_after_an_interruption(real_tokenizer, human_passages, tmp
     complete = out.read_text(encoding="utf-8").splitlines(keepends=True)
     # An interrupted run: two complete lines and half of the third.
     out.write_text("".join(complete[:2]) + complete[5][:40], encoding="utf-8")
-    assert _done_ids(out) == {"h0", "7"}  # the torn line is cut off
+    assert done_ids(out) == {"h0", "7"}  # the torn line is cut off
     assert out.read_text(encoding="utf-8") == "".join(complete[:2])
     counts = run_helper(real_tokenizer, corpus, out)
-    assert counts["skipped (already in output)"] == 2 and counts["detected"] == 2
+    assert counts.skipped == 2 and counts.detected == 2
     assert sorted(json.dumps(r, sort_keys=True) for r in read_jsonl(out)) == sorted(
         json.dumps(json.loads(line), sort_keys=True) for line in complete
     )

@@ -13,6 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from service.cli import app
+from service.schemas.detect import DetectResponse
+from service.schemas.generate import GenerateResponse
 
 pytestmark = pytest.mark.realmodel
 
@@ -52,15 +54,21 @@ def test_keys_generate_detect_round_trip(cli_env):
                                "drafter_calls", "seconds", "tokens_per_second"}
     assert g["watermark_applied"] is True and g["method"] == "mpfr"
     assert "assistant" not in g["text"][:20]  # the prompt/template is not echoed (C3)
+    # --json prints what the HTTP API answers: the same object, field for field
+    assert GenerateResponse.model_validate(g).model_dump() == g
 
     by_ids = run(cli_env, "detect", "--key", key["key_id"], "--token-ids",
                  json.dumps(g["token_ids"]), "--text", g["text"], "--json")
     assert by_ids.returncode == 0, by_ids.stderr
-    d = json.loads(by_ids.stdout)
-    assert d["verdict"] == "watermarked", d["scores"]
-    assert set(d) >= {"key_id", "num_tokens", "num_scored", "verdict", "scores", "tokens"}
-    assert set(d["scores"]["aaronson"]) >= {"score", "p_value", "log10_p_value", "method"}
-    assert set(d["tokens"][0]) >= {"id", "text", "start", "end", "status", "pivot", "score"}
+    d = json.loads(by_ids.stdout)  # the shape of POST /v1/detect (DetectResponse), one key
+    assert d["verdict"] == "watermarked", d
+    assert d["best_key_id"] == key["key_id"] and d["num_keys"] == 1
+    assert DetectResponse.model_validate(d).model_dump() == d
+    (k,) = d["results"]
+    assert set(k) >= {"key_id", "num_tokens", "num_scored", "verdict", "scores", "tokens"}
+    assert k["key_id"] == key["key_id"] and k["min_scored_tokens"] >= 1
+    assert set(k["scores"]["aaronson"]) >= {"score", "p_value", "log10_p_value", "method"}
+    assert set(k["tokens"][0]) >= {"id", "text", "start", "end", "status", "pivot", "score"}
 
     piped = run(cli_env, "detect", "--key", key["key_id"], "--json", stdin=g["text"])
     assert json.loads(piped.stdout)["verdict"] == "watermarked"
@@ -84,8 +92,11 @@ def test_keys_generate_detect_round_trip(cli_env):
     assert multi.returncode == 0, multi.stderr
     m = json.loads(multi.stdout)
     assert m["best_key_id"] == key["key_id"] and m["verdict"] == "watermarked"
-    assert m["num_keys"] == len(m["keys"]) >= 2 and other in m["keys"]
-    assert m["log10_p_value"] >= m["uncorrected_log10_p_value"]  # Bonferroni never helps
+    assert DetectResponse.model_validate(m).model_dump() == m
+    by_key = {r["key_id"]: r for r in m["results"]}
+    assert m["num_keys"] == len(by_key) >= 2 and other in by_key
+    uncorrected = by_key[key["key_id"]]["scores"]["aaronson"]["log10_p_value"]
+    assert m["log10_p_value"] >= uncorrected  # Bonferroni never helps
 
     revoked = run(cli_env, "keys", "revoke", key["key_id"], "--json")
     assert json.loads(revoked.stdout)["revoked"] is True
@@ -93,7 +104,8 @@ def test_keys_generate_detect_round_trip(cli_env):
     # Only the other (random, unrelated) key is tried. Its verdict is NOT asserted: under H0 it
     # is "watermarked" with probability alpha = 1 % (a fresh clone's CI once drew exactly that);
     # false-positive rates are tested with fixed keys in tests/detector.
-    assert list(active_only["keys"]) == [other] and active_only["num_keys"] == 1
+    assert [r["key_id"] for r in active_only["results"]] == [other]
+    assert active_only["num_keys"] == 1
     with_revoked = run(cli_env, "detect", "--include-revoked", "--text", g["text"])
     assert f"best key {key['key_id']}" in with_revoked.stdout, with_revoked.stdout
     assert "verdict (corrected): watermarked" in with_revoked.stdout

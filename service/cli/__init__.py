@@ -1,0 +1,43 @@
+"""The ``poissonmark`` command line: one module per command group.
+
+- ``keys``: watermark keys (``service.cli.keys``); ``tokens``: API bearer tokens
+  (``service.cli.api_tokens``).
+- ``generate`` (``service.cli.generate``) and ``detect`` (``service.cli.detect``, corpus mode in
+  ``service.cli.corpus``): the same service layer as the HTTP routes (``service.generation``,
+  ``service.detection``), and with ``--json`` the same JSON as their responses.
+- ``distill``: train MDraft drafter heads; ``serve``: the HTTP service.
+
+``service.cli.common`` holds the consoles, the error mapping (one line on stderr, exit 2 for bad
+input, 1 for the environment) and the stores. Heavy libraries (torch, transformers) are imported
+by the commands that need them, when they run.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from service.cli import api_tokens, detect, distill, generate, keys, serve
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Watermarked LLM text by keyed multi-draft speculative sampling (MPFR).",
+)
+app.add_typer(keys.app, name="keys")
+app.command()(generate.generate)
+app.command()(detect.detect)
+app.add_typer(api_tokens.app, name="tokens")
+app.command()(distill.distill)
+app.command()(serve.serve)
+
+
+def main() -> None:
+    """The ``poissonmark`` entry point (``[project.scripts]``)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # our own status line shows progress; keep stderr clean
+    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+    app()
+
+
+__all__ = ["app", "main"]

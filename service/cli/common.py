@@ -1,0 +1,129 @@
+"""What every command group shares: the consoles, the error mapping, the stores, the model.
+
+``--json`` prints one JSON object on stdout; without it the output is for people. Errors print
+one line on stderr naming the problem and exit with status 2 (bad input) or 1 (environment:
+Redis, model files). Secrets never appear in any output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+
+from detector.errors import DetectorError
+from service.errors import KeyStoreUnavailable, PoissonmarkError
+from service.settings import Settings
+
+if TYPE_CHECKING:
+    import redis
+
+    from sampler.models import LoadedModel
+    from service.api_tokens import TokenStore
+    from service.keystore import KeyStore
+
+out = Console()
+err = Console(stderr=True)
+
+Json = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+ModelOpt = Annotated[str | None, typer.Option("--model", help="Alias or local HF model dir.")]
+DeviceOpt = Annotated[str | None, typer.Option("--device", help="auto, cpu, cuda…")]
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """Print ``error: message`` on stderr and exit with ``code``."""
+    err.print(f"[bold red]error:[/] {message}", highlight=False, markup=True)
+    raise typer.Exit(code)
+
+
+def emit_json(payload: dict[str, Any]) -> None:
+    """One JSON object on stdout: finite numbers only, UTF-8 as is."""
+    sys.stdout.write(json.dumps(payload, allow_nan=False, ensure_ascii=False) + "\n")
+
+
+def report(payload: dict[str, Any], as_json: bool, line: str) -> None:
+    """``payload`` as JSON with ``--json``, else ``line`` for people."""
+    if as_json:
+        emit_json(payload)
+    else:
+        out.print(line, highlight=False)
+
+
+@contextlib.contextmanager
+def errors() -> Iterator[None]:
+    """Map domain and input errors to one clear line; never a traceback for bad input."""
+    try:
+        yield
+    except (PoissonmarkError, DetectorError) as exc:
+        fail(str(exc), 1 if isinstance(exc, KeyStoreUnavailable) else 2)  # Redis: environment
+    except ValueError as exc:
+        fail(str(exc))
+    except OSError as exc:
+        fail(f"{type(exc).__name__}: {exc}", 1)
+
+
+@contextlib.contextmanager
+def _redis(settings: Settings) -> Iterator[redis.Redis]:
+    from service.redis import close_redis, open_redis
+
+    url = settings.redis_url.get_secret_value() if settings.redis_url else None
+    client = open_redis(url, settings.home)
+    try:
+        yield client
+    finally:
+        close_redis(client)
+
+
+@contextlib.contextmanager
+def key_store(settings: Settings) -> Iterator[KeyStore]:
+    """The watermark key store (the KEK from settings, else the data dir's KEK file)."""
+    from service.kek import load_or_create_kek
+    from service.keystore import KeyStore
+
+    with _redis(settings) as client:
+        kek = settings.kek_bytes()
+        yield KeyStore(client, load_or_create_kek(settings.home) if kek is None else kek)
+
+
+@contextlib.contextmanager
+def token_store(settings: Settings) -> Iterator[TokenStore]:
+    """The API token store."""
+    from service.api_tokens import TokenStore
+
+    with _redis(settings) as client:
+        yield TokenStore(client, settings.redis_prefix)
+
+
+def _progress(quiet: bool) -> Callable[[str], None] | None:
+    return None if quiet else err.print
+
+
+def _status(message: str, quiet: bool) -> contextlib.AbstractContextManager[Any]:
+    return contextlib.nullcontext() if quiet else err.status(message, spinner="dots")
+
+
+def load(settings: Settings, model: str | None, device: str | None, quiet: bool) -> LoadedModel:
+    """The model and tokenizer (``--model``/``--device`` over the settings)."""
+    from sampler.models import load_model
+
+    with _status("loading model…", quiet):
+        return load_model(
+            model or settings.model,
+            settings.home,
+            device or settings.device,
+            on_progress=_progress(quiet),
+        )
+
+
+def tokenizer(settings: Settings, model: str | None, quiet: bool) -> Any:
+    """The model's tokenizer alone (converting the model first if it never was)."""
+    from sampler.models import load_tokenizer, materialise
+
+    with _status("preparing tokenizer…", quiet):
+        materialise(model or settings.model, settings.home, _progress(quiet))
+        return load_tokenizer(model or settings.model, settings.home)

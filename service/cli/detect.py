@@ -1,0 +1,273 @@
+"""``poissonmark detect``: is this text watermarked by one key, or by any key of a tenant?
+
+The keys and the statistics are ``service.detection``'s, as for ``POST /v1/detect``, and
+``--json`` prints the same object that endpoint answers (``multi_key_json``: the verdict on
+the best key's corrected p-value, and each key's own result under ``results``). ``--jsonl``
+runs a corpus through ``service.cli.corpus``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.text import Text
+
+from detector import SCORE_NAMES, DetectOptions, ScoreFamily, lattimore_score, li_score
+from service.cli.common import Json, ModelOpt, emit_json, err, errors, key_store, out, tokenizer
+from service.settings import Settings
+
+if TYPE_CHECKING:
+    from detector import Detection, MultiKeyDetection
+    from service.keystore import KeyRecord
+
+_COLOURS = {
+    "watermarked": "bold green",
+    "not_detected": "bold",
+    "insufficient_evidence": "bold yellow",
+}
+
+
+def score_families(names: Sequence[str], li_delta: float, lattimore_epsilon: float) -> list[Any]:
+    """``--score`` names -> score families with the CLI's parameters (ValueError if unknown)."""
+    families: list[str | ScoreFamily] = []
+    for name in names:
+        if name == "li":
+            families.append(li_score(li_delta))
+        elif name == "lattimore":
+            families.append(lattimore_score(lattimore_epsilon))
+        elif name in SCORE_NAMES:
+            families.append(name)
+        else:
+            raise ValueError(f"--score: expected one of {', '.join(SCORE_NAMES)}, got {name!r}")
+    return families
+
+
+def parse_token_ids(raw: str | None) -> list[int] | None:
+    """``--token-ids``: a JSON list (the detector checks the values)."""
+    if raw is None:
+        return None
+    try:
+        ids = json.loads(raw)
+    except json.JSONDecodeError:
+        raise ValueError("--token-ids: expected a JSON list of integers") from None
+    if not isinstance(ids, list):
+        raise ValueError("--token-ids: expected a JSON list of integers")
+    return ids
+
+
+def detect(
+    key: Annotated[
+        str | None,
+        typer.Option(
+            "--key",
+            help="Key id. Omit to test every active key of --tenant made for this model's "
+            "tokenizer (multi-key: the best key's p-value is corrected for their number).",
+        ),
+    ] = None,
+    text: Annotated[str | None, typer.Option("--text", help="Text to check.")] = None,
+    file: Annotated[Path | None, typer.Option("--file", help="Read the text from a file.")] = None,
+    token_ids: Annotated[
+        str | None,
+        typer.Option(
+            "--token-ids", help="JSON list of exact token ids (scored instead of re-tokenizing)."
+        ),
+    ] = None,
+    alpha: Annotated[float, typer.Option(help="Level of the verdict.")] = 0.01,
+    score: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--score",
+            help="Also compute this score: u, li or lattimore (repeat for several; "
+            "aaronson is always computed and decides the verdict).",
+        ),
+    ] = None,
+    li_delta: Annotated[float, typer.Option("--li-delta", help="Δ of the li score.")] = 0.1,
+    lattimore_epsilon: Annotated[
+        float, typer.Option("--lattimore-epsilon", help="ε of the lattimore score.")
+    ] = 1e-3,
+    spans: Annotated[
+        bool,
+        typer.Option(
+            "--spans", help="Report the strongest watermarked spans (window scan, corrected)."
+        ),
+    ] = False,
+    jsonl: Annotated[
+        Path | None,
+        typer.Option(
+            "--jsonl",
+            help="Corpus mode: one {id, text} or {id, token_ids} JSON object per line; "
+            "writes one JSON result per line.",
+        ),
+    ] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output",
+            help="With --jsonl: append results here (default stdout); ids already in "
+            "the file are skipped, so an interrupted run resumes.",
+        ),
+    ] = None,
+    workers: Annotated[
+        int, typer.Option("--workers", min=1, max=256, help="With --jsonl: worker processes.")
+    ] = 1,
+    no_tokens: Annotated[
+        bool, typer.Option("--no-tokens", help="Leave per-token evidence out of the JSON.")
+    ] = False,
+    tenant: Annotated[
+        str, typer.Option(help="Without --key: the tenant whose keys are tested.")
+    ] = "default",
+    include_revoked: Annotated[
+        bool, typer.Option("--include-revoked", help="Without --key: test revoked keys too.")
+    ] = False,
+    model: ModelOpt = None,
+    as_json: Json = False,
+) -> None:
+    """Test a text for the key's watermark (text from --text, --file or stdin), or every line
+    of a JSONL corpus (--jsonl). Without --key, test every key of the tenant (multi-key)."""
+    from sampler.models import tokenizer_fingerprint
+    from service.detection import choose_keys, detect_keys, multi_key_json
+
+    settings = Settings()
+    with errors():
+        if text is not None and file is not None:
+            raise ValueError("give at most one of --text or --file")
+        if jsonl is not None and (text is not None or file is not None or token_ids is not None):
+            raise ValueError(
+                "--jsonl reads its inputs from the file: drop --text/--file/--token-ids"
+            )
+        if jsonl is None and (output is not None or workers != 1):
+            raise ValueError("--output and --workers go with --jsonl")
+        if jsonl is not None and key is None:
+            raise ValueError("--jsonl needs --key (corpus mode tests one key)")
+        families = score_families(score or [], li_delta, lattimore_epsilon)
+        options = DetectOptions(alpha=alpha, scores=families, spans=spans)
+        ids = parse_token_ids(token_ids)
+        if file is not None:
+            text = file.read_text(encoding="utf-8")
+        if jsonl is None and text is None and ids is None:
+            if sys.stdin.isatty():
+                raise ValueError("give --text, --file, --token-ids or pipe the text on stdin")
+            text = sys.stdin.read()
+        tok = tokenizer(settings, model, as_json or jsonl is not None)
+        with key_store(settings) as store:
+            records = choose_keys(
+                store,
+                tokenizer_fingerprint(tok),
+                None if key else tenant,
+                key,
+                include_revoked=include_revoked,
+                max_keys=settings.max_keys_per_detect,
+            )
+        if jsonl is not None:
+            _corpus(tok, records[0], jsonl, output, options, workers, not no_tokens)
+            return
+        found = detect_keys(tok, records, options, text=text, token_ids=ids)
+    if as_json:
+        emit_json(multi_key_json(found, tokens=not no_tokens))
+    elif key is None:
+        show_multi_key(found, tenant)
+    else:
+        show(found.best)
+
+
+def _corpus(
+    tok: Any,
+    record: KeyRecord,
+    corpus: Path,
+    output: Path | None,
+    options: DetectOptions,
+    workers: int,
+    tokens: bool,
+) -> None:
+    """``--jsonl``: the corpus runner with a progress bar on stderr, then the counts."""
+    import dataclasses
+
+    from service.cli.corpus import count_lines, detect_corpus
+    from service.detection import DETECTION_NONCE
+
+    columns = (
+        TextColumn("detecting"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
+    keyed = dataclasses.replace(options, key_id=record.key_id)
+    with Progress(*columns, console=err, transient=False) as progress:
+        bar = progress.add_task("detect", total=count_lines(corpus))
+        counts = detect_corpus(
+            tok,
+            record.source(DETECTION_NONCE),
+            corpus,
+            output,
+            keyed,
+            workers=workers,
+            tokens=tokens,
+            on_line=lambda: progress.advance(bar),
+        )
+    err.print(counts.summary(), highlight=False)
+
+
+def show_multi_key(found: MultiKeyDetection, tenant: str) -> None:
+    """The corrected verdict over the tenant's keys, then the best key's own result."""
+    plural = "s" if found.num_keys != 1 else ""
+    out.print(
+        f"tested {found.num_keys} key{plural} of tenant {tenant}; best key "
+        f"[bold]{found.best_key_id}[/]; p-value corrected for {found.num_keys} keys: "
+        f"{found.p_value:.3g} (log10 p {found.log10_p_value:.2f})",
+        highlight=False,
+    )
+    out.print(f"verdict (corrected): [bold]{found.verdict.value}[/]")
+    out.print("[dim]best key's own result:[/]")
+    show(found.best)
+
+
+def show(result: Detection) -> None:
+    """Verdict, p-values, skips, spans, then the text with scored tokens on green."""
+    a = result.scores["aaronson"]
+    out.print(f"verdict: [{_COLOURS[result.verdict.value]}]{result.verdict.value}[/]")
+    out.print(
+        f"p-value: {a.p_value:.3g}   log10 p: {a.log10_p_value:.2f}   "
+        f"scored tokens: {result.num_scored} of {result.num_tokens}   "
+        f"Aaronson score: {a.score:.1f}",
+        highlight=False,
+    )
+    for name, p in result.scores.items():
+        if name != "aaronson":
+            out.print(
+                f"[dim]{name}: log10 p {p.log10_p_value:.2f} ({p.method})[/]", highlight=False
+            )
+    skipped = ", ".join(f"{k} {v}" for k, v in result.skipped.items() if v)
+    if skipped:
+        out.print(f"[dim]skipped: {skipped}[/]")
+    if result.spans is not None:
+        for span in result.spans.spans:
+            out.print(
+                f"span chars {span.start}-{span.end} ({span.num_scored} scored tokens): "
+                f"log10 p {span.p_value.log10_p_value:.2f}, corrected for "
+                f"{result.spans.windows_scanned} windows {span.corrected_log10_p_value:.2f}",
+                highlight=False,
+            )
+    shown = Text()
+    for t in result.tokens:
+        if t.status == "scored" and t.score is not None:
+            # per-token Aaronson term: mean 1 under H0; brighter = more evidence
+            strength = min(t.score / 4.0, 1.0)
+            shown.append(t.text, style=f"on rgb(0,{int(60 + 140 * strength)},0)")
+        else:
+            shown.append(t.text, style="dim")
+    out.print(shown)
+    out.print("[dim](scored tokens on green, brighter = stronger evidence; dim = skipped)[/]")

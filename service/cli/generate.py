@@ -1,0 +1,93 @@
+"""``poissonmark generate``: a watermarked completion on this machine (``service.generation``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from sampler.decoder import METHODS
+from service.cli.common import DeviceOpt, Json, ModelOpt, emit_json, errors, key_store, load, out
+from service.settings import Settings
+
+if TYPE_CHECKING:
+    from service.generation import Generated
+
+METHOD_HELP = ", ".join(METHODS)
+
+
+def read_messages(path: Path) -> list[dict[str, str]]:
+    """Chat messages from a JSON file: a list of ``{role, content}``, or ``{"messages": [...]}``.
+
+    Raises:
+        ValueError: not JSON, or not a list (``sampler.completion`` checks each message).
+    """
+    try:
+        messages = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--messages-file: not JSON ({exc.msg} at line {exc.lineno})") from None
+    if isinstance(messages, dict) and "messages" in messages:
+        messages = messages["messages"]
+    if not isinstance(messages, list):
+        raise ValueError("--messages-file: expected a JSON list of messages")
+    return messages
+
+
+def generate(
+    key: Annotated[str, typer.Option("--key", help="Key id.")],
+    prompt: Annotated[str | None, typer.Option("--prompt", help="User message.")] = None,
+    messages_file: Annotated[
+        Path | None,
+        typer.Option("--messages-file", help="JSON list of {role, content} chat messages."),
+    ] = None,
+    method: Annotated[str, typer.Option(help=METHOD_HELP)] = "mpfr",
+    drafter: Annotated[str, typer.Option(help="ngram, self:N, heads:PATH or model:PATH")] = "ngram",
+    drafts: Annotated[int, typer.Option("--drafts", "-B", help="Drafts B.")] = 4,
+    lookahead: Annotated[int, typer.Option("--lookahead", "-L", help="Lookahead L.")] = 4,
+    max_new_tokens: Annotated[int, typer.Option(help="At most this many new tokens.")] = 128,
+    temperature: float = 1.0,
+    top_k: Annotated[int, typer.Option(help="0 = off.")] = 50,
+    top_p: float = 1.0,
+    nonce: Annotated[
+        int | None, typer.Option(help="Request nonce (repeated contexts); random when omitted.")
+    ] = None,
+    model: ModelOpt = None,
+    device: DeviceOpt = None,
+    as_json: Json = False,
+) -> None:
+    """Generate a watermarked completion (an exact sample of the model)."""
+    from sampler.completion import prompt_ids
+    from sampler.models import tokenizer_fingerprint
+    from service.generation import generation_request, prepare, run
+
+    settings = Settings()
+    with errors():
+        if (prompt is None) == (messages_file is None):
+            raise ValueError("give exactly one of --prompt or --messages-file")
+        messages = None if messages_file is None else read_messages(messages_file)
+        wanted = generation_request(
+            method, drafts, lookahead, max_new_tokens, temperature, top_k, top_p, drafter, nonce
+        )
+        with key_store(settings) as store:
+            record = store.get_active(key)
+        loaded = load(settings, model, device, as_json)
+        generation = prepare(record, tokenizer_fingerprint(loaded.tokenizer), wanted)
+        done = run(loaded, prompt_ids(loaded, prompt, messages), generation)
+    if as_json:
+        emit_json(done.to_json())
+    else:
+        show(done)
+
+
+def show(done: Generated) -> None:
+    """The completion, then one dim line of how it was made."""
+    r, s = done.result, done.result.stats
+    out.print(done.text, highlight=False, markup=False)
+    out.print(
+        f"\n[dim]{s.emitted_tokens} tokens · {s.target_forward_passes} target passes · "
+        f"AATPS {s.aatps:.2f} · {s.tokens_per_second:.1f} tok/s · {r.method}"
+        f"{' + ' + done.drafter if done.drafter else ''} · watermark "
+        f"{'on' if r.watermark_applied else 'off'} · nonce {done.generation.nonce}[/]"
+    )
