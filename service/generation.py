@@ -26,9 +26,10 @@ from typing import Any
 from detector.tokens import check_tokenizer
 from keyed import KeyedSource
 from sampler.completion import complete
-from sampler.decoder import GenerationResult, GenerationStats, SamplerConfig
+from sampler.methods import SamplerConfig, parse_method
 from sampler.models import LoadedModel
 from sampler.processing import Processing
+from sampler.stats import GenerationResult, GenerationStats
 from service.keystore import KeyRecord
 from service.schemas.generate import GenerateRequest
 
@@ -65,10 +66,11 @@ def generation_request(
     """A checked request (a speculative method keeps ``drafter``, the others drop it).
 
     Raises:
-        ValueError: from ``SamplerConfig`` or ``Processing``, naming the field and the limit.
+        ValueError: an unknown method, or from ``SamplerConfig`` or ``Processing``, naming the
+            field and the limit.
     """
     processing = Processing(temperature, top_k, top_p)
-    config = SamplerConfig(method, drafts, lookahead, max_new_tokens, processing)
+    config = SamplerConfig(parse_method(method), drafts, lookahead, max_new_tokens, processing)
     return GenerationRequest(config, drafter if config.speculative else None, nonce)
 
 

@@ -8,14 +8,18 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from sampler.decoder import METHODS
+from sampler.methods import METHODS
 from service.cli.common import DeviceOpt, Json, ModelOpt, emit_json, errors, key_store, load, out
 from service.settings import Settings
 
 if TYPE_CHECKING:
     from service.generation import Generated
 
-METHOD_HELP = ", ".join(METHODS)
+METHOD_HELP = (
+    f"watermarked: {', '.join(m for m, spec in METHODS.items() if spec.watermarked)}; "
+    f"no watermark: {', '.join(m for m, spec in METHODS.items() if not spec.watermarked)}"
+)
+"""From the sampler's table of methods (``sampler.methods.METHODS``)."""
 
 
 def read_messages(path: Path) -> list[dict[str, str]]:
