@@ -154,7 +154,7 @@ def walk(
     for level in range(depth + 1):
         token = target_token(node)
         visited.append(node)
-        history.draw_at_end()
+        history.use_context()
         if token in seq.eos_ids:
             seq.finish = "eos"
             break

@@ -54,7 +54,7 @@ class History:
     def emitted(self) -> int:
         return len(self.committed) - self.prompt_len
 
-    def draw_at_end(self) -> None:
+    def use_context(self) -> None:
         """Record that the next response position is drawn at the current context."""
         self.used.add(label_at(self.committed, len(self.committed), self.width))
 
