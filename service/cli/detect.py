@@ -8,6 +8,8 @@ runs a corpus through ``service.cli.corpus``.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import sys
 from collections.abc import Sequence
@@ -193,8 +195,6 @@ def _corpus(
     tokens: bool,
 ) -> None:
     """``--jsonl``: the corpus runner with a progress bar on stderr, then the counts."""
-    import dataclasses
-
     from service.cli.corpus import count_lines, detect_corpus
     from service.detection import DETECTION_NONCE
 
@@ -216,7 +216,7 @@ def _corpus(
             keyed,
             workers=workers,
             tokens=tokens,
-            on_line=lambda: progress.advance(bar),
+            on_line=functools.partial(progress.advance, bar),
         )
     err.print(counts.summary(), highlight=False)
 
