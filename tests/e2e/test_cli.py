@@ -32,8 +32,13 @@ def cli_env(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> dict[st
 
 def run(env: dict[str, str], *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "service.cli", *args], env=env, input=stdin,
-        capture_output=True, text=True, timeout=600, check=False,
+        [sys.executable, "-m", "service.cli", *args],
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
 
 
@@ -43,22 +48,52 @@ def test_keys_generate_detect_round_trip(cli_env):
     key = json.loads(created.stdout)
     assert set(key) >= {"key_id", "context_width", "prf_version", "tokenizer", "created_at"}
 
-    gen = run(cli_env, "generate", "--key", key["key_id"], "--prompt",
-              "Explain like I'm five: how do magnets work?", "--method", "mpfr",
-              "--drafts", "4", "--lookahead", "4", "--max-new-tokens", "96", "--nonce", "7",
-              "--json")
+    gen = run(
+        cli_env,
+        "generate",
+        "--key",
+        key["key_id"],
+        "--prompt",
+        "Explain like I'm five: how do magnets work?",
+        "--method",
+        "mpfr",
+        "--drafts",
+        "4",
+        "--lookahead",
+        "4",
+        "--max-new-tokens",
+        "96",
+        "--nonce",
+        "7",
+        "--json",
+    )
     assert gen.returncode == 0, gen.stderr
     g = json.loads(gen.stdout)
     assert set(g) >= {"text", "token_ids", "key_id", "method", "watermark_applied", "stats"}
-    assert set(g["stats"]) >= {"emitted_tokens", "target_forward_passes", "aatps",
-                               "drafter_calls", "seconds", "tokens_per_second"}
+    assert set(g["stats"]) >= {
+        "emitted_tokens",
+        "target_forward_passes",
+        "aatps",
+        "drafter_calls",
+        "seconds",
+        "tokens_per_second",
+    }
     assert g["watermark_applied"] is True and g["method"] == "mpfr"
     assert "assistant" not in g["text"][:20]  # the prompt/template is not echoed (C3)
     # --json prints what the HTTP API answers: the same object, field for field
     assert GenerateResponse.model_validate(g).model_dump() == g
 
-    by_ids = run(cli_env, "detect", "--key", key["key_id"], "--token-ids",
-                 json.dumps(g["token_ids"]), "--text", g["text"], "--json")
+    by_ids = run(
+        cli_env,
+        "detect",
+        "--key",
+        key["key_id"],
+        "--token-ids",
+        json.dumps(g["token_ids"]),
+        "--text",
+        g["text"],
+        "--json",
+    )
     assert by_ids.returncode == 0, by_ids.stderr
     d = json.loads(by_ids.stdout)  # the shape of POST /v1/detect (DetectResponse), one key
     assert d["verdict"] == "watermarked", d
@@ -73,9 +108,15 @@ def test_keys_generate_detect_round_trip(cli_env):
     piped = run(cli_env, "detect", "--key", key["key_id"], "--json", stdin=g["text"])
     assert json.loads(piped.stdout)["verdict"] == "watermarked"
 
-    human = run(cli_env, "detect", "--key", key["key_id"], "--json",
-                stdin="The quick brown fox jumps over the lazy dog. " * 3
-                + "Python's for statement iterates over the items of any sequence.")
+    human = run(
+        cli_env,
+        "detect",
+        "--key",
+        key["key_id"],
+        "--json",
+        stdin="The quick brown fox jumps over the lazy dog. " * 3
+        + "Python's for statement iterates over the items of any sequence.",
+    )
     assert json.loads(human.stdout)["verdict"] != "watermarked"
 
     people = run(cli_env, "detect", "--key", key["key_id"], "--text", g["text"])
@@ -116,10 +157,11 @@ def test_keys_generate_detect_round_trip(cli_env):
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["generate", "--key", "pmk_0000000000000000", "--prompt", "x", "--drafts", "0"],
-         "drafts"),
-        (["generate", "--key", "pmk_0000000000000000", "--prompt", "x", "--method", "beam"],
-         "method"),
+        (["generate", "--key", "pmk_0000000000000000", "--prompt", "x", "--drafts", "0"], "drafts"),
+        (
+            ["generate", "--key", "pmk_0000000000000000", "--prompt", "x", "--method", "beam"],
+            "method",
+        ),
         (["detect", "--key", "pmk_0000000000000000", "--text", "x", "--alpha", "2"], "alpha"),
         (["detect", "--key", "pmk_0000000000000000", "--text", "hello"], "pmk_0000000000000000"),
         (["detect", "--key", "pmk_0000000000000000", "--token-ids", "[1,"], "token-ids"),
@@ -145,33 +187,65 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, real_tokenizer) -> 
 
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("tinyllm")
-    config = LlamaConfig(vocab_size=len(real_tokenizer), hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=2048, tie_word_embeddings=True,
-                         eos_token_id=real_tokenizer.eos_token_id)
+    config = LlamaConfig(
+        vocab_size=len(real_tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        eos_token_id=real_tokenizer.eos_token_id,
+    )
     LlamaForCausalLM(config).save_pretrained(path)
     real_tokenizer.save_pretrained(path)
     return path
 
 
-def test_distill_trains_resumes_and_refuses_bad_input(cli_env, tiny_model_dir, tmp_path,
-                                                      data_files):
+def test_distill_trains_resumes_and_refuses_bad_input(
+    cli_env, tiny_model_dir, tmp_path, data_files
+):
     prompts = tmp_path / "prompts.jsonl"
-    rows = [json.loads(line) for line in
-            (data_files / "prompts-eli5.jsonl").read_text().splitlines()[:10]]
+    rows = [
+        json.loads(line)
+        for line in (data_files / "prompts-eli5.jsonl").read_text().splitlines()[:10]
+    ]
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out_dir = tmp_path / "heads"
-    args = ["distill", "--model", str(tiny_model_dir), "--prompts", str(prompts),
-            "--out", str(out_dir), "--steps", "4", "--anchors", "4", "--max-new-tokens", "12",
-            "--eval-every", "2", "--device", "cpu", "--json"]
+    args = [
+        "distill",
+        "--model",
+        str(tiny_model_dir),
+        "--prompts",
+        str(prompts),
+        "--out",
+        str(out_dir),
+        "--steps",
+        "4",
+        "--anchors",
+        "4",
+        "--max-new-tokens",
+        "12",
+        "--eval-every",
+        "2",
+        "--device",
+        "cpu",
+        "--json",
+    ]
     first = run(cli_env, *args)
     assert first.returncode == 0, first.stderr
     result = json.loads(first.stdout)
     assert result["steps"] == 4 and result["train_rollouts"] + result["heldout_rollouts"] == 10
     assert set(result["evaluation"]) == {"T=0", "T=0.6", "T=1"}
     assert all(len(v["reach"]) == 4 and v["contexts"] > 0 for v in result["evaluation"].values())
-    for name in ("heads.safetensors", "heads.json", "checkpoint.pt", "training.json",
-                 "evaluation.json"):
+    for name in (
+        "heads.safetensors",
+        "heads.json",
+        "checkpoint.pt",
+        "training.json",
+        "evaluation.json",
+    ):
         assert (out_dir / name).is_file(), name
     assert json.loads((out_dir / "heads.json").read_text())["objective"] == "mdraft"
     again = run(cli_env, *args)  # resumes from the finished checkpoint: no new steps
@@ -180,14 +254,19 @@ def test_distill_trains_resumes_and_refuses_bad_input(cli_env, tiny_model_dir, t
     bad_prompts = tmp_path / "bad.jsonl"
     bad_prompts.write_text('{"id": "a", "prompt": "x"}\n{"prompt": "no id"}\n')
 
-    for bad, message in ((["--objective", "dpo"], "objective must be one of"),
-                         (["--alpha", "2"], "alpha must be in [0, 1]"),
-                         (["--steps", "0"], "steps must be >= 1"),
-                         (["--prompts", str(tmp_path / "none.jsonl")], "does not exist"),
-                         (["--prompts", str(bad_prompts), "--model", str(tiny_model_dir)],
-                          "bad.jsonl:2: expected an object with a string 'id'"),
-                         (["--init", str(tmp_path / "nowhere"), "--model", str(tiny_model_dir)],
-                          "must hold heads.json and heads.safetensors")):
-        res = CliRunner().invoke(app, ["distill", "--out", str(tmp_path / "x"), *bad],
-                                 env=cli_env)
+    for bad, message in (
+        (["--objective", "dpo"], "objective must be one of"),
+        (["--alpha", "2"], "alpha must be in [0, 1]"),
+        (["--steps", "0"], "steps must be >= 1"),
+        (["--prompts", str(tmp_path / "none.jsonl")], "does not exist"),
+        (
+            ["--prompts", str(bad_prompts), "--model", str(tiny_model_dir)],
+            "bad.jsonl:2: expected an object with a string 'id'",
+        ),
+        (
+            ["--init", str(tmp_path / "nowhere"), "--model", str(tiny_model_dir)],
+            "must hold heads.json and heads.safetensors",
+        ),
+    ):
+        res = CliRunner().invoke(app, ["distill", "--out", str(tmp_path / "x"), *bad], env=cli_env)
         assert res.exit_code == 2 and message in " ".join(res.output.split()), (bad, res.output)
