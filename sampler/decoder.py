@@ -81,7 +81,7 @@ def generate(
         raise ValueError("a keyed source (key or nonce) is required")
     if config.speculative and drafter is None:
         raise ValueError(f"method {config.method!r} needs a drafter")
-    seq = start(target, prompt, config, source, drafter if config.speculative else None, eos_ids)
+    seq = start(target, prompt, config, source, drafter, eos_ids)
     while not seq.done:
         emitted = step(seq)
         if on_tokens is not None:

@@ -29,7 +29,7 @@ from sampler.cached_lm import CachedLM
 from sampler.drafters import Drafter, feed_target_hidden, wants_target_hidden
 from sampler.methods import SamplerConfig
 from sampler.policies import History, Policy
-from sampler.processing import Processing, process
+from sampler.processing import process
 from sampler.stats import FinishReason, GenerationStats, count_at
 from sampler.tree import DraftTree
 
@@ -39,23 +39,21 @@ class SequenceState:
     """One request between steps.
 
     Attributes:
+        config: the request's method, B, L, N and processing.
         history: committed prefix (prompt + response) and the labels used so far.
         policy: the method's policy for this request.
         lm: the target with its KV cache of ``committed[:-1]``.
-        drafter: None for one-token steps.
-        drafts, lookahead: B and L (L = 0 for one-token steps).
+        drafter: None for a method that does not draft (one-token steps).
+        eos_ids: tokens that end the sequence.
         finish: set once EOS is drawn.
         started, prefill_seconds, target_calls_before, drafter_calls_before: for the stats.
     """
 
+    config: SamplerConfig
     history: History
     policy: Policy
     lm: CachedLM
     drafter: Drafter | None
-    drafts: int
-    lookahead: int
-    max_new_tokens: int
-    processing: Processing
     eos_ids: frozenset[int]
     started: float
     prefill_seconds: float = 0.0
@@ -67,7 +65,7 @@ class SequenceState:
 
     @property
     def done(self) -> bool:
-        return self.finish is not None or self.history.emitted >= self.max_new_tokens
+        return self.finish is not None or self.history.emitted >= self.config.max_new_tokens
 
 
 def start(
@@ -79,7 +77,8 @@ def start(
     eos_ids: frozenset[int],
 ) -> SequenceState:
     """Prefill: the target's KV cache over ``prompt[:-1]`` (the last token is the first
-    root); the drafter (None for a method that does not draft) starts on the prompt."""
+    root); the drafter starts on the prompt (a method that does not draft drops it)."""
+    drafter = drafter if config.speculative else None
     policy = config.spec.policy_for(source, target.config.vocab_size)
     started = time.perf_counter()
     lm = CachedLM(target)
@@ -91,8 +90,7 @@ def start(
         feed_target_hidden(drafter, lm, -1)
     history = History(list(prompt), len(prompt), source.context_width)
     return SequenceState(
-        history, policy, lm, drafter, config.effective_drafts, config.effective_lookahead,
-        config.max_new_tokens, config.processing, eos_ids, started,
+        config, history, policy, lm, drafter, eos_ids, started,
         prefill_seconds=time.perf_counter() - started,
         target_calls_before=lm.forward_calls,
         drafter_calls_before=drafter.calls if drafter is not None else 0,
@@ -101,14 +99,14 @@ def start(
 
 def step(seq: SequenceState) -> list[int]:
     """One speculative step (module docstring); returns the ids it emitted (EOS excluded)."""
-    committed = seq.history.committed
-    depth = min(seq.lookahead, seq.max_new_tokens - seq.history.emitted)
-    tree = DraftTree(committed[-1], seq.drafts)
+    committed, config = seq.history.committed, seq.config
+    depth = min(config.effective_lookahead, config.max_new_tokens - seq.history.emitted)
+    tree = DraftTree(committed[-1], config.effective_drafts)
     # 1. draft tree: one drafter call per level
     grow_tree(seq, tree, depth)
     # 2. verification: one target forward over root + every node, tree-attention mask
     base = len(committed) - 1
-    p = process(verify_tree(seq.lm, tree, base), seq.processing)  # (n, K)
+    p = process(verify_tree(seq.lm, tree, base), config.processing)  # (n, K)
     # 3. walk the realised target path; emit target tokens while they were drafted
     emitted_before = len(committed)
     visited = walk(seq, tree, seq.policy.targets(tree, p, seq.history), depth)
@@ -129,7 +127,8 @@ def grow_tree(seq: SequenceState, tree: DraftTree, depth: int) -> None:
         if not parents:
             return
         assert seq.drafter is not None, "a method with lookahead drafts"
-        q = process(seq.drafter.propose(tree, level, seq.history.committed), seq.processing)
+        logits = seq.drafter.propose(tree, level, seq.history.committed)  # (n, V)
+        q = process(logits, seq.config.processing)
         drafts = seq.policy.drafts(tree, parents, q, seq.history)
         for parent, tokens in zip(parents, drafts, strict=True):
             tree.add_drafts(parent, tokens)
@@ -162,7 +161,7 @@ def walk(
         child = tree.nodes[node].children.get(token)
         if child is not None:  # the target's token was drafted: accepted at this level
             count_at(seq.accepted, level)
-        if child is None or history.emitted >= seq.max_new_tokens:
+        if child is None or history.emitted >= seq.config.max_new_tokens:
             break
         node = child
     return visited
