@@ -151,12 +151,17 @@ def run_cell(loaded: Any, cell: Cell, row: dict, key: int, drafter_cache: dict) 
     options = DetectOptions(scores=SCORES[1:])
     found = detect(loaded.tokenizer, source, token_ids=ids, options=options)
     record = {
-        "cell": cell.name, "prompt": row["id"], "key": key, "ids": ids,
+        "cell": cell.name,
+        "prompt": row["id"],
+        "key": key,
+        "ids": ids,
         "text": loaded.tokenizer.decode(ids),
-        "aatps": stats.aatps, "tokens_per_second": stats.tokens_per_second,
-        "emitted": stats.emitted_tokens, "steps": stats.target_forward_passes,
-        "first_level_acceptance": (stats.accepted_per_level[0] if stats.accepted_per_level
-                                   else 0) / max(stats.target_forward_passes, 1),
+        "aatps": stats.aatps,
+        "tokens_per_second": stats.tokens_per_second,
+        "emitted": stats.emitted_tokens,
+        "steps": stats.target_forward_passes,
+        "first_level_acceptance": (stats.accepted_per_level[0] if stats.accepted_per_level else 0)
+        / max(stats.target_forward_passes, 1),
         "anlppt": {name: anlppt(found.scores[name], found.num_scored) for name in SCORES},
         "scored": found.num_scored,
     }
@@ -175,37 +180,49 @@ def summarise(records: list[dict], keys: int) -> dict[str, Any]:
     table = {}
     for cell, runs in by_cell.items():
         row: dict[str, Any] = {"runs": len(runs)}
-        metrics = {"aatps": [r["aatps"] for r in runs],
-                   "tokens_per_second": [r["tokens_per_second"] for r in runs],
-                   "lppl": [r["lppl"] for r in runs],
-                   "first_level_acceptance": [r["first_level_acceptance"] for r in runs]}
+        metrics = {
+            "aatps": [r["aatps"] for r in runs],
+            "tokens_per_second": [r["tokens_per_second"] for r in runs],
+            "lppl": [r["lppl"] for r in runs],
+            "first_level_acceptance": [r["first_level_acceptance"] for r in runs],
+        }
         for name in SCORES:
             metrics[f"anlppt_{name}"] = [r["anlppt"][name] for r in runs]
         if all("thm51_bound" in r for r in runs):
             metrics["thm51_bound"] = [r["thm51_bound"] for r in runs]
         for name, values in metrics.items():
             mean, std = _mean_std(values)
-            per_key = [statistics.fmean(v for r, v in zip(runs, values, strict=True)
-                                        if r["key"] == k) for k in range(keys)
-                       if any(r["key"] == k for r in runs)]
-            row[name] = {"mean": mean, "std": std,
-                         "std_over_keys": statistics.stdev(per_key) if len(per_key) > 1 else 0.0}
+            per_key = [
+                statistics.fmean(v for r, v in zip(runs, values, strict=True) if r["key"] == k)
+                for k in range(keys)
+                if any(r["key"] == k for r in runs)
+            ]
+            row[name] = {
+                "mean": mean,
+                "std": std,
+                "std_over_keys": statistics.stdev(per_key) if len(per_key) > 1 else 0.0,
+            }
         table[cell] = row
     return table
 
 
 def human_thresholds(loaded: Any, keys: int) -> dict[int, dict[int, float]]:
     """Per key and budget: the 1 % quantile of the Aaronson log10 p on human passages."""
-    texts = [json.loads(line)["text"] for line in
-             (DATA / "human-pydoc.jsonl").read_text().splitlines()]
+    texts = [
+        json.loads(line)["text"] for line in (DATA / "human-pydoc.jsonl").read_text().splitlines()
+    ]
     ids = [loaded.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
     out: dict[int, dict[int, float]] = {}
     for key in range(keys):
         source = key_source(key, "human")
         out[key] = {}
         for budget in BUDGETS:
-            logs = [detect(loaded.tokenizer, source, token_ids=i[:budget]).scores["aaronson"]
-                    .log10_p_value for i in ids]
+            logs = [
+                detect(loaded.tokenizer, source, token_ids=i[:budget])
+                .scores["aaronson"]
+                .log10_p_value
+                for i in ids
+            ]
             out[key][budget] = float(np.quantile(logs, 0.01, method="lower"))
     return out
 
@@ -217,8 +234,11 @@ def tpr(records: list[dict], thresholds: dict[int, dict[int, float]], loaded: An
             continue
         source = key_source(r["key"], r["prompt"])
         for budget in BUDGETS:
-            log10 = detect(loaded.tokenizer, source, token_ids=r["ids"][:budget]).scores[
-                "aaronson"].log10_p_value
+            log10 = (
+                detect(loaded.tokenizer, source, token_ids=r["ids"][:budget])
+                .scores["aaronson"]
+                .log10_p_value
+            )
             hit = log10 <= thresholds[r["key"]][budget]
             cell = out.setdefault(r["cell"][4:], {})
             cell.setdefault(str(budget), []).append(float(hit))  # type: ignore[arg-type]
@@ -247,9 +267,13 @@ def substitution(records: list[dict], drafter: str, others: list[str]) -> dict[s
             mins.append(min(scorer.score(a, b)["rougeL"].fmeasure for a, b in pairs))
             identical += len(set(by_drafter.values())) == 1
         if mins:
-            out[method] = {"min_pair_rouge_l_mean": statistics.fmean(mins),
-                           "min_pair_rouge_l_min": min(mins), "identical_outputs": identical,
-                           "runs": len(mins), "drafters": [drafter, *others]}
+            out[method] = {
+                "min_pair_rouge_l_mean": statistics.fmean(mins),
+                "min_pair_rouge_l_min": min(mins),
+                "identical_outputs": identical,
+                "runs": len(mins),
+                "drafters": [drafter, *others],
+            }
     return out
 
 
@@ -274,8 +298,15 @@ def plots(summary: dict, rates: dict, out: Path, caption: str = "") -> list[str]
         ys = [summary[f"{method} L={k}"]["anlppt_u"]["mean"] for k in (1, 2, 3, 4)]
         ax.plot(xs, ys, marker=marker, label=method)
     base = summary["basic-uwm"]
-    ax.scatter([base["aatps"]["mean"]], [base["anlppt_u"]["mean"]], marker="*", s=150,
-               color="k", label="basic-uwm", zorder=3)
+    ax.scatter(
+        [base["aatps"]["mean"]],
+        [base["anlppt_u"]["mean"]],
+        marker="*",
+        s=150,
+        color="k",
+        label="basic-uwm",
+        zorder=3,
+    )
     ax.set_xlabel("AATPS")
     ax.set_ylabel("ANLPPT-U (nats / token)")
     ax.set_title("single-draft frontier, L = 1..4", fontsize=10)
@@ -286,14 +317,28 @@ def plots(summary: dict, rates: dict, out: Path, caption: str = "") -> list[str]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     bs = (2, 4, 6, 8)
     for method in ("mpfr", "gls"):
-        axes[0].errorbar(bs, [summary[f"{method} B={b}"]["aatps"]["mean"] for b in bs],
-                         yerr=[summary[f"{method} B={b}"]["aatps"]["std_over_keys"] for b in bs],
-                         marker="o", capsize=3, label=method)
-        axes[1].plot(bs, [summary[f"{method} B={b}"]["first_level_acceptance"]["mean"]
-                          for b in bs], marker="o", label=f"{method} measured")
+        axes[0].errorbar(
+            bs,
+            [summary[f"{method} B={b}"]["aatps"]["mean"] for b in bs],
+            yerr=[summary[f"{method} B={b}"]["aatps"]["std_over_keys"] for b in bs],
+            marker="o",
+            capsize=3,
+            label=method,
+        )
+        axes[1].plot(
+            bs,
+            [summary[f"{method} B={b}"]["first_level_acceptance"]["mean"] for b in bs],
+            marker="o",
+            label=f"{method} measured",
+        )
     if "thm51_bound" in summary["mpfr B=2"]:
-        axes[1].plot(bs, [summary[f"mpfr B={b}"]["thm51_bound"]["mean"] for b in bs],
-                     linestyle="--", color="k", label="Thm 5.1 bound, all output contexts")
+        axes[1].plot(
+            bs,
+            [summary[f"mpfr B={b}"]["thm51_bound"]["mean"] for b in bs],
+            linestyle="--",
+            color="k",
+            label="Thm 5.1 bound, all output contexts",
+        )
     axes[0].set_xlabel("drafts B (L = 4)")
     axes[0].set_ylabel("AATPS")
     axes[1].set_xlabel("drafts B (L = 4)")
@@ -319,8 +364,10 @@ def plots(summary: dict, rates: dict, out: Path, caption: str = "") -> list[str]
 def caption(env: dict, drafter: str) -> str:
     """Model, drafter, hardware and commit, for the figures."""
     hw = env["hardware"]
-    return (f"{DEFAULT_MODEL} · drafter {drafter} · {hw['cpu']}, {hw['cores']} cores"
-            f"{' + CUDA' if hw['cuda'] else ''} · commit {env['commit'][:10]}")
+    return (
+        f"{DEFAULT_MODEL} · drafter {drafter} · {hw['cpu']}, {hw['cores']} cores"
+        f"{' + CUDA' if hw['cuda'] else ''} · commit {env['commit'][:10]}"
+    )
 
 
 def main() -> None:
@@ -330,14 +377,22 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--drafter", default="heads")
     parser.add_argument("--others", nargs="+", default=["ngram", "self:4"])
-    parser.add_argument("--home", type=Path,
-                        default=Path("~/.local/share/poissonmark").expanduser())
+    parser.add_argument(
+        "--home", type=Path, default=Path("~/.local/share/poissonmark").expanduser()
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "appd.json")
-    parser.add_argument("--only", nargs="+", metavar="CELL",
-                        help="run only these cells (e.g. 'mpfr B=4' 'mpfr-nowm B=4') and write "
-                             "their summary alone: no TPR, substitution, plots or report")
-    parser.add_argument("--finalize", action="store_true",
-                        help="summarise the runs finished so far without generating more")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        metavar="CELL",
+        help="run only these cells (e.g. 'mpfr B=4' 'mpfr-nowm B=4') and write "
+        "their summary alone: no TPR, substitution, plots or report",
+    )
+    parser.add_argument(
+        "--finalize",
+        action="store_true",
+        help="summarise the runs finished so far without generating more",
+    )
     args = parser.parse_args()
 
     loaded = load_model(DEFAULT_MODEL, args.home, device="auto")
@@ -371,13 +426,23 @@ def main() -> None:
             sink.flush()
     records = list(done.values())
     summary = summarise(records, args.keys)
-    setup = {"drafter": args.drafter, "prompts": [r["id"] for r in rows], "keys": args.keys,
-             "tokens": args.tokens, "processing": {"temperature": 1.0, "top_k": 50, "top_p": 1.0},
-             "device": str(loaded.device), "dtype": str(loaded.dtype)}
+    setup = {
+        "drafter": args.drafter,
+        "prompts": [r["id"] for r in rows],
+        "keys": args.keys,
+        "tokens": args.tokens,
+        "processing": {"temperature": 1.0, "top_k": 50, "top_p": 1.0},
+        "device": str(loaded.device),
+        "dtype": str(loaded.dtype),
+    }
     if args.only:
-        payload = {"benchmark": "appd_eval", "model": DEFAULT_MODEL,
-                   "environment": environment(), "setup": setup | {"only": args.only},
-                   "cells": {name: row for name, row in summary.items() if name in args.only}}
+        payload = {
+            "benchmark": "appd_eval",
+            "model": DEFAULT_MODEL,
+            "environment": environment(),
+            "setup": setup | {"only": args.only},
+            "cells": {name: row for name, row in summary.items() if name in args.only},
+        }
         args.out.write_text(json.dumps(payload, indent=1) + "\n")
         print(json.dumps(payload["cells"], indent=1))
         return
@@ -386,10 +451,15 @@ def main() -> None:
     stability = substitution(records, args.drafter, args.others)
     images = plots(summary, rates, args.out.parent, caption(environment(), args.drafter))
     payload = {
-        "benchmark": "appd_eval", "model": DEFAULT_MODEL, "environment": environment(),
+        "benchmark": "appd_eval",
+        "model": DEFAULT_MODEL,
+        "environment": environment(),
         "setup": setup | {"substitution_drafters": args.others},
-        "cells": summary, "tpr_at_1pct_fpr": rates, "human_log10_thresholds": thresholds,
-        "drafter_substitution": stability, "plots": images,
+        "cells": summary,
+        "tpr_at_1pct_fpr": rates,
+        "human_log10_thresholds": thresholds,
+        "drafter_substitution": stability,
+        "plots": images,
     }
     args.out.write_text(json.dumps(payload, indent=1) + "\n")
     print(json.dumps({"tpr": rates, "substitution": stability}, indent=1))

@@ -12,8 +12,15 @@ from pathlib import Path
 
 from bench.common import RESULTS
 
-COLUMNS = ("aatps", "tokens_per_second", "anlppt_aaronson", "anlppt_u", "anlppt_li",
-           "anlppt_lattimore", "lppl")
+COLUMNS = (
+    "aatps",
+    "tokens_per_second",
+    "anlppt_aaronson",
+    "anlppt_u",
+    "anlppt_li",
+    "anlppt_lattimore",
+    "lppl",
+)
 
 
 def _cell(row: dict, name: str) -> str:
@@ -22,12 +29,13 @@ def _cell(row: dict, name: str) -> str:
 
 
 def _table(cells: dict, names: list[str]) -> list[str]:
-    lines = ["| cell | AATPS | tokens/s | ANLPPT-A | ANLPPT-U | ANLPPT-Li | ANLPPT-PL | LPPL |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| cell | AATPS | tokens/s | ANLPPT-A | ANLPPT-U | ANLPPT-Li | ANLPPT-PL | LPPL |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name in names:
         if name in cells:
-            lines.append(f"| {name} | " + " | ".join(_cell(cells[name], c) for c in COLUMNS)
-                         + " |")
+            lines.append(f"| {name} | " + " | ".join(_cell(cells[name], c) for c in COLUMNS) + " |")
     return lines
 
 
@@ -61,29 +69,38 @@ def goals(data: dict, coupling: dict | None = None) -> list[str]:
         if m and g:
             diff = m["aatps"]["mean"] - g["aatps"]["mean"]
             ok = "met" if diff >= -0.02 else "**missed**"
-            out.append(f"- B = {b}: mpfr AATPS − gls AATPS = {diff:+.3f} (goal ≥ −0.02: {ok}; "
-                       f"std over keys {m['aatps']['std_over_keys']:.3f} / "
-                       f"{g['aatps']['std_over_keys']:.3f})")
+            out.append(
+                f"- B = {b}: mpfr AATPS − gls AATPS = {diff:+.3f} (goal ≥ −0.02: {ok}; "
+                f"std over keys {m['aatps']['std_over_keys']:.3f} / "
+                f"{g['aatps']['std_over_keys']:.3f})"
+            )
         if m and "thm51_bound" in m:
             acc, bound = m["first_level_acceptance"]["mean"], m["thm51_bound"]["mean"]
-            out.append(f"  - first-level acceptance {acc:.3f} (measured at step roots) next to the "
-                       f"Thm 5.1 bound {bound:.3f} (averaged over every context of the output: "
-                       "not the same contexts, so a reference, not a test)")
+            out.append(
+                f"  - first-level acceptance {acc:.3f} (measured at step roots) next to the "
+                f"Thm 5.1 bound {bound:.3f} (averaged over every context of the output: "
+                "not the same contexts, so a reference, not a test)"
+            )
     if coupling is not None:
         out += same_contexts(coupling)
     base, mp = cells.get("basic-uwm"), cells.get("mpfr B=4")
     if base and mp:
-        out.append(f"- ANLPPT-Aaronson: mpfr B=4 {_cell(mp, 'anlppt_aaronson')} vs basic-uwm "
-                   f"{_cell(base, 'anlppt_aaronson')}")
+        out.append(
+            f"- ANLPPT-Aaronson: mpfr B=4 {_cell(mp, 'anlppt_aaronson')} vs basic-uwm "
+            f"{_cell(base, 'anlppt_aaronson')}"
+        )
     nowm = cells.get("mpfr-nowm B=4")
     if nowm and mp:
-        out.append(f"- AATPS: mpfr-nowm B=4 {_cell(nowm, 'aatps')} vs mpfr B=4 "
-                   f"{_cell(mp, 'aatps')}")
+        out.append(
+            f"- AATPS: mpfr-nowm B=4 {_cell(nowm, 'aatps')} vs mpfr B=4 {_cell(mp, 'aatps')}"
+        )
     for method, row in data.get("drafter_substitution", {}).items():
-        out.append(f"- drafter substitution, {method}: min-pair ROUGE-L mean "
-                   f"{row['min_pair_rouge_l_mean']:.3f}, min {row['min_pair_rouge_l_min']:.3f}; "
-                   f"identical across {', '.join(row['drafters'])} in "
-                   f"{row['identical_outputs']}/{row['runs']} (prompt, key) pairs")
+        out.append(
+            f"- drafter substitution, {method}: min-pair ROUGE-L mean "
+            f"{row['min_pair_rouge_l_mean']:.3f}, min {row['min_pair_rouge_l_min']:.3f}; "
+            f"identical across {', '.join(row['drafters'])} in "
+            f"{row['identical_outputs']}/{row['runs']} (prompt, key) pairs"
+        )
     return out
 
 
@@ -109,15 +126,19 @@ def render(data: dict, coupling: dict | None = None) -> str:
         "",
         "## Single draft (B = 1)",
         "",
-        *_table(cells, ["basic-uwm"] + [f"{m} L={k}" for k in (1, 2, 3, 4)
-                                        for m in ("vsps", "pfr-nowm", "pfr")]),
+        *_table(
+            cells,
+            ["basic-uwm"]
+            + [f"{m} L={k}" for k in (1, 2, 3, 4) for m in ("vsps", "pfr-nowm", "pfr")],
+        ),
         "",
         "![frontier](appd_frontier.png)",
         "",
         "## Multi-draft (L = 4)",
         "",
-        *_table(cells, [f"{m} B={b}" for b in (2, 4, 6, 8) for m in ("mpfr", "gls")]
-                + ["mpfr-nowm B=4"]),
+        *_table(
+            cells, [f"{m} B={b}" for b in (2, 4, 6, 8) for m in ("mpfr", "gls")] + ["mpfr-nowm B=4"]
+        ),
         "",
         "| cell | first-level acceptance | Thm 5.1 bound |",
         "|---|---|---|",
@@ -142,8 +163,9 @@ def render(data: dict, coupling: dict | None = None) -> str:
         "|---|---|---|---|---|",
     ]
     for method, rates in data["tpr_at_1pct_fpr"].items():
-        lines.append(f"| {method} | " + " | ".join(f"{rates[str(b)]:.2f}" for b in (16, 32, 64,
-                                                                                    128)) + " |")
+        lines.append(
+            f"| {method} | " + " | ".join(f"{rates[str(b)]:.2f}" for b in (16, 32, 64, 128)) + " |"
+        )
     lines += [
         "",
         "![tpr](appd_tpr.png)",
@@ -154,9 +176,11 @@ def render(data: dict, coupling: dict | None = None) -> str:
         "|---|---|---|---|",
     ]
     for method, row in data.get("drafter_substitution", {}).items():
-        lines.append(f"| {method} | {row['min_pair_rouge_l_mean']:.3f} | "
-                     f"{row['min_pair_rouge_l_min']:.3f} | "
-                     f"{row['identical_outputs']}/{row['runs']} |")
+        lines.append(
+            f"| {method} | {row['min_pair_rouge_l_mean']:.3f} | "
+            f"{row['min_pair_rouge_l_min']:.3f} | "
+            f"{row['identical_outputs']}/{row['runs']} |"
+        )
     lines.append("")
     return "\n".join(lines)
 

@@ -19,11 +19,21 @@ def environment() -> dict[str, object]:
     import torch  # here, not at import: bench.corpus_rate's workers must start without it
 
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                check=True, cwd=RESULTS.parent).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--", "keyed", "sampler",
-                                     "detector"], capture_output=True, text=True,
-                                    cwd=RESULTS.parent).stdout.strip())
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=RESULTS.parent,
+        ).stdout.strip()
+        dirty = bool(
+            subprocess.run(
+                ["git", "status", "--porcelain", "--", "keyed", "sampler", "detector"],
+                capture_output=True,
+                text=True,
+                cwd=RESULTS.parent,
+            ).stdout.strip()
+        )
     except (OSError, subprocess.CalledProcessError):
         commit, dirty = "unknown", True
     cpu = platform.processor() or platform.machine()
@@ -38,8 +48,12 @@ def environment() -> dict[str, object]:
         "commit": commit,
         "dirty_tree": dirty,
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "hardware": {"cpu": cpu, "cores": os.cpu_count(), "torch_threads":
-                     torch.get_num_threads(), "cuda": torch.cuda.is_available()},
+        "hardware": {
+            "cpu": cpu,
+            "cores": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "cuda": torch.cuda.is_available(),
+        },
         "software": {"python": platform.python_version(), "torch": torch.__version__},
     }
 

@@ -30,11 +30,15 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--drafters", nargs="+", default=["ngram", "self:4", "self:12"])
-    parser.add_argument("--home", type=Path,
-                        default=Path("~/.local/share/poissonmark").expanduser())
+    parser.add_argument(
+        "--home", type=Path, default=Path("~/.local/share/poissonmark").expanduser()
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "drafters_cpu.json")
-    parser.add_argument("--finalize", action="store_true",
-                        help="summarise the prompts finished so far without generating more")
+    parser.add_argument(
+        "--finalize",
+        action="store_true",
+        help="summarise the prompts finished so far without generating more",
+    )
     args = parser.parse_args()
 
     loaded = load_model(DEFAULT_MODEL, args.home, device="auto")
@@ -49,19 +53,21 @@ def main() -> None:
         source = KeyedSource(Secret(hashlib.sha256(b"bench-key-%d" % i).digest()), 4, True, i)
         ids = prompt_ids(loaded, messages=row["messages"])
         runs = {}
-        ref = complete(loaded, ids, SamplerConfig("basic-uwm", max_new_tokens=args.tokens),
-                       source)
+        ref = complete(loaded, ids, SamplerConfig("basic-uwm", max_new_tokens=args.tokens), source)
         for name, config, drafter in [("basic-uwm", None, None)] + [
             (f"mpfr/{d}", SamplerConfig("mpfr", 4, 4, args.tokens), d) for d in args.drafters
         ]:
             out = ref if config is None else complete(loaded, ids, config, source, drafter)
             s = out.result.stats
-            runs[name] = {"emitted_tokens": s.emitted_tokens,
-                          "target_forward_passes": s.target_forward_passes,
-                          "drafter_calls": s.drafter_calls, "aatps": s.aatps,
-                          "seconds": s.seconds, "tokens_per_second": s.tokens_per_second,
-                          "identical_to_basic_uwm":
-                              out.result.token_ids == ref.result.token_ids}
+            runs[name] = {
+                "emitted_tokens": s.emitted_tokens,
+                "target_forward_passes": s.target_forward_passes,
+                "drafter_calls": s.drafter_calls,
+                "aatps": s.aatps,
+                "seconds": s.seconds,
+                "tokens_per_second": s.tokens_per_second,
+                "identical_to_basic_uwm": out.result.token_ids == ref.result.token_ids,
+            }
         record = {"id": row["id"], "prompt_tokens": len(ids), "runs": runs}
         with partial.open("a") as f:
             f.write(json.dumps(record) + "\n")
@@ -84,10 +90,19 @@ def main() -> None:
         entry["speed_vs_basic_uwm"] = entry["tokens_per_second_mean"] / base
     result = {
         "benchmark": "basic-uwm vs mpfr per drafter",
-        "model": DEFAULT_MODEL, "device": str(loaded.device), "dtype": str(loaded.dtype),
-        "config": {"drafts": 4, "lookahead": 4, "temperature": 1.0, "top_k": 50,
-                   "top_p": 1.0, "max_new_tokens": args.tokens, "prompts": len(rows),
-                   "prompts_planned": len(prompts)},
+        "model": DEFAULT_MODEL,
+        "device": str(loaded.device),
+        "dtype": str(loaded.dtype),
+        "config": {
+            "drafts": 4,
+            "lookahead": 4,
+            "temperature": 1.0,
+            "top_k": 50,
+            "top_p": 1.0,
+            "max_new_tokens": args.tokens,
+            "prompts": len(rows),
+            "prompts_planned": len(prompts),
+        },
         "load_average_at_end": os.getloadavg(),
         **environment(),
         "summary": summary,

@@ -128,8 +128,8 @@ def main() -> None:
         model = totals["target_forward_seconds"] + totals["drafter_forward_seconds"]
         totals["overhead_seconds"] = totals["seconds"] - model
         totals["overhead_fraction"] = totals["overhead_seconds"] / totals["seconds"]
-        totals["overhead_ms_per_step"] = 1e3 * totals["overhead_seconds"] / max(
-            totals["target_forward_passes"], 1
+        totals["overhead_ms_per_step"] = (
+            1e3 * totals["overhead_seconds"] / max(totals["target_forward_passes"], 1)
         )
         cells[name] = totals
         print(f"{name:16s} overhead {totals['overhead_fraction']:6.1%} "

@@ -110,8 +110,14 @@ def throughput_section(throughput: dict[str, Any]) -> list[str]:
         "| pipeline | per second (best) | per second (median) | vs tokenizer only |",
         "|---|---|---|---|",
     ]
-    for name in ("tokenizer_only", "tokenizer_call", "aaronson_evidence",
-                 "aaronson_evidence_rows", "all_scores", "aaronson_spans"):
+    for name in (
+        "tokenizer_only",
+        "tokenizer_call",
+        "aaronson_evidence",
+        "aaronson_evidence_rows",
+        "all_scores",
+        "aaronson_spans",
+    ):
         row = rows[name]
         lines.append(
             f"| {name} ({row['units']}) | {row['best_per_second']:,.0f} | "
@@ -128,7 +134,8 @@ def throughput_section(throughput: dict[str, Any]) -> list[str]:
             "|---|" + "---|" * len(names),
             "| compiled | " + " | ".join(str(stages["compiled"][n]) for n in names) + " |",
             "| NumPy fallback | "
-            + " | ".join(str(stages["numpy_fallback"].get(n, "")) for n in names) + " |",
+            + " | ".join(str(stages["numpy_fallback"].get(n, "")) for n in names)
+            + " |",
         ]
     lines += [
         "",

@@ -115,8 +115,11 @@ def _plot(results: dict[str, Any], path: Path, commit: str = "") -> None:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("P(accept ℓ | ℓ−1 accepted)")
     axes[-1].legend()
-    fig.suptitle("SmolLM2-135M-Instruct parallel heads (L = 4), speculative sampling, 2-core "
-                 f"CPU, commit {commit[:10]}", fontsize=10)
+    fig.suptitle(
+        "SmolLM2-135M-Instruct parallel heads (L = 4), speculative sampling, 2-core "
+        f"CPU, commit {commit[:10]}",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -153,19 +156,35 @@ def main() -> None:
         "evaluation": evaluate(start, loaded.model, data.heldout, data.heldout_hidden),
         "out_dir": str(args.init),
     }
-    print("start", {k: round(v["tau"], 3) for k, v in results["start (ce)"]["evaluation"].items()},
-          flush=True)
+    print(
+        "start",
+        {k: round(v["tau"], 3) for k, v in results["start (ce)"]["evaluation"].items()},
+        flush=True,
+    )
     for name in args.objectives:
-        config = DistillConfig(Objective.named(name, proposals=args.proposals), 4, args.steps,
-                               args.anchors, args.lr, warmup=10, eval_every=100,
-                               init=str(args.init))
+        config = DistillConfig(
+            Objective.named(name, proposals=args.proposals),
+            4,
+            args.steps,
+            args.anchors,
+            args.lr,
+            warmup=10,
+            eval_every=100,
+            init=str(args.init),
+        )
         out_dir = args.home / "drafters" / f"post-{name}-s{args.steps}-a{args.anchors}"
         started = time.perf_counter()
         heads, state = train(
-            loaded.model, data.train, data.train_hidden, data.heldout, data.heldout_hidden,
-            config, out_dir,
+            loaded.model,
+            data.train,
+            data.train_hidden,
+            data.heldout,
+            data.heldout_hidden,
+            config,
+            out_dir,
             lambda s, loss, n=name: (
-                print(f"{n} step {s.step} loss {loss:.4f}", flush=True) if s.step % 25 == 0
+                print(f"{n} step {s.step} loss {loss:.4f}", flush=True)
+                if s.step % 25 == 0
                 else None
             ),
         )
@@ -209,12 +228,20 @@ def main() -> None:
         "model": DEFAULT_MODEL,
         "environment": environment(),
         "setup": {
-            "init": str(args.init), "init_steps": start_log["steps"],
-            "init_anchors": start_log["config"]["anchors"], "init_lr": start_log["config"]["lr"],
-            "steps": args.steps, "anchors": args.anchors, "lr": args.lr, "lookahead": 4,
-            "proposals": args.proposals, "train_rollouts": len(data.train),
-            "heldout_rollouts": len(data.heldout), "rollout_tokens": 128,
-            "decode_prompts": len(heldout), "decode_tokens": args.tokens,
+            "init": str(args.init),
+            "init_steps": start_log["steps"],
+            "init_anchors": start_log["config"]["anchors"],
+            "init_lr": start_log["config"]["lr"],
+            "steps": args.steps,
+            "anchors": args.anchors,
+            "lr": args.lr,
+            "lookahead": 4,
+            "proposals": args.proposals,
+            "train_rollouts": len(data.train),
+            "heldout_rollouts": len(data.heldout),
+            "rollout_tokens": 128,
+            "decode_prompts": len(heldout),
+            "decode_tokens": args.tokens,
         },
         "objectives": results,
         "best": best,

@@ -45,10 +45,12 @@ def generations(real_model: LoadedModel, data_files: Path) -> list[dict]:
     out = []
     for i, row in enumerate(shared_prompts(data_files, N_PROMPTS)):
         ids = prompt_ids(real_model, messages=row["messages"])
-        done = complete(real_model, ids, SamplerConfig("basic-uwm", max_new_tokens=NEW_TOKENS),
-                        key_for(i))
-        out.append({"id": row["id"], "prompt": ids, "ids": list(done.result.token_ids),
-                    "text": done.text})
+        done = complete(
+            real_model, ids, SamplerConfig("basic-uwm", max_new_tokens=NEW_TOKENS), key_for(i)
+        )
+        out.append(
+            {"id": row["id"], "prompt": ids, "ids": list(done.result.token_ids), "text": done.text}
+        )
     return out
 
 
@@ -61,19 +63,27 @@ def test_mpfr_equals_basic_uwm_on_real_model(real_model: LoadedModel, generation
     there."""
     equal, report = 0, []
     for i, g in enumerate(generations):
-        done = complete(real_model, g["prompt"], SamplerConfig("mpfr", 4, 4, EQUAL_TOKENS),
-                        key_for(i), {1: "self:4", 3: "heads"}.get(i % 5, "ngram"))
+        done = complete(
+            real_model,
+            g["prompt"],
+            SamplerConfig("mpfr", 4, 4, EQUAL_TOKENS),
+            key_for(i),
+            {1: "self:4", 3: "heads"}.get(i % 5, "ngram"),
+        )
         got, want = list(done.result.token_ids), g["ids"][:EQUAL_TOKENS]
         if got == want:
             equal += 1
             continue
-        at = next((k for k, (a, b) in enumerate(zip(got, want, strict=False)) if a != b),
-                  min(len(got), len(want)))
+        at = next(
+            (k for k, (a, b) in enumerate(zip(got, want, strict=False)) if a != b),
+            min(len(got), len(want)),
+        )
         with torch.inference_mode():
             logits = real_model.model(torch.tensor([g["prompt"] + want[:at]])).logits[0, -1]
         top2 = torch.topk(logits.double(), 2).values
-        report.append(f"{g['id']}: diverges at token {at}, top-2 logit gap "
-                      f"{float(top2[0] - top2[1]):.3g}")
+        report.append(
+            f"{g['id']}: diverges at token {at}, top-2 logit gap {float(top2[0] - top2[1]):.3g}"
+        )
     print("\n".join(report))
     assert equal >= 19, report
 

@@ -133,8 +133,16 @@ def rollouts(target):
 def _run(target, rollouts, tmp: Path, objective: Objective, steps: int, on_step=None):
     """Train tiny heads (L = 3); returns ((heads, state), held-out hidden states)."""
     train_set, heldout = rollouts
-    config = DistillConfig(objective, lookahead=3, steps=steps, anchors=16, lr=2e-2, warmup=2,
-                           eval_every=0, checkpoint_every=5)
+    config = DistillConfig(
+        objective,
+        lookahead=3,
+        steps=steps,
+        anchors=16,
+        lr=2e-2,
+        warmup=2,
+        eval_every=0,
+        checkpoint_every=5,
+    )
     hidden = [hidden_states(target, r) for r in train_set]
     held_hidden = [hidden_states(target, r) for r in heldout]
     trained = train(target, train_set, hidden, heldout, held_hidden, config, tmp, on_step)
