@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.fresh import fresh_python
 
 DETECTOR = Path(__file__).resolve().parents[2] / "detector"
 
@@ -22,25 +22,12 @@ def test_detector_source_never_names_sampler() -> None:
             assert not any(n == "sampler" or n.startswith("sampler.") for n in names), path
 
 
-def _fresh_python(code: str) -> str:
-    """What ``code`` prints in a new interpreter at the repository root."""
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=DETECTOR.parent,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    )
-    return out.stdout.strip()
-
-
 def test_importing_detector_loads_no_sampler_module() -> None:
     code = (
         "import sys, detector; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'sampler'))"
     )
-    assert _fresh_python(code) == "[]"
+    assert fresh_python(code) == "[]"
 
 
 def test_detecting_loads_no_torch() -> None:
@@ -58,4 +45,4 @@ def test_detecting_loads_no_torch() -> None:
         "assert found.num_scored == 36, found.num_scored\n"
         "print('torch' in sys.modules)\n"
     )
-    assert _fresh_python(code) == "False"
+    assert fresh_python(code) == "False"

@@ -2,26 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.fresh import fresh_python
+
 KEYED = Path(__file__).resolve().parents[2] / "keyed"
-
-
-def _fresh_python(code: str) -> str:
-    """What ``code`` prints in a new interpreter at the repository root."""
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=KEYED.parent,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    )
-    return out.stdout.strip()
 
 
 def test_import_keyed_loads_no_torch_and_keyed_tensor_does() -> None:
@@ -31,7 +18,7 @@ def test_import_keyed_loads_no_torch_and_keyed_tensor_does() -> None:
         "import keyed.tensor\n"
         "print(before, 'torch' in sys.modules)\n"
     )
-    assert _fresh_python(code) == "False True"
+    assert fresh_python(code) == "False True"
 
 
 def test_keyed_exports_no_tensor_function() -> None:
