@@ -4,7 +4,8 @@ A fixed window: ``P ratelimit:detect:<token id>:<window>`` counts the detections
 counts one) of the current ``window_s``-second window; INCRBY and EXPIRE run in one MULTI, so
 every process of a deployment shares the budget and a counter never outlives its window. At
 the limit the request is refused with ``RateLimited`` (429 + Retry-After: the seconds to the
-next window). Fixed windows allow up to twice the limit across a window boundary; that is the
+next window) and counted by ``on_limited`` (the ``poissonmark_rate_limited_total`` counter).
+Fixed windows allow up to twice the limit across a window boundary; that is the
 usual price of one round trip per request.
 """
 
@@ -20,8 +21,12 @@ from service.errors import KeyStoreUnavailable, RateLimited
 
 
 class RateLimiter:
-    """``limit`` units per ``window_s`` seconds per token id (``clock``: seconds since the epoch,
-    replaceable in tests so a window never rolls over mid-test)."""
+    """``limit`` units per ``window_s`` seconds per token id.
+
+    ``on_limited`` is called once per refused request (the service counts them in its metrics);
+    ``clock`` (seconds since the epoch) is replaceable in tests so a window never rolls over
+    mid-test.
+    """
 
     def __init__(
         self,
@@ -30,6 +35,7 @@ class RateLimiter:
         limit: int,
         window_s: int,
         clock: Callable[[], float] = time.time,
+        on_limited: Callable[[], object] = lambda: None,
     ) -> None:
         if limit < 1 or window_s < 1:
             raise ValueError(f"expected limit >= 1 and window_s >= 1, got {limit}, {window_s}")
@@ -38,6 +44,7 @@ class RateLimiter:
         self.limit = limit
         self.window_s = window_s
         self._clock = clock
+        self._on_limited = on_limited
 
     async def spend(self, token_id: str, cost: int = 1) -> None:
         """Count ``cost`` units for ``token_id``.
@@ -58,5 +65,6 @@ class RateLimiter:
         except redis.RedisError as exc:
             raise KeyStoreUnavailable("redis (rate limit)", type(exc).__name__) from exc
         if int(count) > self.limit:
+            self._on_limited()
             retry_after = max(1, int((window + 1) * self.window_s - now + 0.999))
             raise RateLimited(self.limit, self.window_s, retry_after)

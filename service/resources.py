@@ -133,7 +133,11 @@ async def open_resources(
         )
         stack.callback(pool.close)
         limiter = RateLimiter(
-            aredis, settings.redis_prefix, settings.detect_rate_limit, settings.detect_rate_window_s
+            aredis,
+            settings.redis_prefix,
+            settings.detect_rate_limit,
+            settings.detect_rate_window_s,
+            on_limited=metrics.rate_limited.inc,
         )
         yield Resources(
             settings,
