@@ -2,7 +2,7 @@
 
 The only home of keyed randomness in poissonmark (DESIGN §1-§2). Modules:
 - ``keyed.prf``: the construction (``PRF_VERSION``), ``Secret``, context keys, the CPU
-  uniforms and the detector's ``pivot_array``;
+  uniforms, the detector's ``pivot_array`` and, for many secrets at once, ``pivot_matrix``;
 - ``keyed.context``: labels, ``KeyedSource``, the repeated-context rule, the detection plan;
 - ``keyed.philox``: the counter generator in NumPy (the reference and fallback);
 - ``keyed._kernels`` / ``keyed._kernel_loader``: the generator and the plan compiled with
@@ -33,6 +33,7 @@ from keyed.prf import (
     label_key_words,
     nonce_key,
     pivot_array,
+    pivot_matrix,
 )
 
 __all__ = [
@@ -53,5 +54,6 @@ __all__ = [
     "label_key_words",
     "nonce_key",
     "pivot_array",
+    "pivot_matrix",
     "warm_up",
 ]

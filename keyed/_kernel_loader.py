@@ -58,8 +58,9 @@ def warm_up() -> bool:
 
 
 def _check(module: ModuleType) -> None:
-    """Run each kernel once and compare it with the NumPy path on 64 random words and with a
-    small plan worked out by hand. Raises ``RuntimeError`` on a mismatch."""
+    """Run each kernel once and compare it with the NumPy path on 64 random words, with a small
+    plan worked out by hand and with hashlib for many secrets. Raises ``RuntimeError`` on a
+    mismatch."""
     rng = np.random.default_rng(0)
     c0, c1, k0, k1 = rng.integers(0, 2**32, size=(4, 64), dtype=np.int64)
     got = np.empty(64, dtype=np.float64)
@@ -71,5 +72,26 @@ def _check(module: ModuleType) -> None:
         np.array_equal(got, uniforms_numpy(c0, c1, k0, k1))
         and skip.tolist() == [1, 1, 0, 0, 2, 2, 0]
         and chosen[:count].tolist() == [2, 3, 6]
+        and _many_secrets_agree(module, rng)
     ):
         raise RuntimeError("compiled keyed kernels disagree with the NumPy paths")
+
+
+def _many_secrets_agree(module: ModuleType, rng: np.random.Generator) -> bool:
+    """``pivots_many_into`` (compiled BLAKE2b + Philox) against hashlib's BLAKE2b and the NumPy
+    Philox, for one- and three-block messages (m = 4 and m = 64)."""
+    from keyed import prf  # here, not at the top: keyed.prf imports this module
+
+    secrets = [prf.Secret(bytes(range(32))), prf.Secret(bytes(32))]
+    for width in (4, 64):
+        labels = rng.integers(0, 2**32, size=(3, width), dtype=np.int64)
+        tokens = rng.integers(0, 2**32, size=3, dtype=np.int64)
+        messages, length = prf.label_messages(labels)
+        got = np.empty((2, 3), dtype=np.float64)
+        module.pivots_many_into(prf.key_blocks(secrets), messages, length, tokens, got)
+        for row, secret in zip(got, secrets, strict=True):
+            words = prf.label_key_words(secret, labels)  # hashlib, no kernel
+            ones = np.ones(3, dtype=np.int64)
+            if not np.array_equal(row, uniforms_numpy(tokens, ones, words[:, 0], words[:, 1])):
+                return False
+    return True

@@ -21,7 +21,8 @@ Where each part lives (no module here imports torch but ``keyed.tensor``):
   detector's ``pivot_array`` and the CPU branch of the sampler's clocks;
 - ``keyed.philox``: step 2 in NumPy (the fallback, and the reference for the others);
 - ``keyed._kernels`` (numba), loaded and checked by ``keyed._kernel_loader``: step 2 compiled,
-  used on the CPU whenever it serves;
+  used on the CPU whenever it serves, and steps 1-2 together for many secrets
+  (``pivot_matrix``, multi-key detection);
 - ``keyed.tensor``: step 2 in torch integer ops, identical on CPU and CUDA — the sampler's
   clocks (``clock_uniforms``, ``exponential_clocks``). Imported by the sampler only.
 
@@ -151,6 +152,75 @@ def label_key_words(secret: Secret, labels: np.ndarray) -> np.ndarray:
     collections.deque(map(blake2b.update, states, messages), maxlen=0)
     digests = b"".join(map(blake2b.digest, states))
     return np.frombuffer(digests, dtype="<u4").astype(np.int64).reshape(n, 2)
+
+
+def pivot_matrix(secrets: Sequence[Secret], labels: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """Pivots of one text under many secrets at once: multi-key detection's path.
+
+    Row k is ``pivot_array(label_key_words(secrets[k], labels), tokens)`` bit for bit (tested):
+    the labels' messages are laid out once, then the compiled kernel (``keyed._kernels``) runs
+    keyed BLAKE2b and Philox per (secret, label) with no Python in between — the key block
+    once per secret, one compression per label for m <= 28. Without the kernels, the one-key
+    path per secret.
+
+    Args:
+        secrets: K secrets. labels: (N, m) integer label ids in [0, 2^32), m >= 1.
+        tokens: (N,) integer observed ids.
+    Returns:
+        (K, N) float64 pivots in (0, 1).
+    Raises:
+        ValueError: shapes as above, a label id outside [0, 2^32), or a non-``Secret``.
+    """
+    labels = np.asarray(labels)
+    tokens = np.asarray(tokens)
+    if labels.ndim != 2 or labels.shape[1] < 1 or tokens.shape != (labels.shape[0],):
+        raise ValueError(
+            f"expected labels (N, m) and tokens (N,), got {labels.shape} and {tokens.shape}"
+        )
+    if labels.size and (labels.min() < 0 or labels.max() > MASK32):
+        raise ValueError("expected label ids in [0, 2^32)")
+    if not all(isinstance(secret, Secret) for secret in secrets):
+        raise ValueError("expected every secret to be a keyed.prf.Secret")
+    kernels = _kernel_loader.kernels()
+    if kernels is None:
+        rows = [pivot_array(label_key_words(secret, labels), tokens) for secret in secrets]
+        return np.stack(rows) if rows else np.empty((0, labels.shape[0]), dtype=np.float64)
+    messages, length = label_messages(labels)
+    blocks = key_blocks(secrets)
+    out = np.empty((len(secrets), labels.shape[0]), dtype=np.float64)
+    try:
+        kernels.pivots_many_into(blocks, messages, length, as_int64_words(tokens), out)
+    finally:
+        blocks.fill(0)  # no copy of key material outlives the call
+    return out
+
+
+def key_blocks(secrets: Sequence[Secret]) -> np.ndarray:
+    """(K, 16) uint64: each secret zero-padded to BLAKE2b's 128-byte key block (LE words).
+    Key material: the caller zeroes it after use."""
+    raw = np.zeros((len(secrets), 128), dtype=np.uint8)
+    for row, secret in zip(raw, secrets, strict=True):
+        row[:SECRET_BYTES] = np.frombuffer(secret.reveal(), dtype=np.uint8)
+    blocks = raw.view("<u8").astype(np.uint64)  # (K, 16) host-order words
+    raw.fill(0)
+    return blocks
+
+
+def label_messages(labels: np.ndarray) -> tuple[np.ndarray, int]:
+    """The messages ``label_key_words`` hashes (length-prefixed ``TAG_CLOCK`` ‖ m ‖ ids, all
+    uint32 LE) as (N, 16·B) uint64 words zero-padded to B 128-byte blocks, and their length in
+    bytes (the same for every row)."""
+    n, m = labels.shape
+    prefix = struct.pack("<I", len(TAG_CLOCK)) + TAG_CLOCK
+    length = len(prefix) + 4 * (m + 1)
+    blocks = max(1, -(-length // 128))
+    raw = np.zeros((n, 128 * blocks), dtype=np.uint8)
+    raw[:, : len(prefix)] = np.frombuffer(prefix, dtype=np.uint8)
+    payload = np.empty((n, m + 1), dtype="<u4")
+    payload[:, 0] = m
+    payload[:, 1:] = labels
+    raw[:, len(prefix) : length] = payload.view(np.uint8).reshape(n, 4 * (m + 1))
+    return raw.view("<u8").astype(np.uint64), length  # (N, 16·B)
 
 
 def nonce_key(secret: Secret, nonce: int, position: int) -> tuple[int, int]:

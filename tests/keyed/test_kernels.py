@@ -186,3 +186,32 @@ def test_kernels_that_disagree_with_numpy_are_not_used(
     with caplog.at_level("WARNING", logger="keyed._kernel_loader"):
         assert _kernel_loader.kernels.__wrapped__() is None  # type: ignore[attr-defined]
     assert "disagree with the NumPy paths" in caplog.text
+
+
+@pytest.mark.parametrize("width", [1, 4, 28, 29, 64], ids=lambda m: f"m{m}")
+def test_pivot_matrix_equals_the_one_key_path(width: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Multi-key detection's pivots: row k is bit for bit the one-key path (hashlib BLAKE2b then
+    # Philox) for secret k; m = 28 / 29 are the last one-block and first two-block messages,
+    # m = 64 takes three. Extreme label ids and tokens included.
+    rng = np.random.default_rng(width)
+    labels = rng.integers(0, 2**32, size=(40, width), dtype=np.int64)
+    labels[0], labels[1] = 0, 2**32 - 1
+    tokens = rng.integers(0, 2**32, size=40, dtype=np.int64)
+    tokens[:2] = [0, 2**32 - 1]
+    secrets = [prf.Secret(bytes([i]) * 32) for i in range(6)]
+    expected = np.stack([prf.pivot_array(prf.label_key_words(s, labels), tokens) for s in secrets])
+    assert np.array_equal(prf.pivot_matrix(secrets, labels, tokens), expected)
+    assert prf.pivot_matrix([], labels, tokens).shape == (0, 40)
+    assert prf.pivot_matrix(secrets, labels[:0], tokens[:0]).shape == (6, 0)
+    monkeypatch.setattr(_kernel_loader, "kernels", lambda: None)
+    assert np.array_equal(prf.pivot_matrix(secrets, labels, tokens), expected)
+
+
+def test_pivot_matrix_rejects_bad_input() -> None:
+    secret = prf.Secret(bytes(32))
+    with pytest.raises(ValueError, match=r"labels \(N, m\) and tokens \(N,\)"):
+        prf.pivot_matrix([secret], np.zeros((3, 4), np.int64), np.zeros(2, np.int64))
+    with pytest.raises(ValueError, match=r"label ids in \[0, 2\^32\)"):
+        prf.pivot_matrix([secret], np.full((1, 4), 2**32), np.zeros(1, np.int64))
+    with pytest.raises(ValueError, match="Secret"):
+        prf.pivot_matrix([bytes(32)], np.zeros((1, 4), np.int64), np.zeros(1, np.int64))  # type: ignore[list-item]
