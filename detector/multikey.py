@@ -6,6 +6,17 @@ Glossary:
 - corrected p: min(1, K·min_k p_k), the Bonferroni bound. Under H0 (the text carries none of
   the keys' watermarks) P(min_k p_k <= α/K) <= Σ_k P(p_k <= α/K) = α whatever the dependence
   between keys, so the corrected p is a valid p-value for "one of these keys marked the text".
+  (Šidák's 1 − (1 − p)^K would be exact for independent keys; it differs from K·p by less than
+  (Kp)²/2, nothing at the levels a verdict uses, and Bonferroni needs no independence.)
+- detailed keys: the best ``detailed`` keys, whose full ``Detection`` (every requested score,
+  evidence, spans) is returned; every key's Aaronson p-value is computed either way.
+
+How it scales (``bench/multikey_cost.py``): the tokenization and the repeated-context plan do
+not depend on the key (only on its context width m), so they run once per text and width. The
+per-key work is the context keys, the pivots and the Aaronson sum: ``keyed.pivot_matrix``
+computes the (K, M) pivots in one compiled pass (keyed BLAKE2b + Philox per (key, label)), in
+chunks of keys that bound memory, then the sums and the K p-values are array operations. Row k
+is bit for bit what ``detect`` computes for key k (``tests/detector/test_multikey.py``).
 
 Which keys are candidates is the caller's business: the service passes the caller's tenant's
 active keys, and revoked keys only when asked (a revoked key can no longer generate, but text
@@ -16,13 +27,14 @@ corrected p, so pass no more keys than the question needs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
-from numpy.typing import ArrayLike
+from numpy.typing import ArrayLike, NDArray
 
 from detector.detect import (
     DEFAULT_OPTIONS,
@@ -33,41 +45,57 @@ from detector.detect import (
 )
 from detector.evidence import Detection, Verdict
 from detector.options import DetectOptions
+from detector.scores import aaronson_terms
 from detector.spans import bonferroni_log
-from detector.stats import LN10, PValue
+from detector.stats import LN10, PValue, aaronson_log_sf_many, min_scored_tokens
 from detector.tokens import Tokenizer
-from keyed import KeyedSource
+from keyed import KeyedSource, detection_plan_arrays, pivot_matrix
 
-MAX_KEYS = 10_000
+MAX_KEYS: Final = 10_000
+CHUNK_ELEMENTS: Final = 1 << 20
+"""Pivots computed per ``pivot_matrix`` call (keys × scored tokens): 8 MB of float64 at most."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class MultiKeyDetection:
     """The result of testing one text against K candidate keys.
 
     Attributes:
-        results: each key's own ``Detection`` by key id, in the caller's order. Their
-            verdicts and p-values are per key, *uncorrected*.
+        results: the full ``Detection`` of each detailed key by key id, best first (ties in
+            the caller's order). Their verdicts and p-values are per key, *uncorrected*.
+        key_ids: (K,) every key tested, in the caller's order.
+        log_p_values: (K,) float64 each key's own Aaronson natural-log p-value, uncorrected,
+            in ``key_ids`` order (``/ LN10`` is bit for bit ``detect``'s ``log10_p_value``).
+        num_scored: (K,) int64 each key's scored tokens (keys of one context width agree).
         best_key_id: the key with the smallest Aaronson p-value.
         num_keys: K.
         p_value, log10_p_value: the best key's p-value corrected for K keys (Bonferroni),
             min(1, K·p_best); log10 always finite.
         verdict: at ``alpha`` on the corrected p (``insufficient_evidence`` when it is not
-            significant and the best key scored fewer than ``min_scored_tokens(α)`` tokens).
+            significant and the best key scored fewer than ``min_scored_tokens`` tokens).
         alpha: the level.
+        min_scored_tokens: the tokens a typical watermarked text needs to reach α/K, the level
+            the best key's own p must reach (``min_scored_tokens(α/K)``; α's for K = 1).
     """
 
     results: dict[str, Detection]
+    key_ids: tuple[str, ...]
+    log_p_values: NDArray[np.float64]
+    num_scored: NDArray[np.int64]
     best_key_id: str
     num_keys: int
     p_value: float
     log10_p_value: float
     verdict: Verdict
     alpha: float
+    min_scored_tokens: int
 
     def __post_init__(self) -> None:
-        if self.num_keys != len(self.results) or self.best_key_id not in self.results:
-            raise ValueError("expected num_keys results including the best key")
+        k = len(self.key_ids)
+        if self.num_keys != k or self.log_p_values.shape != (k,) or self.num_scored.shape != (k,):
+            raise ValueError(f"expected num_keys = {k} keys, p-values and counts")
+        if self.best_key_id not in self.results:
+            raise ValueError("expected the best key among the detailed results")
         if not (math.isfinite(self.log10_p_value) and self.log10_p_value <= 0.0):
             raise ValueError(f"expected a finite log10 p <= 0, got {self.log10_p_value}")
 
@@ -78,8 +106,9 @@ class MultiKeyDetection:
 
     def to_json(self) -> dict[str, Any]:
         """``{"best_key_id", "num_keys", "verdict", "alpha", "p_value", "log10_p_value",
-        "uncorrected_log10_p_value", "keys": {key_id: detection JSON}}``: plain JSON types,
-        finite numbers, no key material."""
+        "uncorrected_log10_p_value", "min_scored_tokens", "keys": {key_id: detection JSON}}``
+        (``keys``: the detailed keys, best first): plain JSON types, finite numbers, no key
+        material."""
         return {
             "best_key_id": self.best_key_id,
             "num_keys": self.num_keys,
@@ -88,6 +117,7 @@ class MultiKeyDetection:
             "p_value": self.p_value,
             "log10_p_value": self.log10_p_value,
             "uncorrected_log10_p_value": self.best.p_value.log10_p_value,
+            "min_scored_tokens": self.min_scored_tokens,
             "keys": {key_id: result.to_json() for key_id, result in self.results.items()},
         }
 
@@ -98,7 +128,7 @@ def best_key_corrected(log_p: ArrayLike) -> tuple[int, float]:
     Args:
         log_p: (K,) float64 natural-log p-values of the K keys, K >= 1.
     Returns:
-        (argmin, ln min(1, K·p_min)).
+        (argmin, ln min(1, K·p_min)); ties go to the first index.
     """
     values = np.asarray(log_p, dtype=np.float64)
     if values.ndim != 1 or values.size == 0:
@@ -114,6 +144,7 @@ def detect_multi(
     text: str | None = None,
     token_ids: Sequence[int] | None = None,
     options: DetectOptions = DEFAULT_OPTIONS,
+    detailed: int | None = None,
 ) -> MultiKeyDetection:
     """Test a text against every candidate key and correct the best p-value for their number.
 
@@ -123,14 +154,17 @@ def detect_multi(
         sources: key id -> keyed source, 1..``MAX_KEYS`` keys (the caller chooses them: active
             keys of the tenant; revoked ones only when asked).
         text, token_ids: as ``detect``; the text is tokenized once.
-        options: as ``detect``, for every key, with ``key_id`` None (each result carries its
-            key's id from ``sources``).
+        options: as ``detect``, for the detailed keys, with ``key_id`` None (each result
+            carries its key's id from ``sources``). The best-key search and the correction
+            use the Aaronson p-value, the one a verdict uses.
+        detailed: how many of the best keys get a full ``Detection`` (>= 1); None for all.
     Returns:
-        a ``MultiKeyDetection``: per-key results and the corrected verdict.
+        a ``MultiKeyDetection``: every key's Aaronson p-value, the detailed keys' results and
+        the corrected verdict.
     Raises:
         ValueError: no keys or more than ``MAX_KEYS``, a key id that is not a string, a source
-            that is not a ``KeyedSource``, ``options.key_id`` set, or any ``detect`` input
-            error.
+            that is not a ``KeyedSource``, ``options.key_id`` set, ``detailed`` < 1, or any
+            ``detect`` input error.
     """
     check_options(options)
     if options.key_id is not None:
@@ -147,26 +181,81 @@ def detect_multi(
             raise ValueError(
                 f"expected sources[{key_id!r}] to be a KeyedSource, got {type(source).__name__}"
             )
+    if detailed is not None and (isinstance(detailed, bool) or detailed < 1):
+        raise ValueError(f"expected detailed >= 1 or None, got {detailed!r}")
     tokenized = tokenize_input(tokenizer, text, token_ids)
     special = frozenset(int(i) for i in tokenizer.all_special_ids)
+    ids = list(sources)
+    log_p, num_scored = _aaronson_all(tokenized.ids, special, [sources[k] for k in ids])
+    best, corrected = best_key_corrected(log_p)
+    order = np.argsort(log_p, kind="stable")[: len(ids) if detailed is None else detailed]
     results = {
-        key_id: detect_tokenized(
-            tokenized, special, source, dataclasses.replace(options, key_id=key_id)
+        ids[i]: detect_tokenized(
+            tokenized, special, sources[ids[i]], dataclasses.replace(options, key_id=ids[i])
         )
-        for key_id, source in sources.items()
+        for i in order.tolist()
     }
-    ids = list(results)
-    best, corrected = best_key_corrected([results[k].p_value.log_p_value for k in ids])
     best_result = results[ids[best]]
     corrected_p = PValue.from_log(best_result.p_value.score, corrected, "exact")
+    needed = _needed(options.alpha, len(ids), best_result.min_scored_tokens)
     return MultiKeyDetection(
         results=results,
+        key_ids=tuple(ids),
+        log_p_values=log_p,
+        num_scored=num_scored,
         best_key_id=ids[best],
         num_keys=len(ids),
         p_value=corrected_p.p_value,
         log10_p_value=corrected / LN10,
-        verdict=verdict(
-            corrected_p, best_result.num_scored, options.alpha, best_result.min_scored_tokens
-        ),
+        verdict=verdict(corrected_p, best_result.num_scored, options.alpha, needed),
         alpha=options.alpha,
+        min_scored_tokens=needed,
     )
+
+
+def _aaronson_all(
+    ids: NDArray[np.int64], special: frozenset[int], sources: Sequence[KeyedSource]
+) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
+    """Every key's Aaronson ln p and scored count: one plan per context width, the pivots of
+    a chunk of keys in one ``pivot_matrix`` call.
+
+    Args:
+        ids: (T,) int64 the text. sources: K keyed sources.
+    Returns:
+        ((K,) float64 ln p, (K,) int64 M), in ``sources`` order.
+    """
+    log_p = np.zeros(len(sources), dtype=np.float64)  # (K,)
+    num_scored = np.zeros(len(sources), dtype=np.int64)  # (K,)
+    by_width: dict[int, list[int]] = {}
+    for k, source in enumerate(sources):
+        by_width.setdefault(source.context_width, []).append(k)
+    for width, members in by_width.items():
+        # The plan skips repeated labels whatever the masking flag (detect_tokenized's rule).
+        plan = detection_plan_arrays(ids, width, special)
+        m = int(plan.scored.shape[0])
+        num_scored[members] = m
+        if m == 0:
+            continue  # ln p = 0: no tokens, no evidence
+        tokens = ids[plan.scored]  # (M,)
+        chunk = max(1, CHUNK_ELEMENTS // m)
+        for start in range(0, len(members), chunk):
+            rows = members[start : start + chunk]
+            pivots = pivot_matrix([sources[k].secret for k in rows], plan.labels, tokens)
+            sums = aaronson_terms(pivots).sum(axis=1)  # (k,) as detect's np.sum per row
+            log_p[rows] = aaronson_log_sf_many(m, sums)
+    return log_p, num_scored
+
+
+def _needed(alpha: float, keys: int, at_alpha: int) -> int:
+    """``min_scored_tokens(α/K)``; ``at_alpha`` (α's) for K = 1 or a level beyond its table."""
+    if keys == 1:
+        return at_alpha
+    try:
+        return _min_scored_tokens(alpha / keys)
+    except ValueError:  # α/K underflows or needs more than the table holds
+        return at_alpha
+
+
+@functools.lru_cache(maxsize=256)
+def _min_scored_tokens(level: float) -> int:
+    return min_scored_tokens(level)

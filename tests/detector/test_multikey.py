@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from detector import DetectOptions, Verdict, detect
+from detector import DetectOptions, Verdict, detect, multikey
 from detector.multikey import best_key_corrected, detect_multi
 from detector.scores import aaronson_terms
 from detector.stats import LN10, aaronson_log_sf_many
@@ -60,7 +60,8 @@ def test_detect_multi_finds_the_right_key(real_tokenizer) -> None:  # type: igno
     options = DetectOptions(scores=("u",), spans=True)
     result = detect_multi(real_tokenizer, sources, token_ids=ids, options=options)
     assert result.best_key_id == "pmk_right" and result.num_keys == 4
-    assert list(result.results) == list(sources)
+    assert result.key_ids == tuple(sources) and set(result.results) == set(sources)
+    assert next(iter(result.results)) == "pmk_right"  # detailed results: best first
     for key_id, source in sources.items():
         single = detect(
             real_tokenizer,
@@ -69,6 +70,9 @@ def test_detect_multi_finds_the_right_key(real_tokenizer) -> None:  # type: igno
             options=DetectOptions(key_id=key_id, scores=("u",), spans=True),
         )
         assert result.results[key_id] == single  # identical to testing that key alone
+        k = result.key_ids.index(key_id)
+        assert result.log_p_values[k] / LN10 == single.p_value.log10_p_value  # vectorised
+        assert result.num_scored[k] == single.num_scored
     best = result.best.p_value
     assert result.log10_p_value == pytest.approx((best.log_p_value + math.log(4)) / LN10)
     assert result.p_value == pytest.approx(10**result.log10_p_value, rel=1e-9, abs=1e-300)
@@ -76,7 +80,7 @@ def test_detect_multi_finds_the_right_key(real_tokenizer) -> None:  # type: igno
     payload = result.to_json()
     json.dumps(payload, allow_nan=False)
     assert payload["uncorrected_log10_p_value"] == best.log10_p_value
-    assert list(payload["keys"]) == list(sources)
+    assert set(payload["keys"]) == set(sources) and payload["min_scored_tokens"] > 28
     assert secret.reveal().hex() not in json.dumps(payload) + repr(result)
 
 
@@ -113,3 +117,42 @@ def test_detect_multi_validates_detect_options(real_tokenizer) -> None:  # type:
         detect_multi(real_tokenizer, sources, text="x", options=DetectOptions(key_id="k"))
     with pytest.raises(ValueError, match="at least one of text or token_ids"):
         detect_multi(real_tokenizer, sources)
+
+
+@pytest.mark.parametrize("keys", [1, 7, 600], ids=lambda k: f"K{k}")
+def test_every_key_equals_detect_bit_for_bit(real_tokenizer, keys: int, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # The vectorised path (pivot_matrix in chunks, array sums and p-values) against detect()
+    # per key: the same p-value, bit for bit, for keys of mixed context widths; small chunks so
+    # that several pivot_matrix calls are joined.
+    monkeypatch.setattr(multikey, "CHUNK_ELEMENTS", 5000)
+    secret = fixed_secret("vector-right")
+    ids = keyed_race_ids(secret, num_new=90, seed=5)
+    sources = {
+        f"pmk_{i:04d}": fixed_source(f"vec-{i}", context_width=2 + i % 3) for i in range(keys)
+    }
+    sources[f"pmk_{keys // 2:04d}"] = KeyedSource(secret)
+    result = detect_multi(real_tokenizer, sources, token_ids=ids, detailed=3)
+    assert len(result.results) == min(3, keys)
+    assert result.best_key_id == f"pmk_{keys // 2:04d}"
+    checked = list(sources) if keys <= 50 else [*list(sources)[::20], result.best_key_id]
+    for key_id in checked:
+        single = detect(real_tokenizer, sources[key_id], token_ids=ids)
+        k = result.key_ids.index(key_id)
+        # bit for bit: detect keeps log10 p (ln p / ln 10, so compare there)
+        assert result.log_p_values[k] / LN10 == single.p_value.log10_p_value, key_id
+        assert result.num_scored[k] == single.num_scored
+    ranked = sorted(range(keys), key=lambda k: (result.log_p_values[k], k))[:3]
+    assert list(result.results) == [result.key_ids[k] for k in ranked]
+
+
+def test_the_verdict_needs_the_tokens_of_the_corrected_level(real_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    # 1,000 keys: the best key's own p must reach alpha/K, so a short text that cannot is
+    # insufficient evidence, not "not detected" (and the token count needed grows with K).
+    sources = {f"pmk_{i}": fixed_source(f"needed-{i}") for i in range(1000)}
+    one = detect_multi(real_tokenizer, dict(list(sources.items())[:1]), text="x " * 60)
+    many = detect_multi(real_tokenizer, sources, text="x y z w " * 15 + "a b c d e f")
+    assert one.min_scored_tokens == 28  # alpha = 0.01 alone (min_scored_tokens)
+    assert many.min_scored_tokens > 40 and many.best.num_scored < many.min_scored_tokens
+    assert many.verdict is Verdict.INSUFFICIENT_EVIDENCE
+    with pytest.raises(ValueError, match="detailed >= 1"):
+        detect_multi(real_tokenizer, sources, text="x", detailed=0)
