@@ -22,7 +22,7 @@ from fastapi import Depends, FastAPI
 from service import problems
 from service.deps import no_unknown_query_parameters
 from service.metrics import Metrics
-from service.middleware import AccessLog, BodyLimit
+from service.middleware import AccessLog, BodyLimit, HeadAsGet
 from service.resources import ModelLoader, load_served_model, open_resources
 from service.routes import detect, generate, health, keys, ui
 from service.settings import Settings, get_settings
@@ -74,6 +74,7 @@ def create_app(settings: Settings | None = None, *, loader: ModelLoader | None =
         app.include_router(module.router)
     problems.install(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(HeadAsGet)
     app.add_middleware(AccessLog, metrics=metrics)  # outermost: sees 413s too
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

@@ -1,4 +1,5 @@
-"""Pure ASGI middleware: the body-size limit, and the access log with request metrics.
+"""Pure ASGI middleware: the body-size limit, HEAD on GET routes, and the access log with
+request metrics.
 
 Pure ASGI (not ``BaseHTTPMiddleware``) so streaming responses and client disconnects pass
 through untouched.
@@ -72,6 +73,33 @@ class BodyLimit:
         response = problem_response(BodyTooLarge(self.max_bytes), None)
         response.headers["Connection"] = "close"
         await response(scope, receive, send)
+
+
+class HeadAsGet:
+    """Answer ``HEAD`` like ``GET`` without the body (RFC 9110 §9.3.2), for every route.
+
+    FastAPI routes accept only the methods they declare, so ``HEAD /healthz`` was a 405 whose
+    ``Allow`` header listed HEAD. Here the request goes to the app as a GET (its routing, auth
+    and status are the GET's) and the response keeps its status and headers, including
+    ``Content-Length``, with the body dropped. The access log still records ``HEAD``.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+
+        async def headers_only(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                if message.get("more_body", False):
+                    return  # wait for the last chunk: one empty body message ends the response
+                message = {"type": "http.response.body", "body": b"", "more_body": False}
+            await send(message)
+
+        await self.app(dict(scope, method="GET"), receive, headers_only)
 
 
 class AccessLog:

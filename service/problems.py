@@ -13,13 +13,14 @@ could be a pasted secret). Log lines carry the problem type and status, not the 
 from __future__ import annotations
 
 import logging
-import re
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import iter_route_contexts
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from detector.errors import DetectorError
 from service.errors import (
@@ -158,13 +159,13 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 def _allowed_methods(request: Request) -> str:
-    """Every method the API serves at this path, from its OpenAPI document (Starlette's own
-    Allow header lists only the first route that matched the path)."""
+    """Every method some route serves at this path, HEAD with GET (Starlette's own Allow
+    header lists only the first route that matched the path; pages outside the API too)."""
     methods: set[str] = set()
-    for template, operations in request.app.openapi()["paths"].items():
-        pattern = re.sub(r"\\{[^/]+\\}", "[^/]+", re.escape(template))
-        if re.fullmatch(pattern, request.url.path):
-            methods |= {m.upper() for m in operations}
+    for context in iter_route_contexts(request.app.routes):
+        match, _ = context.route.matches(request.scope)
+        if match is not Match.NONE:
+            methods |= context.methods or set()
     if "GET" in methods:
         methods.add("HEAD")
     return ", ".join(sorted(methods))
