@@ -8,21 +8,37 @@ Glossary:
 - **tenant**: the owner of a key; a caller bound to one tenant never sees another's keys
   (a foreign key id is reported exactly like an absent one).
 
-Redis layout under a prefix P (default ``"pm:"``):
+Redis layout under a prefix P (default ``"pm:"``), for two scopes S — every key (``S = P``)
+and one tenant's (``S = P tenant:<t>:``):
 - ``P key:<id>``: hash of one record (fields of ``KeyRecord``, secret sealed, flags "0"/"1").
-- ``P keys``: set of every key id. ``P tenant:<t>:keys``: set of the tenant's key ids.
-A record and both set memberships are written in one MULTI/EXEC, so a key is never half
-written. Keys are revoked, never deleted.
+- ``S keys``: set of the scope's key ids (the first layout; still written).
+- ``S order``: sorted set of the ids by creation time (score: ``created_at`` in µs since the
+  epoch; ties by id), the listing's stable order. ``S ids``: the ids at score 0, for the
+  key-id prefix search (lexicographic range). ``S revoked``: the revoked ids.
+- ``S indexed``: "1" once the sorted sets and the revoked set were built from ``S keys`` for
+  a store written before they existed (``_ensure_indexed``, once per scope).
+A record and every index entry are written, changed and removed in one MULTI/EXEC, so a key
+is never half written or half deleted.
+
+Listing pages through ``S order`` (or ``S ids`` with a prefix) after an opaque cursor that
+holds the last (score, id) shown: a key present for the whole listing is shown exactly once
+whatever is created or deleted meanwhile; a key created meanwhile may or may not appear.
+
+Deleting a key removes its record (the sealed secret with it) and every index entry: the key
+is then unknown everywhere, and text it watermarked can no longer be tested with it. Redis
+may keep the sealed bytes in an AOF or RDB file until its next rewrite.
 
 The Redis client comes from ``service.redis.open_redis``.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
 import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -53,6 +69,14 @@ TOKENIZER_MAX_CHARS: Final = 256
 TENANT_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 _WRITE_ATTEMPTS: Final = 5
+PAGE_DEFAULT: Final = 100
+PAGE_MAX: Final = 1000
+KEY_PREFIX_MAX_CHARS: Final = 20  # "pmk_" + 16 hex digits
+_CURSOR_PATTERN: Final = re.compile(
+    r"(o):(0|[1-9][0-9]{0,17}):(pmk_[0-9a-f]{16})|(l):(pmk_[0-9a-f]{16})"
+)
+_PREFIX_PATTERN: Final = re.compile(r"[a-z0-9_]{1,20}")
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _RECORD_FIELDS: Final = (
     "key_id",
     "secret",
@@ -191,6 +215,43 @@ class KeyRecord:
         }
 
 
+def created_score(record: KeyRecord) -> int:
+    """``created_at`` as integer µs since the epoch: the key's score in ``S order`` (exact in
+    a Redis score, a float64, until the year 2255)."""
+    return (record.created - _EPOCH) // timedelta(microseconds=1)
+
+
+@dataclass(frozen=True)
+class KeyPage:
+    """One page of a listing.
+
+    Attributes:
+        records: the page's keys in the listing's order (creation order; key-id order with a
+            prefix). May hold fewer than the limit — even none, when revoked keys are left out
+            — while ``next_cursor`` is set.
+        next_cursor: the opaque cursor of the next page, or None after the last one.
+    """
+
+    records: list[KeyRecord]
+    next_cursor: str | None
+
+
+def _encode_cursor(text: str) -> str:
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> re.Match[str]:
+    """The cursor's fields, or ``InvalidInput`` for anything ``list_page`` did not hand out."""
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        text = ""
+    match = _CURSOR_PATTERN.fullmatch(text)
+    if match is None:
+        raise InvalidInput("cursor", "expected a next_cursor from a previous page")
+    return match
+
+
 # --- The store -----------------------------------------------------------------------------
 
 
@@ -215,6 +276,7 @@ class KeyStore:
         self._sealer = Sealer(kek)
         self._prefix = prefix
         self._where = describe_client(client)
+        self._indexed: set[str] = set()  # scopes whose sorted indexes are known to exist
 
     def __repr__(self) -> str:
         return f"KeyStore({self._where}, prefix={self._prefix!r})"
@@ -228,6 +290,13 @@ class KeyStore:
 
     def _tenant_keys(self, tenant: str) -> str:
         return f"{self._prefix}tenant:{tenant}:keys"
+
+    def _scopes(self, tenant: str) -> tuple[str, str]:
+        """The index prefixes a key of ``tenant`` belongs to: every key's, the tenant's."""
+        return self._prefix, self._scope(tenant)
+
+    def _scope(self, tenant: str | None) -> str:
+        return self._prefix if tenant is None else f"{self._prefix}tenant:{tenant}:"
 
     def ping(self) -> None:
         """Raise ``KeyStoreUnavailable`` unless Redis answers (for readiness checks)."""
@@ -272,8 +341,12 @@ class KeyStore:
                     return False
                 pipe.multi()
                 pipe.hset(key, mapping=self._encode(record))
-                pipe.sadd(self._all_keys(), record.key_id)
-                pipe.sadd(self._tenant_keys(record.tenant), record.key_id)
+                for scope in self._scopes(record.tenant):
+                    pipe.sadd(f"{scope}keys", record.key_id)
+                    pipe.zadd(f"{scope}order", {record.key_id: created_score(record)})
+                    pipe.zadd(f"{scope}ids", {record.key_id: 0})
+                    if record.revoked:
+                        pipe.sadd(f"{scope}revoked", record.key_id)
                 pipe.execute()
             except redis.WatchError:
                 return False
@@ -352,11 +425,191 @@ class KeyStore:
                         raise UnknownKey(key_id)
                     pipe.multi()
                     pipe.hset(key, "revoked", "1")
+                    for scope in self._scopes(record.tenant):
+                        pipe.sadd(f"{scope}revoked", key_id)
                     pipe.execute()
                 except redis.WatchError:
                     continue  # changed under us (e.g. a concurrent revoke): read again
             return dataclasses.replace(record, revoked=True)
         raise KeyStoreUnavailable(self._where, "the record kept changing during revoke")
+
+    def delete(self, key_id: str, tenant: str | None = None) -> KeyRecord:
+        """Delete a key for good: its record (the sealed secret with it) and every index entry,
+        in one transaction. Returns the record as it was (for the audit log: ``public()``).
+
+        Afterwards the key is unknown to ``get``, listings and detection; text it watermarked
+        can no longer be tested with it (nothing can recreate the secret).
+
+        Raises:
+            UnknownKey: no such key, or another tenant's (which then stays untouched).
+        """
+        key = self._record_key(key_id)
+        for _ in range(_WRITE_ATTEMPTS):
+            record = self.get(key_id, tenant)
+            with reaching_redis(self._client), self._client.pipeline(transaction=True) as pipe:
+                try:
+                    pipe.watch(key)  # type: ignore[no-untyped-call]
+                    if not pipe.exists(key):
+                        raise UnknownKey(key_id)  # deleted concurrently
+                    pipe.multi()
+                    pipe.delete(key)
+                    for scope in self._scopes(record.tenant):
+                        for index in ("keys", "revoked"):
+                            pipe.srem(f"{scope}{index}", key_id)
+                        for index in ("order", "ids"):
+                            pipe.zrem(f"{scope}{index}", key_id)
+                    pipe.execute()
+                except redis.WatchError:
+                    continue  # revoked (or deleted) under us: read again
+            return record
+        raise KeyStoreUnavailable(self._where, "the record kept changing during delete")
+
+    def list_page(
+        self,
+        tenant: str | None = None,
+        *,
+        limit: int = PAGE_DEFAULT,
+        cursor: str | None = None,
+        include_revoked: bool = True,
+        prefix: str | None = None,
+    ) -> KeyPage:
+        """One page of the keys of ``tenant`` (every tenant's when None).
+
+        Args:
+            limit: index entries examined, 1..``PAGE_MAX``; the page holds at most this many.
+            cursor: ``next_cursor`` of the previous page; None for the first.
+            include_revoked: False leaves revoked keys out (the page may then be short).
+            prefix: only key ids starting with it (e.g. ``"pmk_3f"``), in key-id order.
+        Raises:
+            InvalidInput: a limit, cursor or prefix out of bounds (a cursor of a prefix
+                listing works only with a prefix, and the other way round).
+            KeyStoreUnavailable, KeyRecordCorrupt, KeyDecryptionFailed.
+        """
+        if tenant is not None:
+            check_tenant(tenant)
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= PAGE_MAX:
+            raise InvalidInput("limit", f"expected an integer in [1, {PAGE_MAX}], got {limit!r}")
+        if prefix is not None and not _PREFIX_PATTERN.fullmatch(prefix):
+            raise InvalidInput(
+                "prefix",
+                f"expected 1..{KEY_PREFIX_MAX_CHARS} characters from [a-z0-9_], got {prefix!r:.40}",
+            )
+        after = None if cursor is None else _decode_cursor(cursor)
+        if after is not None and (after.group(4) is None) != (prefix is None):
+            raise InvalidInput("cursor", "expected a cursor of a listing with the same prefix")
+        scope = self._scope(tenant)
+        with reaching_redis(self._client):
+            self._ensure_indexed(scope)
+            if prefix is None:
+                entries = self._after_in_order(scope, after, limit + 1)
+            else:
+                # ids are [a-z0-9_]: "~" sorts after all of them, so "[prefix~" ends the range
+                low = f"[{prefix}" if after is None else f"({after.group(5)}"
+                members = self._client.zrangebylex(
+                    f"{scope}ids", low, f"[{prefix}~", start=0, num=limit + 1
+                )
+                entries = [(as_text(m), None) for m in members if as_text(m).startswith(prefix)]
+            shown = entries[:limit]
+            records = self._records([key_id for key_id, _ in shown], tenant)
+        if not include_revoked:
+            records = [r for r in records if not r.revoked]
+        next_cursor = None
+        if len(entries) > limit:
+            key_id, score = shown[-1]
+            last = f"l:{key_id}" if score is None else f"o:{score}:{key_id}"
+            next_cursor = _encode_cursor(last)
+        return KeyPage(records, next_cursor)
+
+    def _after_in_order(
+        self, scope: str, after: re.Match[str] | None, count: int
+    ) -> list[tuple[str, int | None]]:
+        """Up to ``count`` (id, score) of ``S order`` after the cursor's (score, id)."""
+        key = f"{scope}order"
+        if after is None:
+            rows: list[Any] = self._client.zrange(key, 0, count - 1, withscores=True)
+            return [(as_text(row[0]), int(row[1])) for row in rows]
+        last_score, last_id = int(after.group(2)), after.group(3)
+        # Entries at the cursor's score come first, in id order: skip those up to its id.
+        ties = int(self._client.zcount(key, last_score, last_score))
+        rows = list(
+            self._client.zrangebyscore(
+                key, last_score, "+inf", start=0, num=count + ties, withscores=True
+            )
+        )
+        later: list[tuple[str, int | None]] = []
+        for member, score in rows:
+            key_id, at = as_text(member), int(score)
+            if at > last_score or key_id > last_id:
+                later.append((key_id, at))
+        return later[:count]
+
+    def _records(self, key_ids: Sequence[str], tenant: str | None) -> list[KeyRecord]:
+        """The records of ``key_ids`` in that order (one pipeline), skipping ids whose record
+        is gone (deleted since the index was read) or, with ``tenant``, another tenant's."""
+        pipe = self._client.pipeline(transaction=False)
+        for key_id in key_ids:
+            pipe.hgetall(self._record_key(key_id))
+        records = []
+        for key_id, raw in zip(key_ids, pipe.execute(), strict=True):
+            if not raw:
+                continue
+            fields = self._fields(key_id, raw)
+            if tenant is not None and fields["tenant"] != tenant:
+                continue
+            records.append(self._decode(key_id, fields))
+        return records
+
+    def candidate_ids(self, tenant: str | None, include_revoked: bool) -> list[str]:
+        """Every key id of ``tenant`` (every tenant's when None) in creation order, revoked ones
+        only with ``include_revoked``: two reads of the index, no record (detection caches
+        records by id and asks for these each time, so a created, revoked or deleted key is
+        seen at once)."""
+        if tenant is not None:
+            check_tenant(tenant)
+        scope = self._scope(tenant)
+        with reaching_redis(self._client):
+            self._ensure_indexed(scope)
+            pipe = self._client.pipeline(transaction=False)
+            pipe.zrange(f"{scope}order", 0, -1)
+            pipe.smembers(f"{scope}revoked")
+            ordered, revoked = pipe.execute()
+        ids = [as_text(m) for m in ordered]
+        if include_revoked:
+            return ids
+        gone = {as_text(m) for m in revoked}
+        return [key_id for key_id in ids if key_id not in gone]
+
+    def get_many(self, key_ids: Sequence[str], tenant: str | None = None) -> list[KeyRecord]:
+        """The records of ``key_ids``, in that order, in one round trip; ids that are absent
+        (or another tenant's, with ``tenant``) are left out."""
+        with reaching_redis(self._client):
+            return self._records(key_ids, tenant)
+
+    def _ensure_indexed(self, scope: str) -> None:
+        """Build ``S order``, ``S ids`` and ``S revoked`` from ``S keys`` once, for keys written
+        before those indexes existed (idempotent; creates and revokes write them anyway)."""
+        if scope in self._indexed:
+            return
+        if not self._client.exists(f"{scope}indexed"):
+            key_ids = sorted(as_text(m) for m in self._client.smembers(f"{scope}keys"))
+            pipe = self._client.pipeline(transaction=False)
+            for key_id in key_ids:
+                pipe.hmget(self._record_key(key_id), ["created_at", "revoked"])
+            rows = pipe.execute()
+            pipe = self._client.pipeline(transaction=False)
+            for key_id, (created_at, revoked) in zip(key_ids, rows, strict=True):
+                if created_at is None:
+                    continue  # deleted meanwhile
+                when = datetime.fromisoformat(as_text(created_at))
+                pipe.zadd(
+                    f"{scope}order", {key_id: (when - _EPOCH) // timedelta(microseconds=1)}, nx=True
+                )
+                pipe.zadd(f"{scope}ids", {key_id: 0}, nx=True)
+                if revoked is not None and as_text(revoked) == "1":
+                    pipe.sadd(f"{scope}revoked", key_id)
+            pipe.set(f"{scope}indexed", "1")
+            pipe.execute()
+        self._indexed.add(scope)
 
     # Encoding and sealing
     def _encode(self, record: KeyRecord) -> dict[FieldT, EncodableT]:
