@@ -5,9 +5,12 @@ CLI (``poissonmark detect``) share:
 
 - ``choose_keys``: which keys a detection tests — its ``key_id`` (revoked keys still detect:
   text they marked keeps its mark; the key's tokenizer must be this one), or every key of the
-  tenant made for this tokenizer (active ones, revoked too on request), at most ``max_keys``.
-- ``detect_keys``: the detector over those keys (``detector.multikey.detect_multi``: per-key
-  results, Bonferroni over keys; one key is the case K = 1).
+  tenant made for this tokenizer (active ones, revoked too on request), at most ``max_keys``
+  (``POISSONMARK_MAX_KEYS_PER_DETECT``, 10,000 by default: ``bench/results/multikey_cost.json``
+  measures the cost per key). A deleted key is in neither.
+- ``detect_keys``: the detector over those keys (``detector.multikey.detect_multi``: every
+  key's Aaronson p in one vectorised pass, Bonferroni over keys, full results for the best
+  ``detailed`` keys; one key is the case K = 1).
 - ``detection_json`` / ``multi_key_json``: the wire shapes of one key's result
   (``KeyDetectionOut``) and of the whole detection (``DetectResponse``), for the HTTP responses
   and the CLI's ``--json`` alike.
@@ -18,11 +21,14 @@ is not safe to share between threads that encode) and one torch thread (the dete
 are small: intra-op threads only add synchronisation; measured 10.7 -> 4.5 ms per 300-token
 text on 2 cores).
 
-A record looked up by ``key_id`` is kept, decrypted, for ``key_cache_ttl_s`` seconds per
-(tenant, key id) — a Redis round trip and an AES-GCM open less per request. Nothing detection
-uses can go stale: a record never changes but for ``revoked``, and detection by key id ignores
-it. Failed lookups are not cached, and the listing of a tenant's keys (no ``key_id``) always
-reads Redis, so a new key is tested at once.
+A record is kept, decrypted, for ``key_cache_ttl_s`` seconds per (tenant, key id) — a Redis
+round trip and an AES-GCM open less per key and request (at 2,000 keys, ~100 ms of decoding).
+Nothing detection uses goes stale: a record never changes but for ``revoked``, which
+detection by key id ignores, and which keys a multi-key detection tests is read from the key
+store's index at every request (``KeyStore.candidate_ids``), so a created, revoked or deleted
+key counts at once. A key deleted through this process is also dropped from the cache
+(``forget``); another replica's by-id cache may still hold it for up to ``key_cache_ttl_s``.
+Failed lookups are not cached.
 """
 
 from __future__ import annotations
@@ -48,6 +54,10 @@ from service.schemas.detect import DetectInput, DetectOptions
 T = TypeVar("T")
 KeyLookup = Callable[[str, str | None], KeyRecord]
 """(key id, tenant or None) -> record: ``KeyStore.get``, or a cache in front of it."""
+ManyLookup = Callable[[Sequence[str], str | None], list[KeyRecord]]
+"""(key ids, tenant or None) -> the records still there: ``KeyStore.get_many``, or a cache."""
+DEFAULT_DETAILED = 10
+"""Keys whose full result a multi-key detection returns by default (best first)."""
 
 DETECTION_NONCE = 0
 """The nonce of a detection's keyed sources. Detection never reads the nonce stream (positions
@@ -63,14 +73,16 @@ def choose_keys(
     include_revoked: bool,
     max_keys: int,
     lookup: KeyLookup | None = None,
+    lookup_many: ManyLookup | None = None,
 ) -> list[KeyRecord]:
-    """The keys a detection tests (module docstring), in the store's order.
+    """The keys a detection tests (module docstring), in the store's order (creation).
 
     Args:
         fingerprint: ``tokenizer_fingerprint`` of the tokenizer detection uses.
         tenant: the caller's tenant; None (the CLI, by key id) for any tenant's key.
         key_id: test this key alone; None for every key of ``tenant`` for this tokenizer.
         lookup: how a record is read by id (default ``store.get``).
+        lookup_many: how the candidates' records are read (default ``store.get_many``).
     Raises:
         UnknownKey: ``key_id`` is absent or another tenant's.
         TokenizerMismatch: ``key_id`` was made for another tokenizer.
@@ -81,7 +93,8 @@ def choose_keys(
         record = (lookup or store.get)(key_id, tenant)
         check_tokenizer(record.tokenizer, fingerprint, record.key_id)
         return [record]
-    listed = store.list_keys(tenant, include_revoked=include_revoked)
+    key_ids = store.candidate_ids(tenant, include_revoked)
+    listed = (lookup_many or store.get_many)(key_ids, tenant)
     records = [r for r in listed if r.tokenizer == fingerprint]
     if not records:
         raise NoKeys("(any)" if tenant is None else tenant)
@@ -97,14 +110,18 @@ def detect_keys(
     *,
     text: str | None = None,
     token_ids: Sequence[int] | None = None,
+    detailed: int = DEFAULT_DETAILED,
 ) -> MultiKeyDetection:
-    """One text against ``records`` (from ``choose_keys``), tokenized once.
+    """One text against ``records`` (from ``choose_keys``), tokenized once; the full result of
+    the best ``detailed`` keys.
 
     Raises:
         ValueError: from the detector (bad ids, no keys, ``options.key_id`` set).
     """
     sources = {r.key_id: r.source(DETECTION_NONCE) for r in records}
-    return detect_multi(tokenizer, sources, text=text, token_ids=token_ids, options=options)
+    return detect_multi(
+        tokenizer, sources, text=text, token_ids=token_ids, options=options, detailed=detailed
+    )
 
 
 def detection_json(detection: Detection, *, tokens: bool) -> dict[str, Any]:
@@ -115,7 +132,8 @@ def detection_json(detection: Detection, *, tokens: bool) -> dict[str, Any]:
 
 def multi_key_json(found: MultiKeyDetection, *, tokens: bool) -> dict[str, Any]:
     """The whole detection (``DetectResponse``): the verdict on the best key's corrected
-    p-value, then each key's own result in ``results``. Plain JSON, no key material."""
+    p-value, then the detailed keys' own results in ``results``, best first. Plain JSON, no
+    key material."""
     return {
         "verdict": found.verdict.value,
         "alpha": found.alpha,
@@ -123,6 +141,7 @@ def multi_key_json(found: MultiKeyDetection, *, tokens: bool) -> dict[str, Any]:
         "num_keys": found.num_keys,
         "p_value": found.p_value,
         "log10_p_value": found.log10_p_value,
+        "min_scored_tokens": found.min_scored_tokens,
         "results": [detection_json(d, tokens=tokens) for d in found.results.values()],
     }
 
@@ -141,8 +160,9 @@ class DetectionPool:
             from these threads).
         fingerprint: its ``tokenizer_fingerprint``.
         threads: pool size.
-        key_cache_ttl_s: seconds a record looked up by id stays cached (0: no cache).
-        key_cache_size: at most this many cached records (least recently used go first).
+        key_cache_ttl_s: seconds a record stays cached (0: no cache).
+        key_cache_size: at most this many cached records (least recently used go first); at
+            least the keys of a multi-key detection, or each one reads most of them again.
     """
 
     def __init__(
@@ -152,7 +172,7 @@ class DetectionPool:
         threads: int,
         *,
         key_cache_ttl_s: float = 0.0,
-        key_cache_size: int = 1024,
+        key_cache_size: int = 20_000,
     ) -> None:
         self._tokenizer = tokenizer
         self.fingerprint = fingerprint
@@ -197,7 +217,34 @@ class DetectionPool:
             include_revoked=options.include_revoked,
             max_keys=max_keys,
             lookup=functools.partial(self._record, store),
+            lookup_many=functools.partial(self._records_of, store),
         )
+
+    def forget(self, key_id: str) -> None:
+        """Drop every cached copy of ``key_id`` (after it was deleted)."""
+        if self._records is None:
+            return
+        with self._records_lock:
+            for cached in [k for k in self._records if k[1] == key_id]:
+                self._records.pop(cached, None)
+
+    def _records_of(
+        self, store: KeyStore, key_ids: Sequence[str], tenant: str | None
+    ) -> list[KeyRecord]:
+        """``store.get_many(key_ids, tenant)`` through the cache: one round trip for the ids
+        not cached, in ``key_ids`` order."""
+        if self._records is None:
+            return store.get_many(key_ids, tenant)
+        with self._records_lock:
+            cached = {k: r for k in key_ids if (r := self._records.get((tenant, k))) is not None}
+        missing = [k for k in key_ids if k not in cached]
+        if missing:
+            fetched = store.get_many(missing, tenant)  # outside the lock: a Redis round trip
+            with self._records_lock:
+                for record in fetched:
+                    self._records[(tenant, record.key_id)] = record
+            cached.update((r.key_id, r) for r in fetched)
+        return [cached[k] for k in key_ids if k in cached]
 
     def _record(self, store: KeyStore, key_id: str, tenant: str | None) -> KeyRecord:
         """``store.get(key_id, tenant)``, through the cache (module docstring)."""
@@ -217,7 +264,12 @@ class DetectionPool:
         """One text against ``records``: the ``DetectResponse`` wire shape."""
         wanted = DetectorOptions(alpha=options.alpha, scores=options.scores, spans=options.spans)
         found = detect_keys(
-            self.tokenizer(), records, wanted, text=item.text, token_ids=item.token_ids
+            self.tokenizer(),
+            records,
+            wanted,
+            text=item.text,
+            token_ids=item.token_ids,
+            detailed=options.max_results,
         )
         return multi_key_json(found, tokens=options.evidence)
 

@@ -64,16 +64,21 @@ class Settings(BaseSettings):
     max_drafts: int = Field(default=8, ge=1)
     max_lookahead: int = Field(default=8, ge=1)
     max_batch: int = Field(default=32, ge=1)
-    max_keys_per_detect: int = Field(default=64, ge=1)
+    max_keys_per_detect: int = Field(default=10_000, ge=1, le=10_000)
+    """Keys a detection without ``key_id`` may test (else 422 ``limit-exceeded``). The per-key
+    cost is ~0.2 µs per scored token (``bench/results/multikey_cost.json``): 10,000 keys on a
+    500-token text are ~1 s of one core; and every key costs a factor in the p-value."""
     # concurrency and abuse
     queue_size: int = Field(default=8, ge=1)
     """Generation requests that may wait for the worker; one more is 503 + Retry-After."""
     retry_after_s: int = Field(default=2, ge=1)
     detect_threads: int = Field(default=2, ge=1, le=64)
     key_cache_ttl_s: float = Field(default=30.0, ge=0, le=3600)
-    """How long detection keeps a decrypted key record looked up by id (0: no cache). Safe to
-    cache: a record never changes but for ``revoked``, which detection by key id ignores."""
-    key_cache_size: int = Field(default=1024, ge=1, le=1_000_000)
+    """How long detection keeps a decrypted key record (0: no cache). Safe to cache: a record
+    never changes but for ``revoked``, which detection by key id ignores, and multi-key
+    detection reads which keys to test from Redis at each request (``service.detection``)."""
+    key_cache_size: int = Field(default=20_000, ge=1, le=1_000_000)
+    """Cached records; at least ``max_keys_per_detect`` so a tenant's keys stay cached."""
     detect_rate_limit: int = Field(default=600, ge=1)
     """Detections (batch items count one each) per token per ``detect_rate_window_s``."""
     detect_rate_window_s: int = Field(default=60, ge=1)

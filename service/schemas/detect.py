@@ -35,6 +35,13 @@ class DetectOptions(RequestModel):
     )
     evidence: bool = Field(default=False, description="Include per-token evidence.")
     spans: bool = Field(default=False, description="Run the span search (windows of evidence).")
+    max_results: int = Field(
+        default=10,
+        ge=1,
+        le=100,
+        description="Multi-key: how many keys' own results `results` holds, best (smallest "
+        "p-value) first. Every key is tested and counted in the correction either way.",
+    )
 
     @field_validator("scores")
     @classmethod
@@ -136,7 +143,13 @@ class DetectResponse(BaseModel):
     num_keys: int
     p_value: float
     log10_p_value: float
-    results: list[KeyDetectionOut]
+    min_scored_tokens: int = Field(
+        description="Scored tokens a typical watermarked text needs to reach alpha / num_keys "
+        "(below it, a result that is not significant is `insufficient_evidence`)."
+    )
+    results: list[KeyDetectionOut] = Field(
+        description="The own, uncorrected results of the best `max_results` keys, best first."
+    )
 
 
 class DetectBatchResponse(BaseModel):

@@ -33,4 +33,10 @@ class KeyOut(BaseModel):
 
 
 class KeyList(BaseModel):
+    """One page of keys in creation order (key-id order with ``prefix``)."""
+
     keys: list[KeyOut]
+    next_cursor: str | None = Field(
+        description="Pass as `cursor` for the next page; null after the last one. A page may "
+        "hold fewer than `limit` keys (even none, without revoked keys) while this is set."
+    )

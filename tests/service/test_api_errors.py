@@ -337,11 +337,18 @@ def test_a_key_of_another_tokenizer_is_409_and_skipped_by_multi_key(svc: Service
         "tokenizer-mismatch",
     )
     assert foreign.key_id in body["detail"]
-    own = svc.create_key()
-    r = svc.client.post("/v1/detect", json={"text": "hello there " * 8}, headers=svc.admin)
+    svc.create_key()
+    body = {"text": "hello there " * 8, "max_results": 100}
+    r = svc.client.post("/v1/detect", json=body, headers=svc.admin)
     assert r.status_code == 200, r.text
     tested = {result["key_id"] for result in r.json()["results"]}
-    assert own in tested and foreign.key_id not in tested
+    own = {
+        k.key_id
+        for k in svc.store.list_keys(include_revoked=False)
+        if k.tokenizer == svc.resources.fingerprint
+    }
+    assert foreign.key_id not in tested and r.json()["num_keys"] == len(own) <= 100
+    assert tested == own  # every key of this tokenizer, none other
 
 
 def test_a_drafter_deeper_than_the_model_is_422(svc: Service) -> None:
