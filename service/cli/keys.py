@@ -1,15 +1,21 @@
-"""``poissonmark keys``: create, list and revoke watermark keys (public fields only)."""
+"""``poissonmark keys``: create, list, revoke and delete watermark keys (public fields only)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from service.cli.common import Json, ModelOpt, emit_json, errors, key_store, out, report, tokenizer
 from service.settings import Settings
 
-app = typer.Typer(no_args_is_help=True, help="Create, list and revoke watermark keys.")
+if TYPE_CHECKING:
+    from service.keystore import KeyRecord, KeyStore
+
+app = typer.Typer(no_args_is_help=True, help="Create, list, revoke and delete watermark keys.")
+audit = logging.getLogger("poissonmark.audit")
 
 
 @app.command("create")
@@ -50,13 +56,26 @@ def list_keys(
     """List keys (public fields only)."""
     settings = Settings()
     with errors(), key_store(settings) as store:
-        records = store.list_keys(include_revoked=include_revoked)
-    if as_json:
-        emit_json({"keys": [r.public() for r in records]})
-        return
-    for r in records:
-        state = "revoked" if r.revoked else "active"
-        out.print(f"{r.key_id}  m={r.context_width}  {state}  {r.created_at}  {r.tokenizer}")
+        records = _every_page(store, include_revoked)
+        if as_json:
+            emit_json({"keys": [r.public() for r in records]})
+            return
+        for r in records:  # printed page by page, as they come
+            state = "revoked" if r.revoked else "active"
+            out.print(f"{r.key_id}  m={r.context_width}  {state}  {r.created_at}  {r.tokenizer}")
+
+
+def _every_page(store: KeyStore, include_revoked: bool) -> Iterator[KeyRecord]:
+    """Every key (all tenants) in creation order, one ``list_page`` of ``PAGE_MAX`` at a time."""
+    from service.keystore import PAGE_MAX
+
+    cursor = None
+    while True:
+        page = store.list_page(limit=PAGE_MAX, cursor=cursor, include_revoked=include_revoked)
+        yield from page.records
+        if page.next_cursor is None:
+            return
+        cursor = page.next_cursor
 
 
 @app.command("revoke")
@@ -66,3 +85,20 @@ def revoke(key_id: str, as_json: Json = False) -> None:
     with errors(), key_store(settings) as store:
         record = store.revoke(key_id)
     report(record.public(), as_json, f"revoked {record.key_id}")
+
+
+@app.command("delete")
+def delete(
+    key_id: str,
+    yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
+    as_json: Json = False,
+) -> None:
+    """Delete a key for good: its secret is wiped, text it watermarked can no longer be tested
+    with it (revoke instead to keep detecting)."""
+    settings = Settings()
+    if not yes:
+        typer.confirm(f"Delete {key_id}? Text it watermarked can no longer be detected", abort=True)
+    with errors(), key_store(settings) as store:
+        record = store.delete(key_id)
+    audit.info("key deleted: key_id=%s tenant=%s by the CLI", record.key_id, record.tenant)
+    report(record.public(), as_json, f"deleted {record.key_id}")

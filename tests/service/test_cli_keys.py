@@ -1,0 +1,47 @@
+"""``poissonmark keys list`` pages through every key and ``keys delete`` wipes one (in process,
+typer's runner, on the embedded Redis of a temporary data dir; keys made through the store)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from service.cli import app
+from service.cli.common import key_store
+from service.errors import UnknownKey
+from service.keystore import PAGE_MAX
+from service.settings import Settings
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for name in ("REDIS_URL", "POISSONMARK_REDIS_URL", "POISSONMARK_KEK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("POISSONMARK_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def test_list_pages_through_every_key_and_delete_wipes_one(home: Path) -> None:
+    with key_store(Settings()) as store:
+        made = [store.create("sha256:cli", tenant=f"t{i % 3}").key_id for i in range(PAGE_MAX + 5)]
+        store.revoke(made[1])
+    runner = CliRunner()
+    listed = runner.invoke(app, ["keys", "list", "--all", "--json"])
+    assert listed.exit_code == 0, listed.output
+    keys = json.loads(listed.stdout)["keys"]
+    assert [k["key_id"] for k in keys] == made  # two pages, creation order, every tenant
+    assert [k["key_id"] for k in keys if k["revoked"]] == [made[1]]
+    active = json.loads(runner.invoke(app, ["keys", "list", "--json"]).stdout)["keys"]
+    assert len(active) == len(made) - 1
+    refused = runner.invoke(app, ["keys", "delete", made[0]], input="n\n")
+    assert refused.exit_code != 0
+    deleted = runner.invoke(app, ["keys", "delete", made[0], "--yes", "--json"])
+    assert deleted.exit_code == 0, deleted.output
+    assert json.loads(deleted.stdout)["key_id"] == made[0] and "secret" not in deleted.stdout
+    with key_store(Settings()) as store, pytest.raises(UnknownKey):
+        store.get(made[0])
+    again = runner.invoke(app, ["keys", "delete", made[0], "--yes"])
+    assert again.exit_code != 0 and made[0] in again.output
