@@ -65,6 +65,11 @@ function say(element, message, isError = false) {
 }
 
 // ---- token and keys -------------------------------------------------------------------------
+// A tenant may hold thousands of keys: the pickers are search boxes whose suggestions come from
+// one page of GET /v1/keys (the first keys, or those whose id starts with what was typed).
+
+const SUGGESTIONS = 20;
+const searches = {}; // picker id -> timer of its pending search
 
 async function loadKeys() {
   const status = $("auth-status");
@@ -73,13 +78,17 @@ async function loadKeys() {
     return;
   }
   try {
-    const keys = (await (await api("/v1/keys")).json()).keys;
-    fillKeys(keys);
-    const active = keys.filter((k) => !k.revoked).length;
-    say(status, `Token accepted: ${active} active key${active === 1 ? "" : "s"} in your tenant.`);
+    const page = await keyPage("", false);
+    suggest("gen-key", page.keys);
+    suggest("check-key", page.keys);
+    const n = page.keys.length;
+    const count = page.next_cursor ? `at least ${n} active keys` : `${n} active key${n === 1 ? "" : "s"}`;
+    const hint = page.next_cursor ? "; type a key id to search them" : "";
+    say(status, `Token accepted: ${count} in your tenant${hint}.`);
   } catch (error) {
+    suggest("gen-key", []);
+    suggest("check-key", []);
     if (error instanceof ApiError && error.status === 403) {
-      fillKeys([]);
       say(status, "This token cannot list keys; checks run against all keys of your tenant.");
     } else {
       say(status, `Token not accepted: ${error.message}`, true);
@@ -87,20 +96,54 @@ async function loadKeys() {
   }
 }
 
-function fillKeys(keys) {
-  const check = $("check-key");
-  const gen = $("gen-key");
-  const chosen = { check: check.value, gen: gen.value };
-  check.replaceChildren(new Option("All keys of my tenant", ""));
-  gen.replaceChildren();
-  for (const key of keys) {
-    const label = `${key.key_id}${key.revoked ? " (revoked)" : ""}`;
-    check.append(new Option(label, key.key_id));
-    if (!key.revoked) gen.append(new Option(key.key_id, key.key_id));
-  }
-  check.value = chosen.check;
-  if (chosen.gen) gen.value = chosen.gen;
-  if (check.selectedIndex < 0) check.selectedIndex = 0;
+// What was typed as a key-id prefix for the API ("3f" and "pmk_3f" alike), or null.
+function keyPrefix(typed) {
+  const q = typed.trim().toLowerCase();
+  if (/^pmk_[0-9a-f]{0,16}$/.test(q)) return q;
+  if (/^[0-9a-f]{1,16}$/.test(q)) return `pmk_${q}`;
+  if ("pmk_".startsWith(q)) return "pmk_";
+  return null;
+}
+
+async function keyPage(prefix, includeRevoked) {
+  const query = new URLSearchParams({ limit: String(SUGGESTIONS) });
+  if (prefix) query.set("prefix", prefix);
+  if (!includeRevoked) query.set("include_revoked", "false");
+  return (await api(`/v1/keys?${query}`)).json();
+}
+
+function suggest(pickerId, keys) {
+  $(`${pickerId}-options`).replaceChildren(
+    ...keys.map((key) => new Option(key.revoked ? "revoked" : "", key.key_id)),
+  );
+}
+
+// Search the keys as the user types (debounced); the check picker includes revoked keys.
+function searchKeys(pickerId) {
+  clearTimeout(searches[pickerId]);
+  searches[pickerId] = setTimeout(async () => {
+    const found = $(`${pickerId}-found`);
+    const typed = $(pickerId).value.trim();
+    const prefix = typed ? keyPrefix(typed) : "";
+    if (prefix === null) {
+      suggest(pickerId, []);
+      say(found, typed ? "Key ids look like pmk_ and 16 hex digits." : "");
+      return;
+    }
+    try {
+      const page = await keyPage(prefix, pickerId === "check-key");
+      suggest(pickerId, page.keys);
+      const n = page.keys.length;
+      say(found, typed ? `${page.next_cursor ? `${n}+` : n} matching key${n === 1 ? "" : "s"}` : "");
+    } catch (error) {
+      say(found, `Search failed: ${error.message}`, true);
+    }
+  }, 200);
+}
+
+// The keys a check tests: one key id, or none (all keys of the tenant).
+function checkKeyId() {
+  return $("check-one").checked ? $("check-key").value.trim() : "";
 }
 
 async function newKey() {
@@ -300,7 +343,11 @@ async function check(event, tokenIds) {
     evidence: true,
     spans: true,
   };
-  if ($("check-key").value) body.key_id = $("check-key").value;
+  if ($("check-one").checked && !checkKeyId()) {
+    say(status, "Type the key id to test, or choose all keys of your tenant.", true);
+    return;
+  }
+  if (checkKeyId()) body.key_id = checkKeyId();
   if (tokenIds) body.token_ids = tokenIds;
   $("check-button").disabled = true;
   say(status, "Checking…");
@@ -349,7 +396,7 @@ async function generate(event) {
   event.preventDefault();
   const status = $("generate-status");
   const answer = $("answer");
-  const keyId = $("gen-key").value;
+  const keyId = $("gen-key").value.trim();
   if (!keyId) {
     say(status, "Choose a key (or create one) first.", true);
     return;
@@ -416,6 +463,7 @@ function checkAnswer() {
   if (!lastAnswer) return;
   $("check-text").value = lastAnswer.text;
   $("check-key").value = lastAnswer.key_id;
+  $("check-one").checked = true;
   selectTab($("tab-check"));
   check(null, lastAnswer.token_ids);
 }
@@ -451,7 +499,8 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   $("forget-token").addEventListener("click", () => {
     sessionStorage.removeItem(TOKEN_KEY);
-    fillKeys([]);
+    suggest("gen-key", []);
+    suggest("check-key", []);
     say($("auth-status"), "Token forgotten.");
   });
   for (const tab of document.querySelectorAll('[role="tab"]')) {
@@ -463,6 +512,16 @@ document.addEventListener("DOMContentLoaded", () => {
   $("generate-form").addEventListener("submit", generate);
   $("stop-button").addEventListener("click", () => generation && generation.abort());
   $("new-key").addEventListener("click", newKey);
+  for (const id of ["check-key", "gen-key"]) {
+    $(id).addEventListener("input", () => searchKeys(id));
+  }
+  $("check-key").addEventListener("input", () => {
+    $("check-one").checked = $("check-key").value !== "" || $("check-one").checked;
+  });
+  $("check-all").addEventListener("change", () => {
+    $("check-key").value = "";
+    searchKeys("check-key"); // back to the first page of suggestions
+  });
   $("check-answer").addEventListener("click", checkAnswer);
   loadKeys();
 });

@@ -86,8 +86,11 @@ class Page:
 
     def check(self, text: str, key_id: str | None = None) -> str:
         self.page.fill("#check-text", text)
-        if key_id is not None:
-            self.page.select_option("#check-key", key_id)
+        if key_id is None:
+            self.page.check("#check-all")
+        else:
+            self.page.check("#check-one")
+            self.page.fill("#check-key", key_id)
         self.page.click("#check-button")
         self.page.wait_for_selector("#result:not([hidden]) #verdict[data-verdict]")
         return str(self.page.get_attribute("#verdict", "data-verdict"))
@@ -335,4 +338,42 @@ def test_generate_streams_then_one_click_checks(
     assert tab.page.input_value("#check-text") == final
     assert tab.page.get_attribute("#verdict", "data-verdict") == "watermarked"
     tab.screenshot("generate-check.png")
+    tab.close()
+
+
+def test_the_key_picker_searches_and_all_keys_works_at_2000_keys(
+    browser: Any, service: Service
+) -> None:
+    # 2,000 keys of the admin's tenant (made through the store: quick), one of which marked
+    # the text. The page never lists them all: its pickers suggest one page of keys, or those
+    # whose id starts with what was typed; "All keys of my tenant" tests all 2,000.
+    tenant = service.settings.admin_tenant
+    fingerprint = service.resources.fingerprint
+    keys = [service.store.create(fingerprint, tenant=tenant).key_id for _ in range(2000)]
+    right = keys[1717]
+    answer = watermarked(service, right, tokens=120)
+    tab = Page(browser, service)
+    tab.sign_in(service.admin)
+    assert "at least 20 active keys" in tab.page.text_content("#auth-status")
+    assert tab.page.eval_on_selector_all("#check-key-options option", "os => os.length") == 20
+    tab.page.check("#check-one")
+    tab.page.fill("#check-key", right[4:8])  # hex digits alone are a prefix too
+    tab.page.wait_for_function(
+        "() => /matching key/.test(document.getElementById('check-key-found').textContent)"
+    )
+    suggested = tab.page.eval_on_selector_all(
+        "#check-key-options option", "os => os.map(o => o.value)"
+    )
+    assert right in suggested and all(k.startswith(right[:8]) for k in suggested)
+    assert len(suggested) == sum(k.startswith(right[:8]) for k in keys)
+    assert tab.check(answer["text"], right) == "watermarked"
+    tab.check(answer["text"])  # All keys of my tenant (the first result is still shown:
+    tab.page.wait_for_function(  # wait for this one)
+        "() => /corrected/.test(document.getElementById('numbers').textContent)"
+    )
+    assert tab.page.get_attribute("#verdict", "data-verdict") == "watermarked"
+    numbers = tab.page.text_content("#numbers")
+    assert right in numbers and "2000 (p-value corrected" in numbers
+    assert tab.page.input_value("#check-key") == ""  # "All" cleared the one-key choice
+    tab.screenshot("many-keys.png")
     tab.close()
