@@ -20,9 +20,10 @@ and one tenant's (``S = P tenant:<t>:``):
 A record and every index entry are written, changed and removed in one MULTI/EXEC, so a key
 is never half written or half deleted.
 
-Listing pages through ``S order`` (or ``S ids`` with a prefix) after an opaque cursor that
-holds the last (score, id) shown: a key present for the whole listing is shown exactly once
-whatever is created or deleted meanwhile; a key created meanwhile may or may not appear.
+Listing pages through ``S order`` (or ``S ids`` with a prefix) after a cursor that holds the
+last (score, id) shown (``CURSOR_PATTERN``; opaque to clients): a key present for the whole
+listing is shown exactly once whatever is created or deleted meanwhile; a key created
+meanwhile may or may not appear.
 
 Deleting a key removes its record (the sealed secret with it) and every index entry: the key
 is then unknown everywhere, and text it watermarked can no longer be tested with it. Redis
@@ -33,8 +34,6 @@ The Redis client comes from ``service.redis.open_redis``.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import dataclasses
 import re
 import secrets
@@ -72,9 +71,11 @@ _WRITE_ATTEMPTS: Final = 5
 PAGE_DEFAULT: Final = 100
 PAGE_MAX: Final = 1000
 KEY_PREFIX_MAX_CHARS: Final = 20  # "pmk_" + 16 hex digits
-_CURSOR_PATTERN: Final = re.compile(
-    r"(o):(0|[1-9][0-9]{0,17}):(pmk_[0-9a-f]{16})|(l):(pmk_[0-9a-f]{16})"
-)
+CURSOR_PATTERN: Final = r"(0|[1-9][0-9]{0,17})-(pmk_[0-9a-f]{16})"
+"""A cursor: the (score, id) position of the last key shown, ``<µs>-<key id>``. Any string of
+this form is a valid position (keys after it), so the schema's pattern is the whole contract;
+clients treat it as opaque."""
+_CURSOR: Final = re.compile(CURSOR_PATTERN)
 _PREFIX_PATTERN: Final = re.compile(r"[a-z0-9_]{1,20}")
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _RECORD_FIELDS: Final = (
@@ -236,20 +237,12 @@ class KeyPage:
     next_cursor: str | None
 
 
-def _encode_cursor(text: str) -> str:
-    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str) -> re.Match[str]:
-    """The cursor's fields, or ``InvalidInput`` for anything ``list_page`` did not hand out."""
-    try:
-        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        text = ""
-    match = _CURSOR_PATTERN.fullmatch(text)
+def _parse_cursor(cursor: str) -> tuple[int, str]:
+    """(score, key id) of a cursor, or ``InvalidInput`` for anything not of its form."""
+    match = _CURSOR.fullmatch(cursor) if isinstance(cursor, str) else None
     if match is None:
         raise InvalidInput("cursor", "expected a next_cursor from a previous page")
-    return match
+    return int(match.group(1)), match.group(2)
 
 
 # --- The store -----------------------------------------------------------------------------
@@ -481,8 +474,7 @@ class KeyStore:
             include_revoked: False leaves revoked keys out (the page may then be short).
             prefix: only key ids starting with it (e.g. ``"pmk_3f"``), in key-id order.
         Raises:
-            InvalidInput: a limit, cursor or prefix out of bounds (a cursor of a prefix
-                listing works only with a prefix, and the other way round).
+            InvalidInput: a limit, cursor or prefix out of bounds.
             KeyStoreUnavailable, KeyRecordCorrupt, KeyDecryptionFailed.
         """
         if tenant is not None:
@@ -494,9 +486,7 @@ class KeyStore:
                 "prefix",
                 f"expected 1..{KEY_PREFIX_MAX_CHARS} characters from [a-z0-9_], got {prefix!r:.40}",
             )
-        after = None if cursor is None else _decode_cursor(cursor)
-        if after is not None and (after.group(4) is None) != (prefix is None):
-            raise InvalidInput("cursor", "expected a cursor of a listing with the same prefix")
+        after = None if cursor is None else _parse_cursor(cursor)
         scope = self._scope(tenant)
         with reaching_redis(self._client):
             self._ensure_indexed(scope)
@@ -504,31 +494,32 @@ class KeyStore:
                 entries = self._after_in_order(scope, after, limit + 1)
             else:
                 # ids are [a-z0-9_]: "~" sorts after all of them, so "[prefix~" ends the range
-                low = f"[{prefix}" if after is None else f"({after.group(5)}"
+                low = f"[{prefix}" if after is None else f"({after[1]}"
                 members = self._client.zrangebylex(
                     f"{scope}ids", low, f"[{prefix}~", start=0, num=limit + 1
                 )
-                entries = [(as_text(m), None) for m in members if as_text(m).startswith(prefix)]
+                entries = [(as_text(m), 0) for m in members if as_text(m).startswith(prefix)]
             shown = entries[:limit]
             records = self._records([key_id for key_id, _ in shown], tenant)
+            next_cursor = None
+            if len(entries) > limit:
+                key_id, score = shown[-1]
+                if prefix is not None:  # key-id order: the id is the position; keep the score
+                    score = int(self._client.zscore(f"{scope}order", key_id) or 0)
+                next_cursor = f"{score}-{key_id}"
         if not include_revoked:
             records = [r for r in records if not r.revoked]
-        next_cursor = None
-        if len(entries) > limit:
-            key_id, score = shown[-1]
-            last = f"l:{key_id}" if score is None else f"o:{score}:{key_id}"
-            next_cursor = _encode_cursor(last)
         return KeyPage(records, next_cursor)
 
     def _after_in_order(
-        self, scope: str, after: re.Match[str] | None, count: int
-    ) -> list[tuple[str, int | None]]:
+        self, scope: str, after: tuple[int, str] | None, count: int
+    ) -> list[tuple[str, int]]:
         """Up to ``count`` (id, score) of ``S order`` after the cursor's (score, id)."""
         key = f"{scope}order"
         if after is None:
             rows: list[Any] = self._client.zrange(key, 0, count - 1, withscores=True)
             return [(as_text(row[0]), int(row[1])) for row in rows]
-        last_score, last_id = int(after.group(2)), after.group(3)
+        last_score, last_id = after
         # Entries at the cursor's score come first, in id order: skip those up to its id.
         ties = int(self._client.zcount(key, last_score, last_score))
         rows = list(
@@ -536,7 +527,7 @@ class KeyStore:
                 key, last_score, "+inf", start=0, num=count + ties, withscores=True
             )
         )
-        later: list[tuple[str, int | None]] = []
+        later: list[tuple[str, int]] = []
         for member, score in rows:
             key_id, at = as_text(member), int(score)
             if at > last_score or key_id > last_id:

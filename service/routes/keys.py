@@ -16,7 +16,13 @@ from fastapi import APIRouter, Path, Query, Response, status
 
 from service.auth import CanManageKeys
 from service.deps import PoolDep, ResourcesDep, StoreDep
-from service.keystore import KEY_PREFIX_MAX_CHARS, PAGE_DEFAULT, PAGE_MAX, KeyRecord
+from service.keystore import (
+    CURSOR_PATTERN,
+    KEY_PREFIX_MAX_CHARS,
+    PAGE_DEFAULT,
+    PAGE_MAX,
+    KeyRecord,
+)
 from service.schemas.common import KeyId, problem_responses
 from service.schemas.keys import KeyCreateRequest, KeyList, KeyOut
 
@@ -65,10 +71,10 @@ async def list_keys(
     cursor: Annotated[
         str | None,
         Query(
-            min_length=1,
-            max_length=128,
-            pattern=r"^[A-Za-z0-9_-]+$",
-            description="`next_cursor` of the previous page (of the same `prefix`).",
+            max_length=40,
+            pattern=f"^{CURSOR_PATTERN}$",
+            description="`next_cursor` of the previous page, unchanged (opaque: a position in "
+            "the listing).",
         ),
     ] = None,
     prefix: Annotated[
