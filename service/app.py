@@ -24,7 +24,7 @@ from service.deps import no_unknown_query_parameters
 from service.metrics import Metrics
 from service.middleware import AccessLog, BodyLimit, HeadAsGet
 from service.resources import ModelLoader, load_served_model, open_resources
-from service.routes import detect, generate, health, keys, ui
+from service.routes import detect, generate, health, keys, openai, ui
 from service.settings import Settings, get_settings
 
 log = logging.getLogger("poissonmark.service")
@@ -70,7 +70,7 @@ def create_app(settings: Settings | None = None, *, loader: ModelLoader | None =
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.resources = None
-    for module in (generate, detect, keys, health, ui):
+    for module in (generate, detect, keys, openai, health, ui):
         app.include_router(module.router)
     problems.install(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
@@ -95,7 +95,8 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
             for operation in path.values():
                 for status, response in operation.get("responses", {}).items():
                     content = response.get("content", {})
-                    if status[0] in "45" and "application/json" in content:
+                    openai_shape = "openai" in operation.get("tags", ())  # OpenAI's errors
+                    if status[0] in "45" and "application/json" in content and not openai_shape:
                         content["application/problem+json"] = content.pop("application/json")
         app.openapi_schema = schema
     return app.openapi_schema
