@@ -19,7 +19,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI
 
-from service import problems
+from service import contract, problems
 from service.deps import no_unknown_query_parameters
 from service.metrics import Metrics
 from service.middleware import AccessLog, BodyLimit, HeadAsGet
@@ -70,6 +70,7 @@ def create_app(settings: Settings | None = None, *, loader: ModelLoader | None =
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.resources = None
+    app.state.openapi_resources = None
     for module in (generate, detect, keys, openai, health, ui):
         app.include_router(module.router)
     problems.install(app)
@@ -81,8 +82,10 @@ def create_app(settings: Settings | None = None, *, loader: ModelLoader | None =
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
-    """FastAPI's schema, with error bodies documented as ``application/problem+json``."""
-    if app.openapi_schema is None:
+    """FastAPI's schema, with error bodies documented as ``application/problem+json`` and the
+    deployment's limits (``service.contract``; again once the model has loaded)."""
+    resources = app.state.resources
+    if app.openapi_schema is None or app.state.openapi_resources is not resources:
         from fastapi.openapi.utils import get_openapi
 
         schema = get_openapi(
@@ -98,5 +101,10 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
                     openai_shape = "openai" in operation.get("tags", ())  # OpenAI's errors
                     if status[0] in "45" and "application/json" in content and not openai_shape:
                         content["application/problem+json"] = content.pop("application/json")
+        if resources is None:
+            contract.tighten(schema, app.state.settings)
+        else:
+            contract.tighten(schema, app.state.settings, resources.vocab_size, resources.drafters)
         app.openapi_schema = schema
+        app.state.openapi_resources = resources
     return app.openapi_schema

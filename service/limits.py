@@ -20,6 +20,27 @@ def _at_most(field: str, actual: int, limit: int, unit: str = "") -> None:
         raise LimitExceeded(field, limit, actual, unit)
 
 
+_CAPPED: dict[str, str] = {
+    "max_new_tokens": "max_new_tokens",
+    "drafts": "max_drafts",
+    "lookahead": "max_lookahead",
+}
+"""Request field -> the setting that bounds it, for the defaults ``capped_defaults`` lowers."""
+
+
+def capped_defaults(request: GenerateRequest, settings: Settings) -> GenerateRequest:
+    """``request`` with each omitted ``max_new_tokens``, ``drafts``, ``lookahead`` lowered to
+    the server's limit where the schema's default is over it (the served document states the
+    lowered default): leaving a field out never breaks a limit."""
+    lowered = {
+        field: getattr(settings, setting)
+        for field, setting in _CAPPED.items()
+        if field not in request.model_fields_set
+        and getattr(request, field) > getattr(settings, setting)
+    }
+    return request.model_copy(update=lowered) if lowered else request
+
+
 def check_generate(request: GenerateRequest, settings: Settings) -> None:
     _at_most("max_new_tokens", request.max_new_tokens, settings.max_new_tokens)
     _at_most("drafts", request.drafts, settings.max_drafts)
@@ -31,6 +52,13 @@ def check_generate(request: GenerateRequest, settings: Settings) -> None:
         _at_most("messages", len(request.messages), limit, "messages")
         chars = sum(len(m.content) for m in request.messages)
         _at_most("messages[].content", chars, settings.max_prompt_chars, "characters in all")
+
+
+def check_drafter(spec: str, drafters: tuple[str, ...]) -> None:
+    """``spec`` is one of the served model's drafters (whatever the method: the schema's enum
+    holds for every request, so a drafter the method does not use is checked too)."""
+    if spec not in drafters:
+        raise InvalidInput("drafter", f"expected one of {', '.join(drafters)} for the served model")
 
 
 def check_prompt_tokens(count: int, settings: Settings) -> None:

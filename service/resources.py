@@ -24,6 +24,7 @@ from redis.retry import Retry
 
 import keyed
 from sampler.models import LoadedModel, load_model, tokenizer_fingerprint
+from service.contract import served_drafters
 from service.detection import DetectionPool
 from service.kek import KEK_FILENAME, load_or_create_kek
 from service.keystore import KeyStore
@@ -54,6 +55,7 @@ class Resources:
     loaded: LoadedModel
     fingerprint: str
     vocab_size: int  # len(tokenizer): token ids a request may name are in [0, vocab_size)
+    drafters: tuple[str, ...]  # the drafter specs a generation may name (contract.served_drafters)
     redis: redis.Redis
     aredis: AsyncRedis  # not redis.asyncio.Redis: the field `redis` shadows the module here
     store: KeyStore
@@ -144,6 +146,7 @@ async def open_resources(
             loaded,
             fingerprint,
             len(loaded.tokenizer),
+            await asyncio.to_thread(served_drafters, loaded.model),
             sync,
             aredis,
             store,

@@ -24,7 +24,12 @@ from service.deps import MetricsDep, PoolDep, ResourcesDep, SettingsDep, StoreDe
 from service.detection import DetectionPool
 from service.errors import GenerationCancelled
 from service.generation import Generated, Generation, from_body, prepare
-from service.limits import check_generate, check_prompt_tokens
+from service.limits import (
+    capped_defaults,
+    check_drafter,
+    check_generate,
+    check_prompt_tokens,
+)
 from service.metrics import Metrics
 from service.problems import problem_body
 from service.schemas.common import problem_responses
@@ -37,7 +42,23 @@ router = APIRouter(prefix="/v1", tags=["generate"])
 _STREAM_DOC = {
     "description": "The completion; with `stream: true`, `text/event-stream` events `start`, "
     "`delta` (GenerateDelta) ..., then `done` (GenerateResponse) or `error` (Problem).",
-    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    "content": {
+        "text/event-stream": {
+            "schema": {  # one event (OpenAPI 3.1: the schema of an event stream is per event)
+                "type": "object",
+                "properties": {
+                    "event": {"type": "string", "enum": ["start", "delta", "done", "error"]},
+                    "data": {
+                        "type": "string",
+                        "contentMediaType": "application/json",
+                        "description": "The event's JSON: `start` {key_id, nonce, method}, "
+                        "`delta` GenerateDelta, `done` GenerateResponse, `error` Problem.",
+                    },
+                },
+                "required": ["event", "data"],
+            }
+        }
+    },
 }
 
 
@@ -114,7 +135,9 @@ async def generate(
     metrics: MetricsDep,
 ) -> GenerateResponse | EventStreamResponse:
     """Sample a watermarked completion with the caller's key (an exact sample of the model)."""
+    body = capped_defaults(body, settings)
     check_generate(body, settings)
+    check_drafter(body.drafter, resources.drafters)
     wanted = from_body(body)
     record = await to_thread.run_sync(store.get_active, body.key_id, principal.tenant)
     generation = prepare(record, resources.fingerprint, wanted)

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from types import UnionType
+from typing import Annotated, Any, Final, Union, get_args, get_origin
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+)
 
 from service.errors import KEY_ID_PATTERN
 
@@ -18,7 +27,19 @@ def _no_lone_surrogates(value: str) -> str:
     return value
 
 
+def _integral_float(value: object) -> object:
+    # JSON Schema counts 17.0 as an integer, and so do the clients generated from it.
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 Text = Annotated[str, AfterValidator(_no_lone_surrogates)]
+INTEGRAL: Final = BeforeValidator(_integral_float)
+"""Marks an integer inside a request field (``list[Annotated[int, Field(ge=0), INTEGRAL]]``):
+a JSON integer, or a number with no fraction (``17.0``). Bounds go before it in ``Annotated``,
+or they leave the JSON Schema. Fields typed ``int`` (or ``int | None``) need no mark: every
+``RequestModel`` reads them so."""
 KeyId = Annotated[
     str,
     Field(
@@ -31,9 +52,29 @@ KeyId = Annotated[
 
 class RequestModel(BaseModel):
     """Base of request bodies: strict types (no 0 for false, no "1" for 1), unknown fields
-    are errors, NaN/Infinity are refused."""
+    are errors, NaN/Infinity are refused; an integer field takes ``17.0`` as 17 (JSON Schema
+    counts it an integer, and so do the clients and fuzzers generated from the document)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _integral_floats(cls, value: object, info: ValidationInfo) -> object:
+        field = cls.model_fields.get(info.field_name or "")
+        if field is not None and _takes_int(field.annotation):
+            return _integral_float(value)
+        return value
+
+
+def _takes_int(annotation: object) -> bool:
+    """``int``, or a union with ``int`` in it (``int | None``), bounds (``Annotated``) or not."""
+    if annotation is int:
+        return True
+    if get_origin(annotation) is Annotated:
+        return _takes_int(get_args(annotation)[0])
+    return get_origin(annotation) in (Union, UnionType) and any(
+        _takes_int(arg) for arg in get_args(annotation)
+    )
 
 
 class FieldError(BaseModel):

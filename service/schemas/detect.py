@@ -8,16 +8,27 @@ wire shape (``detector.Detection.to_json``) per key.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Self
+from typing import TYPE_CHECKING, Annotated, Literal, Self
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.config import JsonDict
 
 from detector.scores import SCORE_NAMES
-from service.schemas.common import KeyId, RequestModel, Text
+from service.schemas.common import INTEGRAL, KeyId, RequestModel, Text
 
+if TYPE_CHECKING:
+    ScoreName = str
+else:
+    ScoreName = Literal[SCORE_NAMES]
+    """A score family of ``detector.scores.SCORE_NAMES`` (an enum in the schema)."""
 Verdict = Literal["watermarked", "not_detected", "insufficient_evidence"]
-TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
-ScoreName = Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[a-z_]+$")]
+TokenId = Annotated[int, Field(ge=0, le=2**31 - 1), INTEGRAL]
+"""A token id; the served document bounds it by the served tokenizer's vocabulary."""
+
+
+def _given(name: str, kind: str) -> JsonDict:
+    """The JSON Schema of "the property ``name`` is present and of type ``kind`` (not null)"."""
+    return {"required": [name], "properties": {name: {"type": kind}}}
 
 
 class DetectOptions(RequestModel):
@@ -30,7 +41,8 @@ class DetectOptions(RequestModel):
     alpha: float = Field(default=0.01, gt=0.0, le=0.5, description="Level of the verdict.")
     scores: list[ScoreName] = Field(
         default_factory=list,
-        max_length=8,
+        max_length=len(SCORE_NAMES),
+        json_schema_extra={"uniqueItems": True},
         description="Score families besides `aaronson` (always computed): `u`, `li`, `lattimore`.",
     )
     evidence: bool = Field(default=False, description="Include per-token evidence.")
@@ -45,9 +57,9 @@ class DetectOptions(RequestModel):
 
     @field_validator("scores")
     @classmethod
-    def _known_scores(cls, scores: list[str]) -> list[str]:
+    def _once_each(cls, scores: list[str]) -> list[str]:
         # Checked here (a 422 naming the field), not left to the detector's ValueError.
-        if any(name not in SCORE_NAMES for name in scores) or len(set(scores)) < len(scores):
+        if len(set(scores)) < len(scores):
             raise ValueError(f"expected names from {list(SCORE_NAMES)}, each at most once")
         return scores
 
@@ -55,6 +67,11 @@ class DetectOptions(RequestModel):
 class DetectInput(RequestModel):
     """The text to test: ``text``, exact ``token_ids``, or both (then the ids are scored and
     ``retokenization_matches`` says whether tokenizing the text gives them)."""
+
+    # The schema says what the validator below checks: at least one of them, not null.
+    model_config = ConfigDict(
+        json_schema_extra={"anyOf": [_given("text", "string"), _given("token_ids", "array")]}
+    )
 
     text: Text | None = None
     token_ids: list[TokenId] | None = None

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, Self
+from typing import TYPE_CHECKING, Annotated, Literal, Self
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sampler.decoder import MAX_DRAFTS, MAX_LOOKAHEAD
 from sampler.methods import HTTP_METHODS
@@ -29,11 +29,22 @@ class GenerateRequest(RequestModel):
     ``messages`` (through the model's chat template). Limits beyond the hard ones below are the
     server's settings (``POISSONMARK_MAX_NEW_TOKENS``, ``..._MAX_DRAFTS``,
     ``..._MAX_LOOKAHEAD``, ``..._MAX_PROMPT_CHARS``, ``..._MAX_PROMPT_TOKENS``,
-    ``..._MAX_MESSAGES``); exceeding one is a 422 ``limit-exceeded`` naming it."""
+    ``..._MAX_MESSAGES``); exceeding one is a 422 ``limit-exceeded`` naming it. The served
+    document states those limits (``service.contract``)."""
+
+    # The schema says what ``_one_prompt`` checks: exactly one of them, not null.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
+                {"required": ["messages"], "properties": {"messages": {"type": "array"}}},
+            ]
+        }
+    )
 
     key_id: KeyId
     prompt: Text | None = None
-    messages: list[ChatMessage] | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
     method: Method = "mpfr"
     drafter: str = Field(
         default="ngram",
@@ -45,12 +56,17 @@ class GenerateRequest(RequestModel):
     lookahead: int = Field(default=4, ge=1, le=MAX_LOOKAHEAD, description="L, draft length.")
     max_new_tokens: int = Field(default=128, ge=1)
     temperature: float = Field(
-        default=1.0, ge=0.0, le=100.0, description="0 = greedy (no watermark), else >= 0.01."
+        default=1.0,
+        ge=0.0,
+        le=100.0,
+        description="0 = greedy (no watermark), else >= 0.01.",
+        json_schema_extra={"anyOf": [{"const": 0}, {"minimum": MIN_TEMPERATURE}]},
     )
     top_k: int = Field(default=50, ge=0, le=2**31 - 1, description="0 = off.")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    nonce: int | None = Field(
-        default=None, ge=0, le=2**63 - 1, description="Request nonce; random when omitted."
+    # lt 2^63, not le 2^63 - 1: the document's bounds are floats, and 2^63 is exact in one
+    nonce: Annotated[int, Field(ge=0, lt=2**63)] | None = Field(
+        default=None, description="Request nonce; random when omitted."
     )
     stream: bool = Field(default=False, description="Answer with server-sent events.")
 
@@ -58,8 +74,6 @@ class GenerateRequest(RequestModel):
     def _one_prompt(self) -> Self:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of prompt or messages")
-        if self.messages is not None and not self.messages:
-            raise ValueError("messages: expected at least one message")
         if 0.0 < self.temperature < MIN_TEMPERATURE:
             raise ValueError(f"temperature: expected 0 or >= {MIN_TEMPERATURE}")
         return self

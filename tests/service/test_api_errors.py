@@ -116,7 +116,7 @@ def test_schema_limits_name_field_and_limit(
         pytest.param("/v1/detect", {"text": "x", "key_id": "secret"}, "body.key_id", id="key_id"),
         pytest.param("/v1/detect", {"token_ids": [-1]}, "body.token_ids.0", id="negative_id"),
         pytest.param(
-            "/v1/detect", {"text": "x", "scores": ["nope"]}, "body.scores", id="unknown_score"
+            "/v1/detect", {"text": "x", "scores": ["nope"]}, "body.scores.0", id="unknown_score"
         ),
         pytest.param(
             "/v1/detect", {"text": "x", "scores": ["u", "u"]}, "body.scores", id="score_twice"
@@ -132,7 +132,7 @@ def test_schema_limits_name_field_and_limit(
         pytest.param(
             "/v1/generate",
             {"key_id": "pmk_0123456789abcdef", "messages": []},
-            "body",
+            "body.messages",
             id="no_messages",
         ),
         pytest.param("/v1/generate", {"key_id": "pmk_0123456789abcdef"}, "body", id="no_prompt"),
