@@ -9,8 +9,9 @@ runs it (503 + Retry-After when full) and ``service.streaming`` decodes the stre
   completions continue ``prompt`` as raw text (no template), as OpenAI's legacy endpoint does.
 - the key: ``key_id`` in the body (the SDK's ``extra_body``) or the ``X-Poissonmark-Key``
   header; ``seed`` is the watermark nonce (random when omitted, returned either way).
-- the answer's text is the completion without its EOS token (OpenAI clients never see one);
-  ``poissonmark.token_ids`` keeps every id, EOS included, for exact detection.
+- the answer's text is ``/v1/generate``'s ``text`` (the completion alone, EOS not included);
+  ``poissonmark.token_ids`` its ids, for exact detection; ``usage.completion_tokens`` counts
+  the EOS token too (every token the model emitted).
 - ``stream=true``: ``data:`` chunks, then ``data: [DONE]``. The first chunk carries
   ``poissonmark`` {key_id, nonce, method}, the finishing one the ``finish_reason``, the full
   ``poissonmark`` facts and ``usage`` (with ``stream_options.include_usage`` the ``usage`` comes
@@ -34,7 +35,6 @@ from anyio import to_thread
 from fastapi import APIRouter, Request
 from pydantic import ValidationError
 
-from sampler.completion import eos_ids
 from service.api_tokens import Principal
 from service.auth import CanGenerate
 from service.deps import MetricsDep, PoolDep, ResourcesDep, SettingsDep, StoreDep, WorkerDep
@@ -138,7 +138,6 @@ class _Served:
     job: Job
     prompt_tokens: int
     model: str
-    eos: frozenset[int]
     tokenizer: Any  # decode only (immutable), on the event loop
 
 
@@ -250,11 +249,7 @@ async def _start(
     job = worker.submit(ids, generation.config, generation.source, generation.drafter)
     loaded = resources.loaded
     model = served_model(resources)
-    return _Served(generation, job, len(ids), model, eos_ids(loaded), loaded.tokenizer)
-
-
-def _content_ids(ids: list[int], eos: frozenset[int]) -> list[int]:
-    return [t for t in ids if t not in eos]
+    return _Served(generation, job, len(ids), model, loaded.tokenizer)
 
 
 def _facts(served: _Served, finished: Finished) -> WatermarkFacts:
@@ -271,7 +266,7 @@ def _facts(served: _Served, finished: Finished) -> WatermarkFacts:
 
 
 def _usage(served: _Served, finished: Finished) -> Usage:
-    completion = len(finished.result.token_ids)
+    completion = finished.result.stats.emitted_tokens  # EOS included
     return Usage(
         prompt_tokens=served.prompt_tokens,
         completion_tokens=completion,
@@ -303,7 +298,7 @@ async def _chunks(
     while True:
         event = await served.job.events.get()
         if isinstance(event, Tokens):
-            text = decoder.push(_content_ids(event.ids, served.eos))
+            text = decoder.push(event.ids)
             if text:
                 yield _data(chunk(text))
         elif isinstance(event, Finished):
@@ -430,7 +425,7 @@ async def chat_completions(
     if body.stream:
         return _stream(served, _chat_chunk(served, reply_id, created), body, request, metrics)
     finished = await _result_unless_gone(served.job, request, metrics)
-    text = decode_text(served.tokenizer, _content_ids(list(finished.result.token_ids), served.eos))
+    text = decode_text(served.tokenizer, finished.result.token_ids)
     choice = ChatChoice(
         index=0,
         message=AssistantMessage(content=text),
@@ -475,7 +470,7 @@ async def completions(
     if body.stream:
         return _stream(served, _completion_chunk(served, reply_id, created), body, request, metrics)
     finished = await _result_unless_gone(served.job, request, metrics)
-    text = decode_text(served.tokenizer, _content_ids(list(finished.result.token_ids), served.eos))
+    text = decode_text(served.tokenizer, finished.result.token_ids)
     choice = CompletionChoice(
         index=0,
         text=text,

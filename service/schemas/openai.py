@@ -135,7 +135,7 @@ Temperature = Annotated[
 
 _PENALTY = "penalties change the model's distribution, and poissonmark emits exact samples of it"
 _STOP = "stop sequences are not supported; generation ends at EOS or at max_tokens"
-_N = "one choice per request: n must be 1"
+_N = "poissonmark returns one choice per request"
 _LOGIT_BIAS = "logit_bias changes the model's distribution"
 
 
@@ -234,7 +234,7 @@ class CompletionRequest(OpenAIRequest):
 
     prompt: Text = Field(min_length=1, description="The text to continue (one string).")
     echo: Annotated[Any, Neutral(False, "the prompt is never returned with the completion")] = None
-    best_of: Annotated[Any, Neutral(1, "one candidate per request: best_of must be 1")] = None
+    best_of: Annotated[Any, Neutral(1, "poissonmark samples one candidate per request")] = None
     logprobs: Annotated[Any, Neutral(None, "log-probabilities are not returned")] = None
     suffix: Annotated[Any, Neutral("", "insertion (suffix) is not supported")] = None
 
@@ -244,7 +244,7 @@ class CompletionRequest(OpenAIRequest):
 
 class Usage(BaseModel):
     prompt_tokens: int = Field(description="Prompt tokens (after the chat template).")
-    completion_tokens: int = Field(description="Generated tokens, EOS included.")
+    completion_tokens: int = Field(description="Tokens the model emitted, EOS included.")
     total_tokens: int
 
 
@@ -264,7 +264,7 @@ class WatermarkFacts(WatermarkStart):
         description="False for `ar`, `*-nowm` and temperature 0 (the keyed race is a no-op)."
     )
     aatps: float = Field(description="Average accepted tokens per step (per target pass).")
-    token_ids: list[int] = Field(description="The completion's ids, EOS included.")
+    token_ids: list[int] = Field(description="The completion's ids (EOS not included).")
 
 
 FinishReason = Literal["stop", "length"]

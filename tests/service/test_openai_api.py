@@ -73,13 +73,6 @@ def extra(reply: Any) -> dict[str, Any]:
     return (reply.model_extra or {})["poissonmark"]  # type: ignore[no-any-return]
 
 
-def without_eos(svc: Service, ids: list[int]) -> list[int]:
-    from sampler.completion import eos_ids
-
-    eos = eos_ids(svc.resources.loaded)
-    return [t for t in ids if t not in eos]
-
-
 # --- Wiring, tiny model ----------------------------------------------------------------------
 
 
@@ -106,16 +99,17 @@ def test_chat_completion_is_the_generate_generation(tiny: Service) -> None:
     assert choice.finish_reason == {"eos": "stop", "length": "length"}[same["finish_reason"]]
     facts = extra(reply)
     assert facts["token_ids"] == same["token_ids"]  # one generation path
+    assert choice.message.content == same["text"]
     tokenizer = tiny.resources.loaded.tokenizer
-    assert choice.message.content == tokenizer.decode(without_eos(tiny, same["token_ids"]))
     assert facts["key_id"] == key_id and facts["nonce"] == 1234 and facts["method"] == "mpfr"
     assert facts["watermark_applied"] is True and facts["aatps"] == same["stats"]["aatps"]
     assert facts["drafter"] == same["drafter"]
     prompt_tokens = len(chat_prompt_ids(tokenizer, messages=CHAT))
     assert reply.usage is not None
     assert reply.usage.prompt_tokens == prompt_tokens
-    assert reply.usage.completion_tokens == len(same["token_ids"])
-    assert reply.usage.total_tokens == prompt_tokens + len(same["token_ids"])
+    emitted = same["stats"]["emitted_tokens"]  # EOS included
+    assert reply.usage.completion_tokens == emitted
+    assert reply.usage.total_tokens == prompt_tokens + emitted
 
 
 @pytest.mark.parametrize("include_usage", [pytest.param(False, id="usage_on_finish"), True])
@@ -184,8 +178,8 @@ def test_completion_continues_the_raw_prompt(tiny: Service) -> None:
     raw = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     assert plain.usage is not None and plain.usage.prompt_tokens == len(raw)  # no chat template
     facts = extra(plain)
-    assert plain.choices[0].text == tokenizer.decode(without_eos(tiny, facts["token_ids"]))
-    assert plain.usage.completion_tokens == len(facts["token_ids"])
+    assert plain.choices[0].text == tokenizer.decode(facts["token_ids"])
+    assert plain.usage.completion_tokens >= len(facts["token_ids"])  # + EOS, if it ended so
     chunks = list(client.completions.create(**args, stream=True))
     assert {c.object for c in chunks} == {"text_completion"}
     assert "".join(c.choices[0].text for c in chunks) == plain.choices[0].text
@@ -419,8 +413,8 @@ def test_sdk_answers_are_detected_with_the_key(real: Service) -> None:
 
     found = detect(text=text)
     assert found["verdict"] == "watermarked", found  # p < 0.01
+    assert text == same["text"]
     reference = detect(text=same["text"])
-    # the EOS token, when there is one, is skipped by detection: the same scored positions
     assert math.isclose(found["log10_p_value"], reference["log10_p_value"], rel_tol=1e-9)
 
     completion = client.completions.create(
