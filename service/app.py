@@ -24,7 +24,7 @@ from service.deps import no_unknown_query_parameters
 from service.metrics import Metrics
 from service.middleware import AccessLog, BodyLimit, HeadAsGet
 from service.resources import ModelLoader, load_served_model, open_resources
-from service.routes import detect, generate, health, keys, openai, ui
+from service.routes import detect, docs, generate, health, keys, openai, ui
 from service.settings import Settings, get_settings
 
 log = logging.getLogger("poissonmark.service")
@@ -66,12 +66,14 @@ def create_app(settings: Settings | None = None, *, loader: ModelLoader | None =
         lifespan=lifespan,
         generate_unique_id_function=lambda route: route.name,
         dependencies=[Depends(no_unknown_query_parameters)],
+        docs_url=None,  # service.routes.docs serves Swagger UI from packaged files (no CDN)
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.resources = None
     app.state.openapi_resources = None
-    for module in (generate, detect, keys, openai, health, ui):
+    for module in (generate, detect, keys, openai, health, ui, docs):
         app.include_router(module.router)
     problems.install(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
