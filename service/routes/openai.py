@@ -42,7 +42,7 @@ from service.detection import DetectionPool
 from service.errors import KEY_ID_PATTERN, LimitExceeded
 from service.generation import Generation, from_body, prepare
 from service.keystore import KeyStore
-from service.limits import check_generate, check_prompt_tokens
+from service.limits import capped_defaults, check_drafter, check_generate, check_prompt_tokens
 from service.metrics import Metrics
 from service.openai_errors import InvalidParameter, ModelNotFound, OpenAIRoute, openai_error
 from service.resources import Resources
@@ -192,8 +192,6 @@ def _generate_request(
         "messages": messages,
         "method": body.method,
         "drafter": body.drafter,
-        "drafts": body.drafts,
-        "lookahead": body.lookahead,
         "max_new_tokens": max_tokens,
         "temperature": body.temperature,
         "top_k": body.top_k,
@@ -201,6 +199,9 @@ def _generate_request(
         "nonce": body.seed,
         "stream": body.stream,
     }
+    for name in ("drafts", "lookahead"):  # omitted: /v1/generate's default, capped there too
+        if name in body.model_fields_set:
+            fields[name] = getattr(body, name)
     try:
         return GenerateRequest.model_validate(fields)
     except ValidationError as exc:  # a rule of /v1/generate this schema does not repeat
@@ -209,14 +210,21 @@ def _generate_request(
         raise InvalidParameter(".".join(loc) or "body", error["msg"]) from None
 
 
-def _check_limits(wanted: GenerateRequest, settings: Settings, max_name: str) -> None:
+def _checked(
+    wanted: GenerateRequest, settings: Settings, resources: Resources, max_name: str
+) -> GenerateRequest:
+    """``/v1/generate``'s checks of ``wanted`` (limits, the served drafters), with a limit
+    named by its OpenAI parameter; omitted B and L lowered to the limits, as there."""
     renamed = {**_RENAMED, "max_new_tokens": max_name}
+    wanted = capped_defaults(wanted, settings)
     try:
         check_generate(wanted, settings)
     except LimitExceeded as exc:
         raise LimitExceeded(
             renamed.get(exc.field, exc.field), exc.limit, exc.actual, exc.unit
         ) from None
+    check_drafter(wanted.drafter, resources.drafters)
+    return wanted
 
 
 def _encode_raw(pool: DetectionPool, body: GenerateRequest, loaded: Any) -> list[int]:
@@ -419,7 +427,7 @@ async def chat_completions(
         for m in body.messages
     ]
     wanted = _generate_request(body, key_id, max_name, max_tokens, messages=messages)
-    _check_limits(wanted, settings, max_name)
+    wanted = _checked(wanted, settings, resources, max_name)
     served = await _start(wanted, False, principal, settings, store, worker, pool, resources)
     reply_id, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
     if body.stream:
@@ -464,7 +472,7 @@ async def completions(
     key_id = _key_id(body, request)
     max_name, max_tokens = _max_tokens(body, COMPLETION_MAX_TOKENS, settings)
     wanted = _generate_request(body, key_id, max_name, max_tokens, prompt=body.prompt)
-    _check_limits(wanted, settings, max_name)
+    wanted = _checked(wanted, settings, resources, max_name)
     served = await _start(wanted, True, principal, settings, store, worker, pool, resources)
     reply_id, created = f"cmpl-{secrets.token_hex(12)}", int(time.time())
     if body.stream:

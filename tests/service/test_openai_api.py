@@ -26,6 +26,8 @@ import pytest
 from sampler.completion import chat_prompt_ids
 from sampler.models import LoadedModel
 from service.deps import get_worker
+from service.errors import InvalidInput
+from service.worker import Finished, GenerationWorker, Job
 from tests.service.conftest import LiveServer, Service, ServiceFactory, make_settings
 from tests.service.test_api_errors import BlockingWorker
 from tests.service.test_api_keys import problem
@@ -212,6 +214,9 @@ ERRORS = [
         {"max_tokens": 100_000}, openai.BadRequestError, "max_tokens", "limit_exceeded", id="max"
     ),
     pytest.param({"B": 9}, openai.BadRequestError, "B", "limit_exceeded", id="B9"),
+    pytest.param(
+        {"drafter": "self:5"}, openai.BadRequestError, "drafter", "invalid_request", id="self5"
+    ),
     pytest.param({"seed": -1}, openai.BadRequestError, "seed", "invalid_request", id="seed-1"),
     pytest.param({"stop": ["\n"]}, openai.BadRequestError, "stop", "unsupported_value", id="stop"),
     pytest.param(
@@ -274,20 +279,32 @@ def test_auth_and_key_errors(tiny: Service) -> None:
     assert revoked.value.code == "key_revoked"
 
 
+class FailingWorker(GenerationWorker):
+    """A worker whose every job fails on the worker thread (after the stream started)."""
+
+    def _generate(self, job: Job) -> Finished:
+        raise InvalidInput("drafter", "failed on the worker (test)")
+
+
 def test_error_after_the_stream_started(tiny: Service) -> None:
-    """A failure on the worker (a self drafter deeper than the 2-layer model) comes as a
-    ``data: {"error": ...}`` chunk, which the SDK raises, then ``[DONE]``."""
+    """A failure on the worker comes as a ``data: {"error": ...}`` chunk, which the SDK
+    raises, then ``[DONE]``."""
     user = tiny.token("acme", ("generate", "keys"))
     key_id = tiny.create_key(user)
-    body = {"key_id": key_id, "drafter": "self:5"}
-    with pytest.raises(openai.APIError) as raised:
-        list(_call(sdk(tiny, user), "chat", stream=True, extra_body=body))
-    assert "drafter" in raised.value.message
-    r = tiny.client.post(
-        "/v1/chat/completions",
-        json={"model": "tiny", "messages": CHAT, "stream": True, **body},
-        headers=user,
-    )
+    worker = FailingWorker(tiny.resources.loaded, 2, 1)
+    tiny.app.dependency_overrides[get_worker] = lambda: worker
+    try:
+        with pytest.raises(openai.APIError) as raised:
+            list(_call(sdk(tiny, user), "chat", stream=True, extra_body={"key_id": key_id}))
+        assert "drafter" in raised.value.message
+        r = tiny.client.post(
+            "/v1/chat/completions",
+            json={"model": "tiny", "messages": CHAT, "stream": True, "key_id": key_id},
+            headers=user,
+        )
+    finally:
+        tiny.app.dependency_overrides.clear()
+        worker.close()
     blocks = r.text.split("\n\n")
     assert blocks[-2] == "data: [DONE]"
     error = json.loads(blocks[-3].removeprefix("data: "))["error"]
