@@ -37,7 +37,8 @@ import redis.asyncio
 from redis.typing import EncodableT, FieldT
 
 from service.errors import InvalidInput, KeyStoreUnavailable, PoissonmarkError
-from service.keystore import DEFAULT_PREFIX, check_tenant, utc_now_iso
+from service.key_record import check_tenant, utc_now_iso
+from service.keystore import DEFAULT_PREFIX
 from service.redis import as_text, describe_client, reaching_redis
 
 SCOPES: Final = ("generate", "detect", "keys")

@@ -49,7 +49,8 @@ from detector.multikey import MultiKeyDetection, detect_multi
 from detector.options import DetectOptions as DetectorOptions
 from detector.tokens import Tokenizer, check_tokenizer
 from service.errors import LimitExceeded, NoKeys
-from service.keystore import KeyRecord, KeyStore
+from service.key_record import KeyRecord
+from service.keystore import KeyStore
 from service.schemas.detect import DetectInput, DetectOptions
 
 T = TypeVar("T")

@@ -30,7 +30,7 @@ from sampler.methods import SamplerConfig, parse_method
 from sampler.models import LoadedModel
 from sampler.processing import Processing
 from sampler.stats import GenerationResult, GenerationStats
-from service.keystore import KeyRecord
+from service.key_record import KeyRecord
 from service.schemas.generate import GenerateRequest
 
 NONCE_BOUND = 2**63

@@ -10,13 +10,11 @@ Glossary:
 
 Redis layout under a prefix P (default ``"pm:"``), for two scopes S — every key (``S = P``)
 and one tenant's (``S = P tenant:<t>:``):
-- ``P key:<id>``: hash of one record (fields of ``KeyRecord``, secret sealed, flags "0"/"1").
-- ``S keys``: set of the scope's key ids (the first layout; still written).
+- ``P key:<id>``: hash of one record (``service.key_record.encode_record``: fields of
+  ``KeyRecord``, secret sealed, flags "0"/"1").
 - ``S order``: sorted set of the ids by creation time (score: ``created_at`` in µs since the
   epoch; ties by id), the listing's stable order. ``S ids``: the ids at score 0, for the
   key-id prefix search (lexicographic range). ``S revoked``: the revoked ids.
-- ``S indexed``: "1" once the sorted sets and the revoked set were built from ``S keys`` for
-  a store written before they existed (``_ensure_indexed``, once per scope).
 A record and every index entry are written, changed and removed in one MULTI/EXEC, so a key
 is never half written or half deleted.
 
@@ -37,35 +35,35 @@ from __future__ import annotations
 import dataclasses
 import re
 import secrets
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 import redis
-from redis.typing import EncodableT, FieldT
 
-from keyed.context import MAX_CONTEXT_WIDTH, KeyedSource
-from keyed.prf import PRF_VERSION, SECRET_BYTES, Secret
+from keyed.prf import SECRET_BYTES, Secret
 from service.errors import (
     KEY_ID_PATTERN,
     InvalidInput,
-    KeyRecordCorrupt,
     KeyRevoked,
     KeyStoreUnavailable,
     UnknownKey,
 )
 from service.kek import Sealer
+from service.key_record import (
+    DEFAULT_CONTEXT_WIDTH,
+    DEFAULT_TENANT,
+    KeyRecord,
+    check_tenant,
+    created_score,
+    decode_record,
+    encode_record,
+    new_key_id,
+    record_fields,
+)
 from service.redis import as_text, describe_client, reaching_redis
 
-KEY_ID_PREFIX: Final = "pmk_"
 DEFAULT_PREFIX: Final = "pm:"
-DEFAULT_TENANT: Final = "default"
-DEFAULT_CONTEXT_WIDTH: Final = 4
-CONTEXT_WIDTH_MIN: Final = 1  # keyed.KeyedSource takes m in [1, MAX_CONTEXT_WIDTH]
-CONTEXT_WIDTH_MAX: Final = MAX_CONTEXT_WIDTH
-TOKENIZER_MAX_CHARS: Final = 256
-TENANT_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 _WRITE_ATTEMPTS: Final = 5
 PAGE_DEFAULT: Final = 100
@@ -77,149 +75,6 @@ this form is a valid position (keys after it), so the schema's pattern is the wh
 clients treat it as opaque."""
 _CURSOR: Final = re.compile(CURSOR_PATTERN)
 _PREFIX_PATTERN: Final = re.compile(r"[a-z0-9_]{1,20}")
-_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
-_RECORD_FIELDS: Final = (
-    "key_id",
-    "secret",
-    "context_width",
-    "masking",
-    "prf_version",
-    "tokenizer",
-    "created_at",
-    "revoked",
-    "tenant",
-)
-
-
-def new_key_id() -> str:
-    """A fresh key id: ``"pmk_"`` + 16 hex digits (64 random bits)."""
-    return KEY_ID_PREFIX + secrets.token_hex(8)
-
-
-def utc_now_iso() -> str:
-    """Now as ISO-8601 UTC with microseconds, e.g. ``2025-01-02T03:04:05.000006+00:00``."""
-    return datetime.now(UTC).isoformat(timespec="microseconds")
-
-
-def check_tenant(tenant: object) -> str:
-    """``tenant`` if it is a valid tenant name, else ``InvalidInput``."""
-    if not isinstance(tenant, str) or not TENANT_PATTERN.fullmatch(tenant):
-        raise InvalidInput(
-            "tenant",
-            "expected 1..64 characters from [A-Za-z0-9_.-] starting with a letter or digit, "
-            f"got {tenant!r:.80}",
-        )
-    return tenant
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_utc_timestamp(value: object) -> bool:
-    try:
-        return datetime.fromisoformat(value).utcoffset() == timedelta(0)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return False
-
-
-@dataclass(frozen=True, kw_only=True)
-class KeyRecord:
-    """One watermark key: its secret and the parameters every use of it must follow.
-
-    Raises ``InvalidInput`` (a ``ValueError``) naming the field and its limit when a value does
-    not validate. The secret is excluded from ``repr`` (and ``Secret`` prints a placeholder
-    anyway); ``public()`` is the view that may leave the process.
-    """
-
-    key_id: str
-    secret: Secret = field(repr=False)
-    context_width: int = DEFAULT_CONTEXT_WIDTH
-    masking: bool = True
-    prf_version: int = PRF_VERSION
-    tokenizer: str
-    created_at: str = field(default_factory=utc_now_iso)
-    revoked: bool = False
-    tenant: str = DEFAULT_TENANT
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.key_id, str) or not KEY_ID_PATTERN.fullmatch(self.key_id):
-            raise InvalidInput(
-                "key_id",
-                f"expected {KEY_ID_PREFIX!r} followed by 16 lowercase hex digits, "
-                f"got {self.key_id!r:.40}",
-            )
-        if not isinstance(self.secret, Secret):
-            raise InvalidInput(
-                "secret", f"expected a keyed.prf.Secret, got {type(self.secret).__name__}"
-            )
-        if not _is_int(self.context_width) or not (
-            CONTEXT_WIDTH_MIN <= self.context_width <= CONTEXT_WIDTH_MAX
-        ):
-            raise InvalidInput(
-                "context_width",
-                f"expected an integer in [{CONTEXT_WIDTH_MIN}, {CONTEXT_WIDTH_MAX}], "
-                f"got {self.context_width!r}",
-            )
-        if not _is_int(self.prf_version) or self.prf_version < 1:
-            raise InvalidInput("prf_version", f"expected an integer >= 1, got {self.prf_version!r}")
-        if (
-            not isinstance(self.tokenizer, str)
-            or not 1 <= len(self.tokenizer) <= TOKENIZER_MAX_CHARS
-            or not self.tokenizer.isprintable()
-        ):
-            raise InvalidInput(
-                "tokenizer",
-                f"expected a printable fingerprint of 1..{TOKENIZER_MAX_CHARS} characters, "
-                f"got {self.tokenizer!r:.80}",
-            )
-        if not _is_utc_timestamp(self.created_at):
-            raise InvalidInput(
-                "created_at", f"expected an ISO-8601 UTC timestamp, got {self.created_at!r:.60}"
-            )
-        for flag in ("masking", "revoked"):
-            if not isinstance(getattr(self, flag), bool):
-                raise InvalidInput(flag, f"expected a bool, got {getattr(self, flag)!r}")
-        check_tenant(self.tenant)
-
-    @property
-    def created(self) -> datetime:
-        """``created_at`` as an aware UTC datetime."""
-        return datetime.fromisoformat(self.created_at)
-
-    def source(self, nonce: int) -> KeyedSource:
-        """The keyed source of this record for one request: its secret, m, masking and ``nonce``.
-
-        Raises ``InvalidInput`` when ``nonce`` is outside [0, 2^64).
-        """
-        if not _is_int(nonce) or not 0 <= nonce < 2**64:
-            raise InvalidInput("nonce", f"expected an integer in [0, 2^64), got {nonce!r}")
-        return KeyedSource(
-            secret=self.secret,
-            context_width=self.context_width,
-            masking=self.masking,
-            nonce=nonce,
-            prf_version=self.prf_version,
-        )
-
-    def public(self) -> dict[str, str | int | bool]:
-        """Everything but the secret: the view a response, a log line or a CLI table may show."""
-        return {
-            "key_id": self.key_id,
-            "context_width": self.context_width,
-            "masking": self.masking,
-            "prf_version": self.prf_version,
-            "tokenizer": self.tokenizer,
-            "created_at": self.created_at,
-            "revoked": self.revoked,
-            "tenant": self.tenant,
-        }
-
-
-def created_score(record: KeyRecord) -> int:
-    """``created_at`` as integer µs since the epoch: the key's score in ``S order`` (exact in
-    a Redis score, a float64, until the year 2255)."""
-    return (record.created - _EPOCH) // timedelta(microseconds=1)
 
 
 @dataclass(frozen=True)
@@ -269,7 +124,6 @@ class KeyStore:
         self._sealer = Sealer(kek)
         self._prefix = prefix
         self._where = describe_client(client)
-        self._indexed: set[str] = set()  # scopes whose sorted indexes are known to exist
 
     def __repr__(self) -> str:
         return f"KeyStore({self._where}, prefix={self._prefix!r})"
@@ -277,12 +131,6 @@ class KeyStore:
     # Redis keys
     def _record_key(self, key_id: str) -> str:
         return f"{self._prefix}key:{key_id}"
-
-    def _all_keys(self) -> str:
-        return f"{self._prefix}keys"
-
-    def _tenant_keys(self, tenant: str) -> str:
-        return f"{self._prefix}tenant:{tenant}:keys"
 
     def _scopes(self, tenant: str) -> tuple[str, str]:
         """The index prefixes a key of ``tenant`` belongs to: every key's, the tenant's."""
@@ -333,9 +181,8 @@ class KeyStore:
                 if pipe.exists(key):
                     return False
                 pipe.multi()
-                pipe.hset(key, mapping=self._encode(record))
+                pipe.hset(key, mapping=encode_record(record, self._sealer))
                 for scope in self._scopes(record.tenant):
-                    pipe.sadd(f"{scope}keys", record.key_id)
                     pipe.zadd(f"{scope}order", {record.key_id: created_score(record)})
                     pipe.zadd(f"{scope}ids", {record.key_id: 0})
                     if record.revoked:
@@ -363,10 +210,10 @@ class KeyStore:
             raw = self._client.hgetall(self._record_key(key_id))
         if not raw:
             raise UnknownKey(key_id)
-        fields = self._fields(key_id, raw)
+        fields = record_fields(key_id, raw)
         if tenant is not None and fields["tenant"] != tenant:
             raise UnknownKey(key_id)
-        return self._decode(key_id, fields)
+        return decode_record(key_id, fields, self._sealer)
 
     def get_active(self, key_id: str, tenant: str | None = None) -> KeyRecord:
         """Like ``get``, and raises ``KeyRevoked`` for a revoked key (for generation)."""
@@ -377,27 +224,9 @@ class KeyStore:
 
     def list_keys(self, tenant: str | None = None, include_revoked: bool = True) -> list[KeyRecord]:
         """Records of one tenant (or all tenants when ``tenant`` is None), oldest first."""
-        if tenant is not None:
-            check_tenant(tenant)
-        members = self._all_keys() if tenant is None else self._tenant_keys(tenant)
+        key_ids = self.candidate_ids(tenant, include_revoked)
         with reaching_redis(self._client):
-            key_ids = sorted(as_text(member) for member in self._client.smembers(members))
-            pipe = self._client.pipeline(transaction=False)
-            for key_id in key_ids:
-                pipe.hgetall(self._record_key(key_id))
-            raws = pipe.execute()
-        records = []
-        for key_id, raw in zip(key_ids, raws, strict=True):
-            if not raw:
-                continue  # ids are only ever added together with their record
-            fields = self._fields(key_id, raw)
-            if tenant is not None and fields["tenant"] != tenant:
-                continue
-            if not include_revoked and fields["revoked"] == "1":
-                continue
-            records.append(self._decode(key_id, fields))
-        records.sort(key=lambda record: (record.created, record.key_id))
-        return records
+            return self._records(key_ids, tenant)
 
     def revoke(self, key_id: str, tenant: str | None = None) -> KeyRecord:
         """Mark a key revoked (idempotent) and return the updated record.
@@ -447,8 +276,7 @@ class KeyStore:
                     pipe.multi()
                     pipe.delete(key)
                     for scope in self._scopes(record.tenant):
-                        for index in ("keys", "revoked"):
-                            pipe.srem(f"{scope}{index}", key_id)
+                        pipe.srem(f"{scope}revoked", key_id)
                         for index in ("order", "ids"):
                             pipe.zrem(f"{scope}{index}", key_id)
                     pipe.execute()
@@ -489,7 +317,6 @@ class KeyStore:
         after = None if cursor is None else _parse_cursor(cursor)
         scope = self._scope(tenant)
         with reaching_redis(self._client):
-            self._ensure_indexed(scope)
             if prefix is None:
                 entries = self._after_in_order(scope, after, limit + 1)
             else:
@@ -544,10 +371,10 @@ class KeyStore:
         for key_id, raw in zip(key_ids, pipe.execute(), strict=True):
             if not raw:
                 continue
-            fields = self._fields(key_id, raw)
+            fields = record_fields(key_id, raw)
             if tenant is not None and fields["tenant"] != tenant:
                 continue
-            records.append(self._decode(key_id, fields))
+            records.append(decode_record(key_id, fields, self._sealer))
         return records
 
     def candidate_ids(self, tenant: str | None, include_revoked: bool) -> list[str]:
@@ -559,7 +386,6 @@ class KeyStore:
             check_tenant(tenant)
         scope = self._scope(tenant)
         with reaching_redis(self._client):
-            self._ensure_indexed(scope)
             pipe = self._client.pipeline(transaction=False)
             pipe.zrange(f"{scope}order", 0, -1)
             pipe.smembers(f"{scope}revoked")
@@ -575,78 +401,3 @@ class KeyStore:
         (or another tenant's, with ``tenant``) are left out."""
         with reaching_redis(self._client):
             return self._records(key_ids, tenant)
-
-    def _ensure_indexed(self, scope: str) -> None:
-        """Build ``S order``, ``S ids`` and ``S revoked`` from ``S keys`` once, for keys written
-        before those indexes existed (idempotent; creates and revokes write them anyway)."""
-        if scope in self._indexed:
-            return
-        if not self._client.exists(f"{scope}indexed"):
-            key_ids = sorted(as_text(m) for m in self._client.smembers(f"{scope}keys"))
-            pipe = self._client.pipeline(transaction=False)
-            for key_id in key_ids:
-                pipe.hmget(self._record_key(key_id), ["created_at", "revoked"])
-            rows = pipe.execute()
-            pipe = self._client.pipeline(transaction=False)
-            for key_id, (created_at, revoked) in zip(key_ids, rows, strict=True):
-                if created_at is None:
-                    continue  # deleted meanwhile
-                when = datetime.fromisoformat(as_text(created_at))
-                pipe.zadd(
-                    f"{scope}order", {key_id: (when - _EPOCH) // timedelta(microseconds=1)}, nx=True
-                )
-                pipe.zadd(f"{scope}ids", {key_id: 0}, nx=True)
-                if revoked is not None and as_text(revoked) == "1":
-                    pipe.sadd(f"{scope}revoked", key_id)
-            pipe.set(f"{scope}indexed", "1")
-            pipe.execute()
-        self._indexed.add(scope)
-
-    # Encoding and sealing
-    def _encode(self, record: KeyRecord) -> dict[FieldT, EncodableT]:
-        return {
-            "key_id": record.key_id,
-            "secret": self._sealer.seal(record.key_id, record.secret),
-            "context_width": str(record.context_width),
-            "masking": "1" if record.masking else "0",
-            "prf_version": str(record.prf_version),
-            "tokenizer": record.tokenizer,
-            "created_at": record.created_at,
-            "revoked": "1" if record.revoked else "0",
-            "tenant": record.tenant,
-        }
-
-    @staticmethod
-    def _fields(key_id: str, raw: Mapping[Any, Any]) -> dict[str, str]:
-        fields = {as_text(name): as_text(value) for name, value in raw.items()}
-        missing = [name for name in _RECORD_FIELDS if name not in fields]
-        if missing:
-            raise KeyRecordCorrupt(key_id, f"missing field(s) {', '.join(missing)}")
-        for flag in ("masking", "revoked"):
-            if fields[flag] not in ("0", "1"):
-                raise KeyRecordCorrupt(key_id, f"{flag}: expected '0' or '1'")
-        if fields["key_id"] != key_id:
-            raise KeyRecordCorrupt(key_id, "key_id field does not match the record's Redis key")
-        return fields
-
-    def _decode(self, key_id: str, fields: dict[str, str]) -> KeyRecord:
-        try:
-            context_width = int(fields["context_width"])
-            prf_version = int(fields["prf_version"])
-        except ValueError:
-            raise KeyRecordCorrupt(key_id, "context_width/prf_version: not integers") from None
-        secret = self._sealer.unseal(key_id, fields["secret"])
-        try:
-            return KeyRecord(
-                key_id=key_id,
-                secret=secret,
-                context_width=context_width,
-                masking=fields["masking"] == "1",
-                prf_version=prf_version,
-                tokenizer=fields["tokenizer"],
-                created_at=fields["created_at"],
-                revoked=fields["revoked"] == "1",
-                tenant=fields["tenant"],
-            )
-        except InvalidInput as exc:
-            raise KeyRecordCorrupt(key_id, str(exc)) from None

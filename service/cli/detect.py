@@ -33,7 +33,7 @@ from service.settings import Settings
 
 if TYPE_CHECKING:
     from detector import Detection, MultiKeyDetection
-    from service.keystore import KeyRecord
+    from service.key_record import KeyRecord
 
 _COLOURS = {
     "watermarked": "bold green",

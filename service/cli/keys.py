@@ -12,7 +12,8 @@ from service.cli.common import Json, ModelOpt, emit_json, errors, key_store, out
 from service.settings import Settings
 
 if TYPE_CHECKING:
-    from service.keystore import KeyRecord, KeyStore
+    from service.key_record import KeyRecord
+    from service.keystore import KeyStore
 
 app = typer.Typer(no_args_is_help=True, help="Create, list, revoke and delete watermark keys.")
 audit = logging.getLogger("poissonmark.audit")

