@@ -173,7 +173,8 @@ class OpenAIRoute(APIRoute):
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and self.methods and scope["method"] not in self.methods:
-            allow = ", ".join(sorted(self.methods))
+            served = self.methods | ({"HEAD"} if "GET" in self.methods else set())
+            allow = ", ".join(sorted(served))  # as service.problems words it
             message = f"method {scope['method']} not allowed; use {allow}"
             code = METHOD_NOT_ALLOWED.slug.replace("-", "_")
             response = error_response(405, message, None, code, {"Allow": allow})

@@ -323,6 +323,9 @@ def test_http_level_errors_keep_the_openai_shape(tiny: Service) -> None:
     wrong = tiny.client.get("/v1/chat/completions", headers=user)
     assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
     assert wrong.json()["error"]["type"] == "invalid_request_error"
+    models = tiny.client.post("/v1/models", headers=user)
+    assert models.status_code == 405 and models.headers["allow"] == "GET, HEAD"
+    assert tiny.client.head("/v1/models", headers=user).status_code == 200
     header = tiny.client.post(
         "/v1/completions",
         json={"model": "tiny", "prompt": "x"},
