@@ -30,6 +30,7 @@ from service.errors import (
     METHOD_NOT_ALLOWED,
     NOT_FOUND,
     BodyTooLarge,
+    GenerationCancelled,
     InvalidInput,
     KeyStoreUnavailable,
     LimitExceeded,
@@ -43,6 +44,8 @@ from service.errors import (
 )
 
 PROBLEM_JSON = "application/problem+json"
+_LOAD = (QueueFull, NotReady, GenerationCancelled)
+"""503s that are logged as warnings: a full queue, a start not finished, a client gone."""
 log = logging.getLogger("poissonmark.service")
 _RETRY_AFTER_UNAVAILABLE_S = 1
 
@@ -94,7 +97,9 @@ async def _domain_error(request: Request, exc: Exception) -> JSONResponse:
     problem = problem_for(exc)
     if problem is INTERNAL:  # a domain class without a table entry: a bug like any other
         return await _unhandled(request, exc)
-    if problem.status >= 500:
+    if isinstance(exc, _LOAD):  # the callers' load or their going away, not a fault here
+        log.warning("%s on %s", problem.slug, _instance(request))
+    elif problem.status >= 500:
         log.error("%s on %s: %s", problem.slug, _instance(request), type(exc).__name__)
     return problem_response(exc, _instance(request), problem)
 
@@ -119,9 +124,7 @@ async def _invalid_request(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = list(exc.errors())
     if any(e.get("type") == "json_invalid" for e in errors):
-        body = problem_body(exc, _instance(request), MALFORMED_REQUEST)
-        body["detail"] = "the body is not valid JSON"
-        return JSONResponse(body, status_code=400, media_type=PROBLEM_JSON)
+        return _malformed(request, exc, "the body is not valid JSON")
     fields = [{"field": _field(e.get("loc", ())), "message": str(e.get("msg", ""))} for e in errors]
     body = problem_body(exc, _instance(request), INVALID_REQUEST)
     body["detail"] = "; ".join(f"{f['field']}: {f['message']}" for f in fields[:5])
@@ -144,8 +147,16 @@ def _limit(error: Any) -> int | float | None:
     return None
 
 
+def _malformed(request: Request, exc: Exception, detail: str) -> JSONResponse:
+    body = problem_body(exc, _instance(request), MALFORMED_REQUEST)
+    body["detail"], body["field"] = detail, "body"
+    return JSONResponse(body, status_code=400, media_type=PROBLEM_JSON)
+
+
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 400:  # FastAPI's "error parsing the body": not UTF-8, nested too deep
+        return _malformed(request, exc, "the body cannot be read as JSON (UTF-8)")
     problem = {404: NOT_FOUND, 405: METHOD_NOT_ALLOWED}.get(
         exc.status_code,
         ProblemType(f"http-{exc.status_code}", exc.status_code, "HTTP error"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sampler.decoder import MAX_DRAFTS, MAX_LOOKAHEAD
 from sampler.methods import HTTP_METHODS
@@ -70,12 +70,17 @@ class GenerateRequest(RequestModel):
     )
     stream: bool = Field(default=False, description="Answer with server-sent events.")
 
+    @field_validator("temperature")
+    @classmethod
+    def _greedy_or_sampled(cls, temperature: float) -> float:
+        if 0.0 < temperature < MIN_TEMPERATURE:
+            raise ValueError(f"expected 0 or >= {MIN_TEMPERATURE}")
+        return temperature
+
     @model_validator(mode="after")
     def _one_prompt(self) -> Self:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of prompt or messages")
-        if 0.0 < self.temperature < MIN_TEMPERATURE:
-            raise ValueError(f"temperature: expected 0 or >= {MIN_TEMPERATURE}")
         return self
 
 

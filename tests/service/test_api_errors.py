@@ -145,7 +145,7 @@ def test_schema_limits_name_field_and_limit(
         pytest.param(
             "/v1/generate",
             {"key_id": "pmk_0123456789abcdef", "prompt": "x", "temperature": 1e-300},
-            "body",
+            "body.temperature",
             id="tiny_temperature",
         ),
         pytest.param("/v1/keys", {"context_width": 65}, "body.context_width", id="width"),
