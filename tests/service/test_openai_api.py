@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -336,6 +337,34 @@ def test_http_level_errors_keep_the_openai_shape(tiny: Service) -> None:
     problem(
         tiny.client.post("/v1/generate", json={"prompt": "x"}, headers=user), 422, "invalid-request"
     )
+
+
+def test_client_disconnect_cancels_generation(live: Any) -> None:
+    """An SDK client that stops reading a stream, or times out, frees the worker (the
+    generation stops within a step), as for ``/v1/generate``."""
+    from tests.service.test_streaming import metric
+
+    svc: Service = live()
+    key_id = svc.create_key()
+    long: dict[str, Any] = {
+        "max_tokens": 512,
+        "extra_body": {"key_id": key_id, "method": "basic-uwm"},
+    }
+    client = sdk(svc, svc.admin)
+    with client.chat.completions.create(model="tiny", messages=CHAT, stream=True, **long) as stream:  # type: ignore[arg-type]
+        next(iter(stream))  # the first chunk, then hang up
+    deadline = time.monotonic() + 10
+    while metric(svc, "poissonmark_generations_cancelled_total") < 1:
+        assert time.monotonic() < deadline, "the server did not notice the disconnect"
+        time.sleep(0.05)
+    with pytest.raises(openai.APITimeoutError):
+        sdk(svc, svc.admin, timeout=0.5).completions.create(model="tiny", prompt="Go on.", **long)
+    while metric(svc, "poissonmark_generations_cancelled_total") < 2:
+        assert time.monotonic() < deadline + 10, "the server did not notice the disconnect"
+        time.sleep(0.05)
+    short = client.completions.create(model="tiny", prompt="Go on.", **{**long, "max_tokens": 2})
+    assert short.usage is not None and short.usage.completion_tokens <= 2
+    assert metric(svc, "poissonmark_tokens_generated_total") == short.usage.completion_tokens
 
 
 def test_full_queue_is_503_with_retry_after(embedded_services: ServiceFactory) -> None:
