@@ -31,7 +31,7 @@ import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -103,23 +103,6 @@ class MultiKeyDetection:
     def best(self) -> Detection:
         """The best key's own detection (uncorrected)."""
         return self.results[self.best_key_id]
-
-    def to_json(self) -> dict[str, Any]:
-        """``{"best_key_id", "num_keys", "verdict", "alpha", "p_value", "log10_p_value",
-        "uncorrected_log10_p_value", "min_scored_tokens", "keys": {key_id: detection JSON}}``
-        (``keys``: the detailed keys, best first): plain JSON types, finite numbers, no key
-        material."""
-        return {
-            "best_key_id": self.best_key_id,
-            "num_keys": self.num_keys,
-            "verdict": self.verdict.value,
-            "alpha": self.alpha,
-            "p_value": self.p_value,
-            "log10_p_value": self.log10_p_value,
-            "uncorrected_log10_p_value": self.best.p_value.log10_p_value,
-            "min_scored_tokens": self.min_scored_tokens,
-            "keys": {key_id: result.to_json() for key_id, result in self.results.items()},
-        }
 
 
 def best_key_corrected(log_p: ArrayLike) -> tuple[int, float]:

@@ -3,7 +3,6 @@ the number of keys, its family-wise error rate under H0, and input validation.""
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
@@ -77,11 +76,9 @@ def test_detect_multi_finds_the_right_key(real_tokenizer) -> None:  # type: igno
     assert result.log10_p_value == pytest.approx((best.log_p_value + math.log(4)) / LN10)
     assert result.p_value == pytest.approx(10**result.log10_p_value, rel=1e-9, abs=1e-300)
     assert result.verdict is Verdict.WATERMARKED
-    payload = result.to_json()
-    json.dumps(payload, allow_nan=False)
-    assert payload["uncorrected_log10_p_value"] == best.log10_p_value
-    assert set(payload["keys"]) == set(sources) and payload["min_scored_tokens"] > 28
-    assert secret.reveal().hex() not in json.dumps(payload) + repr(result)
+    assert result.min_scored_tokens > 28  # alpha / 4 needs more tokens than alpha
+    # The wire shape is the service's (service.detection.multi_key_json, one for CLI and HTTP).
+    assert secret.reveal().hex() not in repr(result)
 
 
 def test_detect_multi_on_human_text(real_tokenizer, human_passages) -> None:  # type: ignore[no-untyped-def]
