@@ -12,8 +12,11 @@ are rendered by ``service.problems`` from the table in ``service.errors``, and
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import os
+import signal
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -37,19 +40,29 @@ DESCRIPTION = (
 )
 
 
-def create_app(settings: Settings | None = None, *, loader: ModelLoader | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None,
+    *,
+    loader: ModelLoader | None = None,
+    load_in_background: bool = False,
+) -> FastAPI:
     """A new app instance.
 
     Args:
         settings: defaults to the cached ``get_settings()`` (environment).
         loader: loads the served model from the settings (default: ``load_model`` of
             ``settings.model``); tests pass one that returns an already loaded model.
+        load_in_background: open the resources (Redis, model, worker) after startup instead
+            of during it, so the server listens at once: ``/healthz`` answers, ``/readyz`` is
+            503 ``not_ready`` and every route that needs them 503 ``not-ready`` until they are
+            open (``poissonmark serve``; ``served_app``). A failure to open them is logged and
+            stops the process (SIGTERM to itself), as a failed startup does.
     """
     settings = settings or get_settings()
     metrics = Metrics()
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def open_into(app: FastAPI) -> AsyncIterator[None]:
         async with open_resources(settings, metrics, loader or load_served_model) as resources:
             app.state.resources = resources
             log.info("poissonmark ready")
@@ -57,7 +70,35 @@ def create_app(settings: Settings | None = None, *, loader: ModelLoader | None =
                 yield
             finally:
                 app.state.resources = None
-                metrics.process_exiting()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            if not load_in_background:
+                async with open_into(app):
+                    yield
+                return
+            stopping = asyncio.Event()
+
+            async def hold() -> None:
+                try:
+                    async with open_into(app):
+                        await stopping.wait()
+                except Exception:
+                    log.critical("poissonmark could not start; stopping", exc_info=True)
+                    os.kill(os.getpid(), signal.SIGTERM)
+
+            holder = asyncio.create_task(hold())
+            try:
+                yield
+            finally:
+                stopping.set()
+                if app.state.resources is None:  # still opening: stop waiting for it
+                    holder.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await holder
+        finally:
+            metrics.process_exiting()
 
     app = FastAPI(
         title="poissonmark",
@@ -81,6 +122,12 @@ def create_app(settings: Settings | None = None, *, loader: ModelLoader | None =
     app.add_middleware(AccessLog, metrics=metrics)  # outermost: sees 413s too
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
+
+
+def served_app() -> FastAPI:
+    """The app ``poissonmark serve`` runs (a uvicorn factory): settings from the environment,
+    the model loaded after the port opens."""
+    return create_app(load_in_background=True)
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:

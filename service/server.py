@@ -2,9 +2,10 @@
 
 ``poissonmark serve`` calls ``prepare_workers`` (for more than one process) and ``run_server``.
 One process serves an app built here from the settings. Several processes each build their own
-app from the same environment (``service.app:create_app`` as a factory) behind one listening
+app from the same environment (``service.app:served_app`` as a factory) behind one listening
 socket that uvicorn's supervisor hands them; what they must share is made first, once
-(``prepare_workers``).
+(``prepare_workers``). Either way the port opens before the model loads: ``/readyz`` says
+``not_ready`` until it has.
 """
 
 from __future__ import annotations
@@ -112,8 +113,8 @@ def run_server(settings: Settings, *, host: str, port: int, workers: int, log_le
         "access_log": False,  # ours (service.middleware.AccessLog) has no secrets
     }
     if workers == 1:
-        uvicorn.run(create_app(settings), **options)
+        uvicorn.run(create_app(settings, load_in_background=True), **options)
         return
-    config = TcpConfig("service.app:create_app", factory=True, workers=workers, **options)
+    config = TcpConfig("service.app:served_app", factory=True, workers=workers, **options)
     with contextlib.suppress(KeyboardInterrupt):
         Multiprocess(config, sockets=[config.bind_socket()]).run()  # what uvicorn.run does
