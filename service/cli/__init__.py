@@ -9,7 +9,9 @@
 
 ``service.cli.common`` holds the consoles, the error mapping (one line on stderr, exit 2 for bad
 input, 1 for the environment) and the stores. Heavy libraries (torch, transformers) are imported
-by the commands that need them, when they run.
+by the commands that need them, when they run: ``keys``, ``tokens`` and ``detect`` never import
+torch (``detect`` loads the tokenizer alone, ``sampler.model_files``; tested in a fresh
+interpreter).
 """
 
 from __future__ import annotations
@@ -33,10 +35,6 @@ app.command()(serve.serve)
 
 def main() -> None:
     """The ``poissonmark`` entry point (``[project.scripts]``)."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # our own status line shows progress; keep stderr clean
-    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     app()
 
 

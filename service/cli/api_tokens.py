@@ -52,12 +52,20 @@ def list_tokens(
     if as_json:
         emit_json({"tokens": [r.public() for r in records]})
         return
+    row = "{:<16}  {:<16}  {:<20}  {:<7}  {:<32}  {}"
+    out.print(
+        row.format("TOKEN ID", "TENANT", "SCOPES", "STATE", "CREATED", "NAME"),
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
     for r in records:
         state = "revoked" if r.revoked else "active"
         out.print(
-            f"{r.token_id}  {r.tenant}  {','.join(r.scopes)}  {state}  {r.created_at}  {r.name}",
+            row.format(r.token_id, r.tenant, ",".join(r.scopes), state, r.created_at, r.name),
             highlight=False,
             markup=False,
+            soft_wrap=True,
         )
 
 

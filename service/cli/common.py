@@ -107,10 +107,21 @@ def _status(message: str, quiet: bool) -> contextlib.AbstractContextManager[Any]
     return contextlib.nullcontext() if quiet else err.status(message, spinner="dots")
 
 
+def quiet_transformers() -> None:
+    """Keep transformers' progress bars and warnings off stderr (our status line shows
+    progress); called where a command first uses transformers, not at start-up (importing
+    transformers costs most of a one-shot command that does not need it)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+
+
 def load(settings: Settings, model: str | None, device: str | None, quiet: bool) -> LoadedModel:
     """The model and tokenizer (``--model``/``--device`` over the settings)."""
     from sampler.models import load_model
 
+    quiet_transformers()
     with _status("loading model…", quiet):
         return load_model(
             model or settings.model,
@@ -120,10 +131,23 @@ def load(settings: Settings, model: str | None, device: str | None, quiet: bool)
         )
 
 
-def tokenizer(settings: Settings, model: str | None, quiet: bool) -> Any:
-    """The model's tokenizer alone (converting the model first if it never was)."""
-    from sampler.models import load_tokenizer, materialise
+def tokenizer_and_fingerprint(
+    settings: Settings, model: str | None, quiet: bool
+) -> tuple[Any, str]:
+    """The model's tokenizer and its fingerprint (remembered with the model's files:
+    ``sampler.model_files.model_tokenizer_fingerprint``)."""
+    from sampler.model_files import model_tokenizer_fingerprint
 
+    tok = tokenizer(settings, model, quiet)
+    return tok, model_tokenizer_fingerprint(tok, model or settings.model, settings.home)
+
+
+def tokenizer(settings: Settings, model: str | None, quiet: bool) -> Any:
+    """The model's tokenizer alone (converting the model first if it never was); no torch
+    unless the model must be converted (``sampler.model_files``)."""
+    from sampler.model_files import load_tokenizer, materialise
+
+    quiet_transformers()
     with _status("preparing tokenizer…", quiet):
         materialise(model or settings.model, settings.home, _progress(quiet))
         return load_tokenizer(model or settings.model, settings.home)

@@ -28,7 +28,16 @@ from rich.progress import (
 from rich.text import Text
 
 from detector import SCORE_NAMES, DetectOptions, ScoreFamily, lattimore_score, li_score
-from service.cli.common import Json, ModelOpt, emit_json, err, errors, key_store, out, tokenizer
+from service.cli.common import (
+    Json,
+    ModelOpt,
+    emit_json,
+    err,
+    errors,
+    key_store,
+    out,
+    tokenizer_and_fingerprint,
+)
 from service.settings import Settings
 
 if TYPE_CHECKING:
@@ -139,7 +148,6 @@ def detect(
 ) -> None:
     """Test a text for the key's watermark (text from --text, --file or stdin), or every line
     of a JSONL corpus (--jsonl). Without --key, test every key of the tenant (multi-key)."""
-    from sampler.models import tokenizer_fingerprint
     from service.detection import choose_keys, detect_keys, multi_key_json
 
     settings = Settings()
@@ -157,17 +165,19 @@ def detect(
         families = score_families(score or [], li_delta, lattimore_epsilon)
         options = DetectOptions(alpha=alpha, scores=families, spans=spans)
         ids = parse_token_ids(token_ids)
+        # --file and stdin as their bytes say (UTF-8; no newline translation: "\r\n" stays,
+        # so offsets index the file and the same bytes give the same result either way)
         if file is not None:
-            text = file.read_text(encoding="utf-8")
+            text = _utf8(file.read_bytes(), str(file))
         if jsonl is None and text is None and ids is None:
             if sys.stdin.isatty():
                 raise ValueError("give --text, --file, --token-ids or pipe the text on stdin")
-            text = sys.stdin.read()
-        tok = tokenizer(settings, model, as_json or jsonl is not None)
+            text = _utf8(sys.stdin.buffer.read(), "stdin")
+        tok, fingerprint = tokenizer_and_fingerprint(settings, model, as_json or jsonl is not None)
         with key_store(settings) as store:
             records = choose_keys(
                 store,
-                tokenizer_fingerprint(tok),
+                fingerprint,
                 None if key else tenant,
                 key,
                 include_revoked=include_revoked,
@@ -183,6 +193,14 @@ def detect(
         show_multi_key(found, tenant)
     else:
         show(found.best)
+
+
+def _utf8(raw: bytes, where: str) -> str:
+    """``raw`` decoded as UTF-8, exactly (ValueError naming ``where`` if it is not UTF-8)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{where}: not UTF-8 (byte {exc.start})") from None
 
 
 def _corpus(

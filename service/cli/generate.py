@@ -63,7 +63,7 @@ def generate(
 ) -> None:
     """Generate a watermarked completion (an exact sample of the model)."""
     from sampler.completion import prompt_ids
-    from sampler.models import tokenizer_fingerprint
+    from sampler.model_files import tokenizer_fingerprint
     from service.generation import generation_request, prepare, run
 
     settings = Settings()

@@ -8,7 +8,16 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from service.cli.common import Json, ModelOpt, emit_json, errors, key_store, out, report, tokenizer
+from service.cli.common import (
+    Json,
+    ModelOpt,
+    emit_json,
+    errors,
+    key_store,
+    out,
+    report,
+    tokenizer_and_fingerprint,
+)
 from service.settings import Settings
 
 if TYPE_CHECKING:
@@ -27,52 +36,83 @@ def create(
     no_masking: Annotated[
         bool, typer.Option("--no-masking", help="Turn the repeated-context rule off.")
     ] = False,
+    tenant: Annotated[str, typer.Option(help="The tenant the key belongs to.")] = "default",
     model: ModelOpt = None,
     as_json: Json = False,
 ) -> None:
     """Create a key bound to the model's tokenizer."""
-    from sampler.models import tokenizer_fingerprint
-
     settings = Settings()
     with errors():
-        fingerprint = tokenizer_fingerprint(tokenizer(settings, model, as_json))
+        _, fingerprint = tokenizer_and_fingerprint(settings, model, as_json)
         with key_store(settings) as store:
-            record = store.create(fingerprint, context_width, not no_masking)
+            record = store.create(fingerprint, context_width, not no_masking, tenant)
     if as_json:
-        public = record.public()
-        shown = ("key_id", "context_width", "masking", "prf_version", "tokenizer", "created_at")
-        emit_json({name: public[name] for name in shown})
+        emit_json(key_json(record))
         return
     out.print(
-        f"created key [bold]{record.key_id}[/] (context width {record.context_width}, "
-        f"tokenizer {record.tokenizer})"
+        f"created key [bold]{record.key_id}[/] for tenant {record.tenant} (context width "
+        f"{record.context_width}, tokenizer {record.tokenizer})"
     )
+
+
+def key_json(record: KeyRecord) -> dict[str, str | int | bool]:
+    """A key as ``GET /v1/keys`` shows it (``KeyOut``: revoked keys with ``revoked: true``),
+    plus its ``tenant`` (the CLI lists across tenants; HTTP shows the caller's own)."""
+    from service.schemas.keys import KeyOut
+
+    public = record.public()
+    return {name: public[name] for name in KeyOut.model_fields} | {"tenant": record.tenant}
 
 
 @app.command("list")
 def list_keys(
-    include_revoked: Annotated[bool, typer.Option("--all", help="Include revoked keys.")] = False,
+    tenant: Annotated[
+        str | None, typer.Option(help="Only this tenant's keys (default: every tenant).")
+    ] = None,
+    active: Annotated[bool, typer.Option("--active", help="Leave revoked keys out.")] = False,
+    _all: Annotated[
+        bool, typer.Option("--all", hidden=True, help="Include revoked keys (the default).")
+    ] = False,
     as_json: Json = False,
 ) -> None:
-    """List keys (public fields only)."""
+    """List keys, revoked ones included with their state, as ``GET /v1/keys`` does (public
+    fields only), oldest first."""
     settings = Settings()
     with errors(), key_store(settings) as store:
-        records = _every_page(store, include_revoked)
+        records = _every_page(store, tenant, not active)
         if as_json:
-            emit_json({"keys": [r.public() for r in records]})
+            emit_json({"keys": [key_json(r) for r in records]})
             return
+        row = "{:<20}  {:<16}  {:>2}  {:<7}  {:<7}  {:<32}  {}"
+        out.print(
+            row.format("KEY", "TENANT", "M", "MASKING", "STATE", "CREATED", "TOKENIZER"),
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
         for r in records:  # printed page by page, as they come
             state = "revoked" if r.revoked else "active"
-            out.print(f"{r.key_id}  m={r.context_width}  {state}  {r.created_at}  {r.tokenizer}")
+            masking = "on" if r.masking else "off"
+            out.print(
+                row.format(
+                    r.key_id, r.tenant, r.context_width, masking, state, r.created_at, r.tokenizer
+                ),
+                highlight=False,
+                markup=False,
+                soft_wrap=True,
+            )
 
 
-def _every_page(store: KeyStore, include_revoked: bool) -> Iterator[KeyRecord]:
-    """Every key (all tenants) in creation order, one ``list_page`` of ``PAGE_MAX`` at a time."""
+def _every_page(store: KeyStore, tenant: str | None, include_revoked: bool) -> Iterator[KeyRecord]:
+    """Every key of ``tenant`` (all tenants when None) in creation order, one ``list_page`` of
+    ``PAGE_MAX`` at a time."""
     from service.keystore import PAGE_MAX
 
     cursor = None
     while True:
-        page = store.list_page(limit=PAGE_MAX, cursor=cursor, include_revoked=include_revoked)
+        page = store.list_page(
+            tenant, limit=PAGE_MAX, cursor=cursor, include_revoked=include_revoked
+        )
         yield from page.records
         if page.next_cursor is None:
             return

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from service.cli.common import errors
+from service.cli.common import errors, quiet_transformers
 from service.settings import Settings
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -27,6 +27,7 @@ def serve(
     """Run the HTTP service (FastAPI under uvicorn; settings from POISSONMARK_* variables)."""
     from service.server import prepare_workers, run_server
 
+    quiet_transformers()
     with errors():
         settings = Settings()
         processes = settings.workers if workers is None else workers

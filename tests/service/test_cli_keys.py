@@ -34,7 +34,7 @@ def test_list_pages_through_every_key_and_delete_wipes_one(home: Path) -> None:
     keys = json.loads(listed.stdout)["keys"]
     assert [k["key_id"] for k in keys] == made  # two pages, creation order, every tenant
     assert [k["key_id"] for k in keys if k["revoked"]] == [made[1]]
-    active = json.loads(runner.invoke(app, ["keys", "list", "--json"]).stdout)["keys"]
+    active = json.loads(runner.invoke(app, ["keys", "list", "--active", "--json"]).stdout)["keys"]
     assert len(active) == len(made) - 1
     refused = runner.invoke(app, ["keys", "delete", made[0]], input="n\n")
     assert refused.exit_code != 0

