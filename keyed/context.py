@@ -9,6 +9,12 @@ Glossary:
   draws such a position's clocks from the per-request nonce stream keyed by (nonce, position),
   and detection skips it, because reusing clocks would count the same evidence twice and
   invites loops (MPFR paper §4, "repeated-context masking").
+- prompt window: the first m response positions, whose labels reach into the prompt. Detection
+  sees only the text and never scores them (``no_context``); with masking on, generation draws
+  them from the nonce stream too, so two calls with the same key and prompt but different
+  nonces are fresh samples (the whole continuation differs). No PRF vector changes, only which
+  positions are keyed. With masking off, every position is keyed by its label and the output
+  is a function of (key, prompt) alone.
 
 Both the sampler and the detector go through ``KeyedSource.context_key`` and
 ``detection_plan``; nothing else in the project derives context keys.
@@ -51,8 +57,10 @@ class KeyedSource:
     Attributes:
         secret: the key's 32-byte secret (never printed).
         context_width: m, the number of ids in a label (1..64).
-        masking: the repeated-context rule is on.
-        nonce: per-request nonce in [0, 2^64) for the clocks of repeated contexts.
+        masking: the repeated-context rule is on (and the prompt window draws from the nonce
+            stream).
+        nonce: per-request nonce in [0, 2^64) for the clocks of repeated contexts and of the
+            prompt window.
         prf_version: must equal ``PRF_VERSION``.
     Raises:
         ValueError: at construction, for out-of-range parameters.
@@ -79,14 +87,20 @@ class KeyedSource:
             )
 
     def context_key(self, label: Label, position: int, repeated: bool) -> tuple[int, int]:
-        """Philox key of the context at response ``position`` with ``label``.
+        """Philox key of the context at response ``position`` (0-based) with ``label``.
 
-        ``repeated`` says the label was already used earlier in this response; with masking on
-        such a context draws from the nonce stream instead of the label's keyed source.
+        ``repeated`` says the label was already keyed at an earlier response position. With
+        masking on, such a context, and one in the prompt window (``position < m``: its label
+        reaches into the prompt, and detection never scores it), draws from the nonce stream
+        instead of the label's keyed source.
         """
-        if repeated and self.masking:
+        if self.masking and (repeated or self.in_prompt_window(position)):
             return nonce_key(self.secret, self.nonce, position)
         return label_key(self.secret, label)
+
+    def in_prompt_window(self, position: int) -> bool:
+        """Response ``position``'s label reaches into the prompt (the first m positions)."""
+        return position < self.context_width
 
 
 class SkipReason(StrEnum):

@@ -41,8 +41,10 @@ class History:
         committed: prompt + response token ids.
         prompt_len: tokens of the prompt.
         width: m, the context width of labels.
-        used: labels of the contexts every response position so far was drawn at (the
-            repeated-context rule), EOS's included.
+        used: labels of the contexts the response positions so far past the prompt window
+            (the first m, whose labels reach into the prompt) were drawn at, EOS's included:
+            the labels keyed so far (the repeated-context rule), as the detector's labels
+            scored so far (``keyed.detection_plan``).
     """
 
     committed: list[int]
@@ -55,8 +57,10 @@ class History:
         return len(self.committed) - self.prompt_len
 
     def use_context(self) -> None:
-        """Record that the next response position is drawn at the current context."""
-        self.used.add(label_at(self.committed, len(self.committed), self.width))
+        """Record that the next response position is drawn at the current context (a
+        position in the prompt window draws from the nonce stream: its label is not used)."""
+        if self.emitted >= self.width:
+            self.used.add(label_at(self.committed, len(self.committed), self.width))
 
 
 def context_keys(
@@ -64,14 +68,16 @@ def context_keys(
 ) -> torch.Tensor:
     """Context keys of Π(c) for tree contexts c (DESIGN §2, repeated-context rule).
 
-    Node i stands for the context h ‖ path(i) at response position ``history.emitted +
-    depth(i)``; its key is the label's, unless that label was used at an earlier response
-    position (``history.used``) or at an ancestor on the path, where it is the nonce stream's.
+    Node i stands for the context h ‖ path(i) at response position t = ``history.emitted +
+    depth(i)``. With masking on, its key is the nonce stream's if t < m (the prompt window: the
+    label reaches into the prompt) or if its label was used at an earlier response position
+    past the window (``history.used``, or an ancestor on the path at t' >= m); otherwise, and
+    always with masking off, the label's (``KeyedSource.context_key``).
 
     Returns:
         (n, 2) int64, one (κ0, κ1) per entry of ``nodes``.
     """
-    width = history.width
+    width, emitted = history.width, history.emitted
     tail = history.committed[-width:]  # enough for every label of the tree (padding included)
     keys: list[tuple[int, int]] = []
     for node in nodes:
@@ -79,9 +85,10 @@ def context_keys(
         along = [
             label_at(context, len(tail) + d, width) for d in range(len(context) - len(tail) + 1)
         ]
-        label = along[-1]
-        repeated = label in history.used or label in along[:-1]
-        keys.append(source.context_key(label, history.emitted + len(along) - 1, repeated))
+        label, depth = along[-1], len(along) - 1
+        earlier = along[max(width - emitted, 0) : depth]  # ancestors' labels past the window
+        repeated = label in history.used or label in earlier
+        keys.append(source.context_key(label, emitted + depth, repeated))
     return torch.tensor(keys, dtype=torch.int64)
 
 

@@ -534,10 +534,26 @@ def test_context_key_nonces_differ():
     label = (5, 6, 7, 8)
     keys = {KeyedSource(SECRET_A, nonce=n).context_key(label, 3, True) for n in range(50)}
     assert len(keys) == 50
-    # the label key never depends on the nonce
-    assert KeyedSource(SECRET_A, nonce=1).context_key(label, 3, False) == KeyedSource(
+    # the label key never depends on the nonce (position 7: past the prompt window of m = 4)
+    assert KeyedSource(SECRET_A, nonce=1).context_key(label, 7, False) == KeyedSource(
         SECRET_A, nonce=2
-    ).context_key(label, 3, False)
+    ).context_key(label, 7, False)
+
+
+@pytest.mark.parametrize("width", [1, 4, 8])
+def test_context_key_prompt_window_uses_nonce_stream(width):
+    """DESIGN §2: the first m response positions (labels reaching into the prompt) draw from
+    the nonce stream with masking on; from position m on, a first use is keyed by its label;
+    with masking off every position is keyed by its label."""
+    label = tuple(range(5, 5 + width))
+    src = KeyedSource(SECRET_A, context_width=width, nonce=77)
+    for position in range(width):
+        assert src.in_prompt_window(position)
+        assert src.context_key(label, position, False) == nonce_key(SECRET_A, 77, position)
+    assert not src.in_prompt_window(width)
+    assert src.context_key(label, width, False) == label_key(SECRET_A, label)
+    unmasked = KeyedSource(SECRET_A, context_width=width, masking=False, nonce=77)
+    assert unmasked.context_key(label, 0, False) == label_key(SECRET_A, label)
 
 
 # ------------------------------------------------------------------------ CPU == CUDA

@@ -200,7 +200,8 @@ def test_methods_and_flags(target):
 
 
 def test_nonce_changes_only_repeated_contexts(target):
-    """The nonce stream only feeds repeated contexts: with masking off, the nonce is irrelevant."""
+    """The nonce stream only feeds masked positions (repeated contexts and the first m, see
+    test_prompt_window.py): with masking off, the nonce is irrelevant."""
     a = KeyedSource(Secret(b"\x01" * 32), 1, False, 1)
     b = KeyedSource(Secret(b"\x01" * 32), 1, False, 2)
     cfg = SamplerConfig("basic-uwm", max_new_tokens=40)
