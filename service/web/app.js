@@ -1,5 +1,6 @@
 // poissonmark page: check text for a watermark and see the evidence; generate and check.
-// It calls only the documented API (/v1/keys, /v1/detect, /v1/generate). Text from the user
+// It calls only the documented API (/v1/keys, /v1/detect, /v1/generate) and reads the served
+// document (/openapi.json) for the server's limits. Text from the user
 // or the server is only ever put into the page with textContent (never innerHTML).
 "use strict";
 
@@ -168,20 +169,58 @@ function formatP(log10p) {
   return `${mantissa.toFixed(2)} × 10${sup}`;
 }
 
+function chanceWords(log10p) {
+  // How rare evidence this strong is in text without the watermark (p = 10^log10p), as
+  // {percent} for p > 1/2 ("about 87 in 100"), {count} for "1 text in N" up to N = 1,000,
+  // else {mantissa, exponent}: "1 text in m × 10^k" with 1/p = m × 10^k, m rounded to 1..9.
+  const strength = -log10p; // log10 of N in "1 text in N"
+  if (strength < Math.log10(2)) return { percent: Math.min(100, Math.round(100 * 10 ** log10p)) };
+  if (strength < 3) return { count: Math.round(10 ** strength) };
+  let exponent = Math.floor(strength);
+  let mantissa = Math.round(10 ** (strength - exponent));
+  if (mantissa === 10) {
+    mantissa = 1;
+    exponent += 1;
+  }
+  return { mantissa, exponent };
+}
+
+function chanceText(log10p) {
+  // chanceNode's sentence as plain text (10^k for the power).
+  const words = chanceWords(log10p);
+  if (words.percent !== undefined) return commonWords(words.percent);
+  const n = words.count !== undefined ? String(words.count) : `${times(words)}10^${words.exponent}`;
+  return `Evidence this strong occurs by chance in about 1 text in ${n}.`;
+}
+
+function commonWords(percent) {
+  return percent >= 100
+    ? "Any text without the watermark shows evidence at least this strong."
+    : `Evidence this strong is common by chance: about ${percent} in 100 texts without the ` +
+        "watermark show it.";
+}
+
+function times(words) {
+  return words.mantissa > 1 ? `${words.mantissa} × ` : "";
+}
+
 function chanceNode(log10p) {
-  // "evidence this strong occurs by chance in about 1 text in N"
   const fragment = document.createDocumentFragment();
-  const strength = -log10p;
+  const words = chanceWords(log10p);
+  if (words.percent !== undefined) {
+    fragment.append(commonWords(words.percent));
+    return fragment;
+  }
   fragment.append("Evidence this strong occurs by chance in about 1 text in ");
-  if (strength < 3) {
-    fragment.append(String(Math.max(1, Math.round(10 ** strength))));
+  if (words.count !== undefined) {
+    fragment.append(String(words.count));
   } else {
     const power = document.createElement("span");
     power.className = "power";
     const sup = document.createElement("sup");
-    sup.textContent = String(Math.floor(strength));
-    power.append("10", sup);
-    power.setAttribute("aria-label", `10 to the power ${Math.floor(strength)}`);
+    sup.textContent = String(words.exponent);
+    power.append(`${times(words)}10`, sup);
+    power.setAttribute("aria-label", `${times(words)}10 to the power ${words.exponent}`);
     fragment.append(power);
   }
   fragment.append(".");
@@ -468,6 +507,28 @@ function checkAnswer() {
   check(null, lastAnswer.token_ids);
 }
 
+async function loadLimits() {
+  // The generate form's bounds and defaults are the server's: its served OpenAPI document
+  // states its limits (B, L, max new tokens), so the page keeps no copy of them.
+  try {
+    const schema = (await (await fetch("/openapi.json")).json()).components.schemas;
+    const fields = schema.GenerateRequest.properties;
+    for (const [id, name] of [
+      ["gen-drafts", "drafts"],
+      ["gen-lookahead", "lookahead"],
+      ["gen-max", "max_new_tokens"],
+    ]) {
+      const field = fields[name];
+      if (field.minimum !== undefined) $(id).min = String(field.minimum);
+      if (field.maximum !== undefined) $(id).max = String(field.maximum);
+      if (field.default !== undefined) $(id).value = String(field.default);
+    }
+    $("generate-form").dataset.limits = "server";
+  } catch {
+    // Without the document the form has no upper bounds; the server still checks them.
+  }
+}
+
 // ---- tabs -----------------------------------------------------------------------------------
 
 function selectTab(tab) {
@@ -523,5 +584,6 @@ document.addEventListener("DOMContentLoaded", () => {
     searchKeys("check-key"); // back to the first page of suggestions
   });
   $("check-answer").addEventListener("click", checkAnswer);
+  loadLimits();
   loadKeys();
 });

@@ -38,6 +38,7 @@ CHROMIUM_ARGS = [
 ]
 DOCUMENTED = {path for path in yaml.safe_load((ROOT / "openapi.yaml").read_text())["paths"]} | {
     "/",
+    "/openapi.json",  # the served document: the generate form's limits
     "/ui/app.js",
     "/ui/style.css",
 }
@@ -175,7 +176,7 @@ def test_watermarked_text_is_found_with_its_evidence(page: Page, service: Servic
     assert "1 active key" in page.page.text_content("#auth-status")
     assert page.check(answer["text"], key) == "watermarked"
     words = page.page.text_content("#verdict-words")
-    assert words.startswith("Evidence this strong occurs by chance in about 1 text in 10")
+    assert re.match(r"Evidence this strong occurs by chance in about 1 text in (\d × )?10", words)
     exponent = int(page.page.text_content("#verdict-words sup"))
     assert exponent >= 10
     # Every token of the text is shown, in order: the evidence view reproduces the text.
@@ -376,4 +377,44 @@ def test_the_key_picker_searches_and_all_keys_works_at_2000_keys(
     assert right in numbers and "2000 (p-value corrected" in numbers
     assert tab.page.input_value("#check-key") == ""  # "All" cleared the one-key choice
     tab.screenshot("many-keys.png")
+    tab.close()
+
+
+@pytest.mark.parametrize(
+    ("p", "words"),
+    [
+        pytest.param(0.87, "is common by chance: about 87 in 100 texts", id="p_0.87"),
+        pytest.param(1.0, "Any text without the watermark", id="p_1"),
+        pytest.param(0.5, "about 1 text in 2.", id="p_0.5"),
+        pytest.param(0.01, "about 1 text in 100.", id="p_0.01"),
+        pytest.param(5.5e-4, "about 1 text in 2 × 10^3.", id="p_5.5e-4"),
+        pytest.param(1.6e-15, "about 1 text in 6 × 10^14.", id="p_1.6e-15"),
+        pytest.param(9.8e-15, "about 1 text in 10^14.", id="p_9.8e-15"),
+        pytest.param(1e-300, "about 1 text in 10^300.", id="p_1e-300"),
+    ],
+)
+def test_p_values_are_worded_as_odds(page: Page, p: float, words: str) -> None:
+    """1/p said as "1 text in N" (issue 17: p = 0.87 read "about 1 text in 1", 1.6e-15 read
+    "1 in 10^14" for 1 in 6.25 x 10^14)."""
+    text = page.page.evaluate("(p) => chanceText(Math.log10(p))", p)
+    assert words in text, text
+    node = page.page.evaluate("(p) => chanceNode(Math.log10(p)).textContent", p)
+    assert node == text.replace("10^", "10"), node
+
+
+def test_the_generate_form_takes_its_limits_from_the_server(
+    browser: Any, live: Callable[..., Service]
+) -> None:
+    service = live(max_drafts=3, max_lookahead=5, max_new_tokens=40)
+    tab = Page(browser, service)
+    tab.page.wait_for_selector("#generate-form[data-limits=server]", state="attached")
+    bounds = {
+        name: (tab.page.get_attribute(f"#{name}", "max"), tab.page.input_value(f"#{name}"))
+        for name in ("gen-drafts", "gen-lookahead", "gen-max")
+    }
+    assert bounds == {
+        "gen-drafts": ("3", "3"),
+        "gen-lookahead": ("5", "4"),
+        "gen-max": ("40", "40"),
+    }
     tab.close()
