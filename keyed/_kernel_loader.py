@@ -8,8 +8,10 @@ NumPy, the same bits. None silently when numba is not installed; with a warning 
 process) when it is but cannot serve — an import error (e.g. a NumPy newer than it supports),
 no writable cache location, a compile failure, or kernels that disagree with NumPy.
 
-Callers look ``kernels`` up on this module at each use, so tests switch the kernels off with
-``monkeypatch.setattr(_kernel_loader, "kernels", lambda: None)``.
+Callers look ``kernels`` up on this module at each use (through ``kernels_for``), so tests
+switch the kernels off with ``monkeypatch.setattr(_kernel_loader, "kernels", lambda: None)``.
+``kernels_for`` leaves a small call to NumPy in a process that has not loaded them yet: a
+one-shot ``poissonmark detect`` of a short text would spend more loading them than it saves.
 """
 
 from __future__ import annotations
@@ -43,6 +45,22 @@ def kernels() -> ModuleType | None:
         problem,
     )  # fmt: skip
     return None
+
+
+SMALL_WORK = 1 << 16
+"""Elements (pivots, uniforms, plan positions) below which a process whose kernels are not
+loaded yet runs NumPy: loading and checking them costs ~0.5-1 s of CPU once, NumPy's Philox
+about a microsecond an element."""
+
+
+def kernels_for(work: int) -> ModuleType | None:
+    """``kernels()`` for a call over ``work`` elements, or None (NumPy, the same bits) when the
+    call is small and they are not loaded yet (``warm_up`` or an earlier large call loads
+    them; the service and corpus workers warm up at start)."""
+    info = getattr(kernels, "cache_info", None)  # absent when a test replaced ``kernels``
+    if work < SMALL_WORK and info is not None and info().currsize == 0:
+        return None
+    return kernels()
 
 
 def warm_up() -> bool:

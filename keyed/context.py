@@ -204,7 +204,7 @@ def detection_plan_arrays(
     """
     ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
     n = ids.shape[0]
-    if n > width and (kernels := _kernel_loader.kernels()) is not None:
+    if n > width and (kernels := _kernel_loader.kernels_for(n)) is not None:
         bits = max(int(ids.max()).bit_length(), 1)
         if ids.min() >= 0 and bits * width <= 64:  # labels pack into one uint64
             skip = np.empty(n, dtype=np.int8)

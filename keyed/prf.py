@@ -181,7 +181,7 @@ def pivot_matrix(secrets: Sequence[Secret], labels: np.ndarray, tokens: np.ndarr
         raise ValueError("expected label ids in [0, 2^32)")
     if not all(isinstance(secret, Secret) for secret in secrets):
         raise ValueError("expected every secret to be a keyed.prf.Secret")
-    kernels = _kernel_loader.kernels()
+    kernels = _kernel_loader.kernels_for(len(secrets) * labels.shape[0])
     if kernels is None:
         rows = [pivot_array(label_key_words(secret, labels), tokens) for secret in secrets]
         return np.stack(rows) if rows else np.empty((0, labels.shape[0]), dtype=np.float64)
@@ -276,7 +276,7 @@ def uniforms_cpu(c0: np.ndarray, c1: np.ndarray, k0: np.ndarray, k1: np.ndarray)
     Returns:
         (N,) float64 uniforms in (0, 1).
     """
-    kernels = _kernel_loader.kernels()
+    kernels = _kernel_loader.kernels_for(c0.shape[0])
     if kernels is None:
         return uniforms_numpy(c0, c1, k0, k1)
     out = np.empty(c0.shape[0], dtype=np.float64)

@@ -1,0 +1,24 @@
+"""``kernels_for``: a small call in a process that has not loaded the compiled kernels runs
+NumPy (same bits) and does not load numba; once loaded, every call uses them (issue 17, item 6:
+a one-shot ``poissonmark detect`` of a short text)."""
+
+from __future__ import annotations
+
+from tests.fresh import fresh_python
+
+
+def test_small_calls_do_not_load_numba_until_warmed_up() -> None:
+    code = """
+import sys
+import numpy as np
+from keyed import Secret, detection_plan_arrays, label_key_words, pivot_array
+from keyed import _kernel_loader
+labels = np.arange(40, dtype=np.int64).reshape(10, 4)
+before = pivot_array(label_key_words(Secret(bytes(32)), labels), np.arange(10))
+plan = detection_plan_arrays(np.arange(30) % 7, 4)
+print('numba' in sys.modules, _kernel_loader.kernels_for(10) is None)
+_kernel_loader.warm_up()
+after = pivot_array(label_key_words(Secret(bytes(32)), labels), np.arange(10))
+print(_kernel_loader.kernels_for(10) is not None, np.array_equal(before, after))
+"""
+    assert fresh_python(code).splitlines() == ["False True", "True True"]
