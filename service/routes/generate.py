@@ -62,7 +62,7 @@ _STREAM_DOC = {
 }
 
 
-def _encode(pool: DetectionPool, body: GenerateRequest, loaded: Any) -> list[int]:
+def encode_chat_prompt(pool: DetectionPool, body: GenerateRequest, loaded: Any) -> list[int]:
     """Prompt ids through the chat template, with this pool thread's tokenizer."""
     mine = dataclasses.replace(loaded, tokenizer=pool.tokenizer())
     messages = None if body.messages is None else [m.model_dump() for m in body.messages]
@@ -80,7 +80,7 @@ async def _client_gone(request: Request) -> None:
         pass
 
 
-async def _result_unless_gone(job: Job, request: Request, metrics: Metrics) -> Finished:
+async def result_unless_gone(job: Job, request: Request, metrics: Metrics) -> Finished:
     result = asyncio.ensure_future(job.result())
     gone = asyncio.ensure_future(_client_gone(request))
     try:
@@ -141,7 +141,7 @@ async def generate(
     wanted = from_body(body)
     record = await to_thread.run_sync(store.get_active, body.key_id, principal.tenant)
     generation = prepare(record, resources.fingerprint, wanted)
-    ids = await pool.run(_encode, pool, body, resources.loaded)
+    ids = await pool.run(encode_chat_prompt, pool, body, resources.loaded)
     check_prompt_tokens(len(ids), settings)
     job = worker.submit(ids, generation.config, generation.source, generation.drafter)
     tokenizer = resources.loaded.tokenizer  # decode only (immutable) on the event loop
@@ -154,5 +154,5 @@ async def generate(
 
         decoder = IncrementalDecoder(tokenizer)
         return EventStreamResponse(_events(job, generation, decoder), on_close)
-    finished = await _result_unless_gone(job, request, metrics)
+    finished = await result_unless_gone(job, request, metrics)
     return _response(generation, finished, decode_text(tokenizer, finished.result.token_ids))

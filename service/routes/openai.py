@@ -23,54 +23,63 @@ runs it (503 + Retry-After when full) and ``service.streaming`` decodes the stre
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 from anyio import to_thread
 from fastapi import APIRouter, Request
-from pydantic import ValidationError
 
 from service.api_tokens import Principal
 from service.auth import CanGenerate
 from service.deps import MetricsDep, PoolDep, ResourcesDep, SettingsDep, StoreDep, WorkerDep
 from service.detection import DetectionPool
 from service.errors import KEY_ID_PATTERN, LimitExceeded
-from service.generation import Generation, from_body, prepare
+from service.generation import from_body, prepare
 from service.keystore import KeyStore
-from service.limits import capped_defaults, check_drafter, check_generate, check_prompt_tokens
+from service.limits import check_prompt_tokens
 from service.metrics import Metrics
-from service.openai_errors import InvalidParameter, ModelNotFound, OpenAIRoute, openai_error
+from service.openai_compat import (
+    DONE,
+    KEY_HEADER,
+    ChunkOf,
+    Served,
+    chat_chunk,
+    checked,
+    completion_chunk,
+    data_line,
+    encode_raw_prompt,
+    facts_of,
+    finish_reason_of,
+    generate_request,
+    key_id_of,
+    max_tokens_of,
+    served_model,
+    usage_of,
+)
+from service.openai_errors import ModelNotFound, OpenAIRoute, openai_error
 from service.resources import Resources
-from service.routes.generate import _encode, _result_unless_gone
+from service.routes.generate import encode_chat_prompt, result_unless_gone
 from service.schemas.generate import GenerateRequest
 from service.schemas.openai import (
     AssistantMessage,
     ChatChoice,
-    ChatChunkChoice,
     ChatCompletion,
-    ChatCompletionChunk,
     ChatCompletionRequest,
-    ChatDelta,
     Completion,
     CompletionChoice,
     CompletionRequest,
-    FinishReason,
     ModelCard,
     ModelList,
     OpenAIError,
     OpenAIRequest,
-    Usage,
-    WatermarkFacts,
     WatermarkStart,
 )
 from service.settings import Settings
 from service.streaming import EventStreamResponse, IncrementalDecoder, decode_text
-from service.worker import Failed, Finished, GenerationWorker, Job, Tokens
+from service.worker import Failed, Finished, GenerationWorker, Tokens
 
 router = APIRouter(prefix="/v1", tags=["openai"], route_class=OpenAIRoute)
 
@@ -79,7 +88,6 @@ CHAT_MAX_TOKENS = 128
 COMPLETION_MAX_TOKENS = 16
 """``max_tokens`` of a completion that names none (OpenAI's documented default)."""
 
-KEY_HEADER = "X-Poissonmark-Key"
 _KEY_HEADER_DOC = {
     "parameters": [
         {
@@ -124,117 +132,6 @@ def _stream_doc(chunk: str) -> dict[str, Any]:
     }
 
 
-def served_model(resources: Resources) -> str:
-    """The id clients name in ``model``: the served model's name (a directory's last part)."""
-    name = resources.loaded.name
-    return Path(name).name if Path(name).is_dir() else name
-
-
-@dataclasses.dataclass
-class _Served:
-    """A started generation: what ran, its job, and how to word the answer."""
-
-    generation: Generation
-    job: Job
-    prompt_tokens: int
-    model: str
-    tokenizer: Any  # decode only (immutable), on the event loop
-
-
-def _key_id(body: OpenAIRequest, request: Request) -> str:
-    """The body's ``key_id``, else the header's (a default for clients that set headers only)."""
-    header = request.headers.get(KEY_HEADER)
-    if header is not None and not KEY_ID_PATTERN.fullmatch(header):
-        raise InvalidParameter(KEY_HEADER, "expected a key id: `pmk_` and 16 lowercase hex digits")
-    key_id = body.key_id or header
-    if key_id is None:
-        raise InvalidParameter(
-            "key_id",
-            "missing: name the watermark key in the body (`key_id`, the SDK's extra_body) "
-            "or in the X-Poissonmark-Key header",
-            "missing_key",
-        )
-    return key_id
-
-
-def _max_tokens(body: OpenAIRequest, default: int, settings: Settings) -> tuple[str, int]:
-    """The tokens to generate, and the name of the parameter that said so (the schema allows
-    one of ``max_tokens`` and ``max_completion_tokens``)."""
-    if isinstance(body, ChatCompletionRequest):
-        if {"max_tokens", "max_completion_tokens"} <= body.model_fields_set:
-            raise InvalidParameter(
-                "max_completion_tokens", "give one of max_tokens or max_completion_tokens"
-            )
-        if body.max_completion_tokens is not None:
-            return "max_completion_tokens", body.max_completion_tokens
-    if body.max_tokens is not None:
-        return "max_tokens", body.max_tokens
-    return "max_tokens", min(default, settings.max_new_tokens)
-
-
-_RENAMED = {"drafts": "B", "lookahead": "L", "nonce": "seed"}
-
-
-def _generate_request(
-    body: OpenAIRequest,
-    key_id: str,
-    max_name: str,
-    max_tokens: int,
-    *,
-    prompt: str | None = None,
-    messages: list[dict[str, str]] | None = None,
-) -> GenerateRequest:
-    """The ``POST /v1/generate`` body of an OpenAI request (its checks and limits apply)."""
-    renamed = {**_RENAMED, "max_new_tokens": max_name}
-    fields: dict[str, Any] = {
-        "key_id": key_id,
-        "prompt": prompt,
-        "messages": messages,
-        "method": body.method,
-        "drafter": body.drafter,
-        "max_new_tokens": max_tokens,
-        "temperature": body.temperature,
-        "top_k": body.top_k,
-        "top_p": body.top_p,
-        "nonce": body.seed,
-        "stream": body.stream,
-    }
-    for name in ("drafts", "lookahead"):  # omitted: /v1/generate's default, capped there too
-        if name in body.model_fields_set:
-            fields[name] = getattr(body, name)
-    try:
-        return GenerateRequest.model_validate(fields)
-    except ValidationError as exc:  # a rule of /v1/generate this schema does not repeat
-        error = exc.errors()[0]
-        loc = [str(renamed.get(str(p), p)) for p in error["loc"]]
-        raise InvalidParameter(".".join(loc) or "body", error["msg"]) from None
-
-
-def _checked(
-    wanted: GenerateRequest, settings: Settings, resources: Resources, max_name: str
-) -> GenerateRequest:
-    """``/v1/generate``'s checks of ``wanted`` (limits, the served drafters), with a limit
-    named by its OpenAI parameter; omitted B and L lowered to the limits, as there."""
-    renamed = {**_RENAMED, "max_new_tokens": max_name}
-    wanted = capped_defaults(wanted, settings)
-    try:
-        check_generate(wanted, settings)
-    except LimitExceeded as exc:
-        raise LimitExceeded(
-            renamed.get(exc.field, exc.field), exc.limit, exc.actual, exc.unit
-        ) from None
-    check_drafter(wanted.drafter, resources.drafters)
-    return wanted
-
-
-def _encode_raw(pool: DetectionPool, body: GenerateRequest, loaded: Any) -> list[int]:
-    """The prompt's own ids (no chat template, no special tokens), with this pool thread's
-    tokenizer."""
-    assert body.prompt is not None
-    ids = pool.tokenizer()(body.prompt, add_special_tokens=False)["input_ids"]
-    return [int(t) for t in ids]
-
-
 async def _start(
     wanted: GenerateRequest,
     raw: bool,
@@ -244,11 +141,13 @@ async def _start(
     worker: GenerationWorker,
     pool: DetectionPool,
     resources: Resources,
-) -> _Served:
+) -> Served:
     request = from_body(wanted)
     record = await to_thread.run_sync(store.get_active, wanted.key_id, principal.tenant)
     generation = prepare(record, resources.fingerprint, request)
-    ids = await pool.run(_encode_raw if raw else _encode, pool, wanted, resources.loaded)
+    ids = await pool.run(
+        encode_raw_prompt if raw else encode_chat_prompt, pool, wanted, resources.loaded
+    )
     try:
         check_prompt_tokens(len(ids), settings)
     except LimitExceeded as exc:
@@ -257,74 +156,37 @@ async def _start(
     job = worker.submit(ids, generation.config, generation.source, generation.drafter)
     loaded = resources.loaded
     model = served_model(resources)
-    return _Served(generation, job, len(ids), model, loaded.tokenizer)
-
-
-def _facts(served: _Served, finished: Finished) -> WatermarkFacts:
-    r, g = finished.result, served.generation
-    return WatermarkFacts(
-        key_id=g.key_id,
-        nonce=g.nonce,
-        method=g.config.method,
-        drafter=finished.drafter,
-        watermark_applied=r.watermark_applied,
-        aatps=r.stats.aatps,
-        token_ids=list(r.token_ids),
-    )
-
-
-def _usage(served: _Served, finished: Finished) -> Usage:
-    completion = finished.result.stats.emitted_tokens  # EOS included
-    return Usage(
-        prompt_tokens=served.prompt_tokens,
-        completion_tokens=completion,
-        total_tokens=served.prompt_tokens + completion,
-    )
-
-
-def _finish_reason(finished: Finished) -> FinishReason:
-    return "stop" if finished.result.finish_reason == "eos" else "length"
-
-
-def _data(chunk: dict[str, Any]) -> bytes:
-    payload = json.dumps(chunk, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
-    return f"data: {payload}\n\n".encode()
-
-
-_DONE = b"data: [DONE]\n\n"
-
-ChunkOf = Callable[..., dict[str, Any]]
-"""``chunk(text, finish_reason=None, usage=None, facts=None, first=False)`` -> one chunk."""
+    return Served(generation, job, len(ids), model, loaded.tokenizer)
 
 
 async def _chunks(
-    served: _Served, chunk: ChunkOf, include_usage: bool, request: Request
+    served: Served, chunk: ChunkOf, include_usage: bool, request: Request
 ) -> AsyncIterator[bytes]:
     """The stream of one generation as OpenAI chunks (module docstring)."""
     decoder = IncrementalDecoder(served.tokenizer)
-    yield _data(chunk("", facts=WatermarkStart(**served.generation.start_json()), first=True))
+    yield data_line(chunk("", facts=WatermarkStart(**served.generation.start_json()), first=True))
     while True:
         event = await served.job.events.get()
         if isinstance(event, Tokens):
             text = decoder.push(event.ids)
             if text:
-                yield _data(chunk(text))
+                yield data_line(chunk(text))
         elif isinstance(event, Finished):
             tail = decoder.finish()
             if tail:
-                yield _data(chunk(tail))
-            usage = _usage(served, event)
-            facts = _facts(served, event)
-            reason = _finish_reason(event)
-            yield _data(chunk("", reason, None if include_usage else usage, facts))
+                yield data_line(chunk(tail))
+            usage = usage_of(served, event)
+            facts = facts_of(served, event)
+            reason = finish_reason_of(event)
+            yield data_line(chunk("", reason, None if include_usage else usage, facts))
             if include_usage:
-                yield _data({**chunk(""), "choices": [], "usage": usage.model_dump()})
-            yield _DONE
+                yield data_line({**chunk(""), "choices": [], "usage": usage.model_dump()})
+            yield DONE
             return
         elif isinstance(event, Failed):
             body = json.loads(bytes(openai_error(_as_exception(event.error), request).body))
-            yield _data(body)
-            yield _DONE
+            yield data_line(body)
+            yield DONE
             return
 
 
@@ -333,7 +195,7 @@ def _as_exception(error: BaseException) -> Exception:
 
 
 def _stream(
-    served: _Served, chunk: ChunkOf, body: OpenAIRequest, request: Request, metrics: Metrics
+    served: Served, chunk: ChunkOf, body: OpenAIRequest, request: Request, metrics: Metrics
 ) -> EventStreamResponse:
     job = served.job
 
@@ -344,53 +206,6 @@ def _stream(
 
     include_usage = body.stream_options is not None and body.stream_options.include_usage
     return EventStreamResponse(_chunks(served, chunk, include_usage, request), on_close)
-
-
-def _chat_chunk(served: _Served, reply_id: str, created: int) -> ChunkOf:
-    def chunk(
-        text: str,
-        finish_reason: FinishReason | None = None,
-        usage: Usage | None = None,
-        facts: WatermarkFacts | WatermarkStart | None = None,
-        first: bool = False,
-    ) -> dict[str, Any]:
-        delta = ChatDelta(role="assistant", content="") if first else ChatDelta(content=text)
-        if finish_reason is not None:
-            delta = ChatDelta()
-        choice = ChatChunkChoice(index=0, delta=delta, finish_reason=finish_reason)
-        out = ChatCompletionChunk(
-            id=reply_id,
-            created=created,
-            model=served.model,
-            choices=[choice],
-            usage=usage,
-            poissonmark=facts,
-        ).model_dump()
-        out["choices"][0]["delta"] = delta.model_dump(exclude_none=True)
-        return out
-
-    return chunk
-
-
-def _completion_chunk(served: _Served, reply_id: str, created: int) -> ChunkOf:
-    def chunk(
-        text: str,
-        finish_reason: FinishReason | None = None,
-        usage: Usage | None = None,
-        facts: WatermarkFacts | WatermarkStart | None = None,
-        first: bool = False,
-    ) -> dict[str, Any]:
-        choice = CompletionChoice(index=0, text=text, finish_reason=finish_reason)
-        return Completion(
-            id=reply_id,
-            created=created,
-            model=served.model,
-            choices=[choice],
-            usage=usage,
-            poissonmark=facts,
-        ).model_dump()
-
-    return chunk
 
 
 def _check_model(body: OpenAIRequest, resources: Resources) -> None:
@@ -420,32 +235,32 @@ async def chat_completions(
     `X-Poissonmark-Key` header); `seed` is the watermark nonce; the watermark facts are in
     `poissonmark`. Errors are OpenAI's `{"error": {...}}`."""
     _check_model(body, resources)
-    key_id = _key_id(body, request)
-    max_name, max_tokens = _max_tokens(body, CHAT_MAX_TOKENS, settings)
+    key_id = key_id_of(body, request)
+    max_name, max_tokens = max_tokens_of(body, CHAT_MAX_TOKENS, settings)
     messages = [
         {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
         for m in body.messages
     ]
-    wanted = _generate_request(body, key_id, max_name, max_tokens, messages=messages)
-    wanted = _checked(wanted, settings, resources, max_name)
+    wanted = generate_request(body, key_id, max_name, max_tokens, messages=messages)
+    wanted = checked(wanted, settings, resources, max_name)
     served = await _start(wanted, False, principal, settings, store, worker, pool, resources)
     reply_id, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
     if body.stream:
-        return _stream(served, _chat_chunk(served, reply_id, created), body, request, metrics)
-    finished = await _result_unless_gone(served.job, request, metrics)
+        return _stream(served, chat_chunk(served, reply_id, created), body, request, metrics)
+    finished = await result_unless_gone(served.job, request, metrics)
     text = decode_text(served.tokenizer, finished.result.token_ids)
     choice = ChatChoice(
         index=0,
         message=AssistantMessage(content=text),
-        finish_reason=_finish_reason(finished),
+        finish_reason=finish_reason_of(finished),
     )
     return ChatCompletion(
         id=reply_id,
         created=created,
         model=served.model,
         choices=[choice],
-        usage=_usage(served, finished),
-        poissonmark=_facts(served, finished),
+        usage=usage_of(served, finished),
+        poissonmark=facts_of(served, finished),
     )
 
 
@@ -469,28 +284,28 @@ async def completions(
     """OpenAI's (legacy) completion: a watermarked raw continuation of `prompt` (no chat
     template). Key, seed, extension fields and errors as for chat completions."""
     _check_model(body, resources)
-    key_id = _key_id(body, request)
-    max_name, max_tokens = _max_tokens(body, COMPLETION_MAX_TOKENS, settings)
-    wanted = _generate_request(body, key_id, max_name, max_tokens, prompt=body.prompt)
-    wanted = _checked(wanted, settings, resources, max_name)
+    key_id = key_id_of(body, request)
+    max_name, max_tokens = max_tokens_of(body, COMPLETION_MAX_TOKENS, settings)
+    wanted = generate_request(body, key_id, max_name, max_tokens, prompt=body.prompt)
+    wanted = checked(wanted, settings, resources, max_name)
     served = await _start(wanted, True, principal, settings, store, worker, pool, resources)
     reply_id, created = f"cmpl-{secrets.token_hex(12)}", int(time.time())
     if body.stream:
-        return _stream(served, _completion_chunk(served, reply_id, created), body, request, metrics)
-    finished = await _result_unless_gone(served.job, request, metrics)
+        return _stream(served, completion_chunk(served, reply_id, created), body, request, metrics)
+    finished = await result_unless_gone(served.job, request, metrics)
     text = decode_text(served.tokenizer, finished.result.token_ids)
     choice = CompletionChoice(
         index=0,
         text=text,
-        finish_reason=_finish_reason(finished),
+        finish_reason=finish_reason_of(finished),
     )
     return Completion(
         id=reply_id,
         created=created,
         model=served.model,
         choices=[choice],
-        usage=_usage(served, finished),
-        poissonmark=_facts(served, finished),
+        usage=usage_of(served, finished),
+        poissonmark=facts_of(served, finished),
     )
 
 
