@@ -188,6 +188,32 @@ def test_kernels_that_disagree_with_numpy_are_not_used(
     assert "disagree with the NumPy paths" in caplog.text
 
 
+def test_a_many_secrets_kernel_that_disagrees_with_hashlib_is_not_used(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """keyed.prf adds the BLAKE2b kernel's check to the loader (the loader imports no prf)."""
+    import importlib
+    import types
+
+    kernels = _kernel_loader.kernels()
+    assert kernels is not None
+    wrong = types.SimpleNamespace(
+        plan_into=kernels.plan_into,
+        MULTIPLIER=kernels.MULTIPLIER,
+        uniforms_into=kernels.uniforms_into,
+    )
+
+    def pivots_one_bit_off(*args):  # type: ignore[no-untyped-def]
+        kernels.pivots_many_into(*args)
+        args[-1][0, 0] = np.nextafter(args[-1][0, 0], 0.0)
+
+    wrong.pivots_many_into = pivots_one_bit_off
+    monkeypatch.setattr(importlib, "import_module", lambda name: wrong)
+    with caplog.at_level("WARNING", logger="keyed._kernel_loader"):
+        assert _kernel_loader.kernels.__wrapped__() is None  # type: ignore[attr-defined]
+    assert "disagree with the NumPy paths" in caplog.text
+
+
 @pytest.mark.parametrize("width", [1, 4, 28, 29, 64], ids=lambda m: f"m{m}")
 def test_pivot_matrix_equals_the_one_key_path(width: int, monkeypatch: pytest.MonkeyPatch) -> None:
     # Multi-key detection's pivots: row k is bit for bit the one-key path (hashlib BLAKE2b then
