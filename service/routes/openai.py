@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from anyio import to_thread
@@ -214,6 +214,46 @@ def _check_model(body: OpenAIRequest, resources: Resources) -> None:
         raise ModelNotFound(served)
 
 
+def _reply_fields(served: Served, reply_id: str, created: int, done: Finished) -> dict[str, Any]:
+    """What a chat completion and a completion answer share besides their choice."""
+    return {
+        "id": reply_id,
+        "created": created,
+        "model": served.model,
+        "usage": usage_of(served, done),
+        "poissonmark": facts_of(served, done),
+    }
+
+
+async def _answer(
+    served: Served,
+    body: OpenAIRequest,
+    request: Request,
+    metrics: Metrics,
+    id_prefix: str,
+    chunk_of: Callable[[Served, str, int], ChunkOf],
+    reply_of: Callable[[str, Finished, dict[str, Any]], ChatCompletion | Completion],
+) -> ChatCompletion | Completion | EventStreamResponse:
+    """The stream of a started generation, or its whole answer once it finished."""
+    reply_id, created = f"{id_prefix}-{secrets.token_hex(12)}", int(time.time())
+    if body.stream:
+        return _stream(served, chunk_of(served, reply_id, created), body, request, metrics)
+    finished = await result_unless_gone(served.job, request, metrics)
+    text = decode_text(served.tokenizer, finished.result.token_ids)
+    return reply_of(text, finished, _reply_fields(served, reply_id, created, finished))
+
+
+def _chat_reply(text: str, done: Finished, fields: dict[str, Any]) -> ChatCompletion:
+    message = AssistantMessage(content=text)
+    choice = ChatChoice(index=0, message=message, finish_reason=finish_reason_of(done))
+    return ChatCompletion(choices=[choice], **fields)
+
+
+def _completion_reply(text: str, done: Finished, fields: dict[str, Any]) -> Completion:
+    choice = CompletionChoice(index=0, text=text, finish_reason=finish_reason_of(done))
+    return Completion(choices=[choice], **fields)
+
+
 @router.post(
     "/chat/completions",
     response_model=ChatCompletion,
@@ -230,38 +270,22 @@ async def chat_completions(
     pool: PoolDep,
     resources: ResourcesDep,
     metrics: MetricsDep,
-) -> ChatCompletion | EventStreamResponse:
+) -> ChatCompletion | Completion | EventStreamResponse:
     """OpenAI's chat completion, watermarked with the caller's key (`key_id` or the
     `X-Poissonmark-Key` header); `seed` is the watermark nonce; the watermark facts are in
     `poissonmark`. Errors are OpenAI's `{"error": {...}}`."""
     _check_model(body, resources)
-    key_id = key_id_of(body, request)
     max_name, max_tokens = max_tokens_of(body, CHAT_MAX_TOKENS, settings)
     messages = [
         {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
         for m in body.messages
     ]
-    wanted = generate_request(body, key_id, max_name, max_tokens, messages=messages)
+    wanted = generate_request(
+        body, key_id_of(body, request), max_name, max_tokens, messages=messages
+    )
     wanted = checked(wanted, settings, resources, max_name)
     served = await _start(wanted, False, principal, settings, store, worker, pool, resources)
-    reply_id, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
-    if body.stream:
-        return _stream(served, chat_chunk(served, reply_id, created), body, request, metrics)
-    finished = await result_unless_gone(served.job, request, metrics)
-    text = decode_text(served.tokenizer, finished.result.token_ids)
-    choice = ChatChoice(
-        index=0,
-        message=AssistantMessage(content=text),
-        finish_reason=finish_reason_of(finished),
-    )
-    return ChatCompletion(
-        id=reply_id,
-        created=created,
-        model=served.model,
-        choices=[choice],
-        usage=usage_of(served, finished),
-        poissonmark=facts_of(served, finished),
-    )
+    return await _answer(served, body, request, metrics, "chatcmpl", chat_chunk, _chat_reply)
 
 
 @router.post(
@@ -280,32 +304,18 @@ async def completions(
     pool: PoolDep,
     resources: ResourcesDep,
     metrics: MetricsDep,
-) -> Completion | EventStreamResponse:
+) -> ChatCompletion | Completion | EventStreamResponse:
     """OpenAI's (legacy) completion: a watermarked raw continuation of `prompt` (no chat
     template). Key, seed, extension fields and errors as for chat completions."""
     _check_model(body, resources)
-    key_id = key_id_of(body, request)
     max_name, max_tokens = max_tokens_of(body, COMPLETION_MAX_TOKENS, settings)
-    wanted = generate_request(body, key_id, max_name, max_tokens, prompt=body.prompt)
+    wanted = generate_request(
+        body, key_id_of(body, request), max_name, max_tokens, prompt=body.prompt
+    )
     wanted = checked(wanted, settings, resources, max_name)
     served = await _start(wanted, True, principal, settings, store, worker, pool, resources)
-    reply_id, created = f"cmpl-{secrets.token_hex(12)}", int(time.time())
-    if body.stream:
-        return _stream(served, completion_chunk(served, reply_id, created), body, request, metrics)
-    finished = await result_unless_gone(served.job, request, metrics)
-    text = decode_text(served.tokenizer, finished.result.token_ids)
-    choice = CompletionChoice(
-        index=0,
-        text=text,
-        finish_reason=finish_reason_of(finished),
-    )
-    return Completion(
-        id=reply_id,
-        created=created,
-        model=served.model,
-        choices=[choice],
-        usage=usage_of(served, finished),
-        poissonmark=facts_of(served, finished),
+    return await _answer(
+        served, body, request, metrics, "cmpl", completion_chunk, _completion_reply
     )
 
 
