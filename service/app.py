@@ -55,7 +55,7 @@ def create_app(
         load_in_background: open the resources (Redis, model, worker) after startup instead
             of during it, so the server listens at once: ``/healthz`` answers, ``/readyz`` is
             503 ``not_ready`` and every route that needs them 503 ``not-ready`` until they are
-            open (``poissonmark serve``; ``served_app``). A failure to open them is logged and
+            open (``poissonmark serve`` with one process). A failure to open them is logged and
             stops the process (SIGTERM to itself), as a failed startup does.
     """
     settings = settings or get_settings()
@@ -125,9 +125,12 @@ def create_app(
 
 
 def served_app() -> FastAPI:
-    """The app ``poissonmark serve`` runs (a uvicorn factory): settings from the environment,
-    the model loaded after the port opens."""
-    return create_app(load_in_background=True)
+    """The app each of several ``poissonmark serve --workers N`` processes runs (a uvicorn
+    factory, settings from the environment). It opens its resources before it accepts: the
+    processes share one listening socket, so a worker still loading would answer 503 to
+    clients that a ready one can serve (one process opens the port first instead:
+    ``run_server``)."""
+    return create_app()
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:

@@ -4,8 +4,9 @@
 One process serves an app built here from the settings. Several processes each build their own
 app from the same environment (``service.app:served_app`` as a factory) behind one listening
 socket that uvicorn's supervisor hands them; what they must share is made first, once
-(``prepare_workers``). Either way the port opens before the model loads: ``/readyz`` says
-``not_ready`` until it has.
+(``prepare_workers``). One process opens the port before the model loads (``/readyz`` says
+``not_ready`` until it has); each of several loads first and only then accepts from the shared
+socket, so the ready ones take every connection meanwhile.
 """
 
 from __future__ import annotations
