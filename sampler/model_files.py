@@ -19,7 +19,7 @@ import importlib.util
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -125,16 +125,132 @@ def load_tokenizer(name: str, data_dir: Path) -> PreTrainedTokenizerBase:
     return auto
 
 
-def _tokenizer_class(path: Path) -> str | None:
+class TokenizerFile:
+    """A fast tokenizer read from ``tokenizer.json`` with the ``tokenizers`` library alone.
+
+    The part of ``TokenizersBackend`` detection uses (``detector.tokens.Tokenizer``): encoding
+    with offsets, decoding, the special ids and the length, computed as transformers computes
+    them (``PreTrainedTokenizerBase.all_special_tokens``: the named special tokens in
+    ``SPECIAL_TOKENS_ATTRIBUTES`` order, then the extra ones, each once), with the backend set as
+    its ``__call__`` sets it (no truncation, no padding, special tokens not split). Importing
+    ``transformers`` costs a one-shot ``poissonmark detect`` about 0.4-0.7 s of its ~1.5 s
+    (``bench/results/cli_detect_time*.json``); this class imports none of it.
+    ``load_detection_tokenizer`` uses it only for a directory whose ``tokenizer_config.json``
+    says nothing it does not understand (``_FILE_CONFIG_KEYS``); tested equal to
+    ``AutoTokenizer`` on the real model's files (``tests/service/test_cli_light.py``).
+
+    Attributes:
+        backend_tokenizer: the ``tokenizers.Tokenizer``.
+        all_special_ids: ids of the special tokens, transformers' order.
+    Raises:
+        ValueError: a special token the vocabulary does not hold.
+    """
+
+    is_fast = True
+    split_special_tokens = False
+
+    def __init__(self, path: Path, config: dict[str, Any]) -> None:
+        from tokenizers import Tokenizer
+
+        backend = Tokenizer.from_file(str(path / "tokenizer.json"))
+        backend.no_truncation()
+        backend.no_padding()
+        backend.encode_special_tokens = False
+        self.backend_tokenizer = backend
+        specials: list[str] = []
+        extras = config.get("extra_special_tokens", config.get("additional_special_tokens", []))
+        for value in [config.get(name) for name in _NAMED_SPECIALS] + list(extras or []):
+            content = value.get("content") if isinstance(value, dict) else value
+            if isinstance(content, str) and content not in specials:
+                specials.append(content)
+        ids = [backend.token_to_id(token) for token in specials]
+        if any(i is None for i in ids):
+            raise ValueError(f"special tokens {specials} not all in {path / 'tokenizer.json'}")
+        self.all_special_ids: list[int] = [int(i) for i in ids if i is not None]
+        self._length = backend.get_vocab_size(with_added_tokens=True)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def get_vocab(self) -> dict[str, int]:
+        """Token -> id, added tokens included."""
+        return dict(self.backend_tokenizer.get_vocab(with_added_tokens=True))
+
+    def __call__(
+        self, text: str, *, add_special_tokens: bool = True, return_offsets_mapping: bool = False
+    ) -> dict[str, Any]:
+        """``{"input_ids": [...]}`` (and ``"offset_mapping"``: (start, end) character pairs)."""
+        encoding = self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        out: dict[str, Any] = {"input_ids": list(encoding.ids)}
+        if return_offsets_mapping:
+            out["offset_mapping"] = list(encoding.offsets)
+        return out
+
+    def decode(
+        self,
+        token_ids: Sequence[int],
+        *,
+        skip_special_tokens: bool = False,
+        clean_up_tokenization_spaces: bool = False,
+    ) -> str:
+        """The text of ``token_ids``.
+
+        Raises:
+            ValueError: ``clean_up_tokenization_spaces`` (transformers' WordPiece clean-up; the
+                detector never asks for it).
+        """
+        if clean_up_tokenization_spaces:
+            raise ValueError("TokenizerFile decodes without clean_up_tokenization_spaces")
+        return str(
+            self.backend_tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+        )
+
+
+_NAMED_SPECIALS: tuple[str, ...] = ("bos_token", "eos_token", "unk_token", "sep_token",
+                                    "pad_token", "cls_token", "mask_token")  # fmt: skip
+"""transformers' ``SPECIAL_TOKENS_ATTRIBUTES``, in its order."""
+
+_FILE_CONFIG_KEYS: frozenset[str] = frozenset(
+    {*_NAMED_SPECIALS, "backend", "tokenizer_class", "is_local", "local_files_only",
+     "model_max_length", "extra_special_tokens", "additional_special_tokens"}
+)  # fmt: skip
+"""The ``tokenizer_config.json`` entries ``TokenizerFile`` honours or that do not change
+encoding, decoding or the special ids; any other entry (a chat template is in its own file)
+sends ``load_detection_tokenizer`` to transformers."""
+
+
+def load_detection_tokenizer(name: str, data_dir: Path) -> TokenizerFile | PreTrainedTokenizerBase:
+    """The tokenizer detection needs for ``name`` (converting the alias first if needed): a
+    ``TokenizerFile`` where the directory's ``tokenizer.json`` and ``tokenizer_config.json``
+    allow it (``TokenizersBackend`` class, only ``_FILE_CONFIG_KEYS``), else ``load_tokenizer``'s.
+    Same ids, offsets, decoding, special ids and fingerprint either way; generation (chat
+    templates) uses ``load_tokenizer``."""
+    path = materialise(name, data_dir)
+    config = _tokenizer_config(path)
+    if (
+        config is not None
+        and config.get("tokenizer_class") == _BACKEND_CLASS
+        and set(config) <= _FILE_CONFIG_KEYS
+        and (path / "tokenizer.json").is_file()
+    ):
+        return TokenizerFile(path, config)
+    return load_tokenizer(name, data_dir)
+
+
+def _tokenizer_config(path: Path) -> dict[str, Any] | None:
     try:
         config: Any = json.loads((path / "tokenizer_config.json").read_text())
     except (OSError, ValueError):
         return None
-    name = config.get("tokenizer_class") if isinstance(config, dict) else None
+    return config if isinstance(config, dict) else None
+
+
+def _tokenizer_class(path: Path) -> str | None:
+    name = (_tokenizer_config(path) or {}).get("tokenizer_class")
     return name if isinstance(name, str) else None
 
 
-def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase | TokenizerFile) -> str:
     """Hash of the tokenizer's vocabulary and merges: ``"sha256:<first 16 hex>"``.
 
     Two tokenizers with the same fingerprint map text to the same ids, so a key created for one
@@ -156,7 +272,7 @@ FINGERPRINT_FILE = ".tokenizer-fingerprint.json"
 
 
 def model_tokenizer_fingerprint(
-    tokenizer: PreTrainedTokenizerBase, name: str, data_dir: Path
+    tokenizer: PreTrainedTokenizerBase | TokenizerFile, name: str, data_dir: Path
 ) -> str:
     """``tokenizer_fingerprint(tokenizer)`` for the tokenizer ``load_tokenizer(name, data_dir)``
     gave, remembered next to the model's ``tokenizer.json`` with that file's SHA-256: a later

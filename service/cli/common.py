@@ -143,11 +143,19 @@ def tokenizer_and_fingerprint(
 
 
 def tokenizer(settings: Settings, model: str | None, quiet: bool) -> Any:
-    """The model's tokenizer alone (converting the model first if it never was); no torch
-    unless the model must be converted (``sampler.model_files``)."""
-    from sampler.model_files import load_tokenizer, materialise
+    """The tokenizer detection needs (``sampler.model_files.load_detection_tokenizer``: the
+    ``tokenizers`` library alone where the model's files allow, so neither torch nor
+    transformers is imported), converting the model first if it never was (transformers,
+    quietened, then)."""
+    from sampler.model_files import load_detection_tokenizer, materialise
 
-    quiet_transformers()
+    progress = _progress(quiet)
+
+    def converting(message: str) -> None:
+        quiet_transformers()
+        if progress is not None:
+            progress(message)
+
     with _status("preparing tokenizer…", quiet):
-        materialise(model or settings.model, settings.home, _progress(quiet))
-        return load_tokenizer(model or settings.model, settings.home)
+        materialise(model or settings.model, settings.home, converting)
+        return load_detection_tokenizer(model or settings.model, settings.home)

@@ -25,6 +25,7 @@ from service.cli import app
 from tests.fresh import ROOT, fresh_python
 
 TORCH_LOADED = "print(any(m == 'torch' or m.startswith('torch.') for m in sys.modules))"
+TRANSFORMERS_LOADED = "print(any(m.split('.')[0] == 'transformers' for m in sys.modules))"
 
 
 @pytest.fixture
@@ -68,10 +69,11 @@ assert found["best_key_id"] == key, found
 """
     env = {**os.environ, "POISSONMARK_HOME": str(home)}
     out = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
-    )
+        [sys.executable, "-c", code + TRANSFORMERS_LOADED],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().splitlines()[-1] == "False"
+    assert out.stdout.strip().splitlines()[-2:] == ["False", "False"]  # no torch, no transformers
 
 
 @pytest.mark.realmodel
@@ -100,6 +102,68 @@ def test_tokenizer_is_autotokenizers(data_dir: Path) -> None:
     assert tokenizer_fingerprint(light) == fingerprint
     assert model_tokenizer_fingerprint(light, DEFAULT_MODEL, data_dir) == fingerprint  # cached
     assert model_tokenizer_fingerprint(light, DEFAULT_MODEL, data_dir) == fingerprint  # read
+
+
+TEXTS = ["Hello, world!", "a\r\nb\n\n  c\t<|im_end|>", "naïve café — 東京 🎉🇫🇷", "",
+         "<|im_start|>user\nhi<|im_end|>", "  leading and trailing  ", "x" * 300]  # fmt: skip
+
+
+@pytest.mark.realmodel
+def test_detection_tokenizer_equals_autotokenizer(data_dir: Path) -> None:
+    """The ``tokenizers``-only ``TokenizerFile`` the CLI detects with gives AutoTokenizer's ids,
+    offsets (special tokens added or not), decodings, special ids, length and fingerprint."""
+    from transformers import AutoTokenizer
+
+    from sampler.model_files import (
+        DEFAULT_MODEL,
+        TokenizerFile,
+        load_detection_tokenizer,
+        materialise,
+        tokenizer_fingerprint,
+    )
+
+    light = load_detection_tokenizer(DEFAULT_MODEL, data_dir)
+    auto = AutoTokenizer.from_pretrained(str(materialise(DEFAULT_MODEL, data_dir)))
+    assert isinstance(light, TokenizerFile)
+    assert light.all_special_ids == auto.all_special_ids and len(light) == len(auto)
+    for text in TEXTS:
+        for special in (False, True):
+            a = auto(text, add_special_tokens=special, return_offsets_mapping=True)
+            b = light(text, add_special_tokens=special, return_offsets_mapping=True)
+            assert list(a["input_ids"]) == b["input_ids"], text
+            assert [tuple(o) for o in a["offset_mapping"]] == b["offset_mapping"], text
+        ids = auto(text, add_special_tokens=False)["input_ids"] + [1, 2, 0, 5, 49151]
+        for skip in (False, True):
+            kwargs = {"skip_special_tokens": skip, "clean_up_tokenization_spaces": False}
+            assert light.decode(ids, **kwargs) == auto.decode(ids, **kwargs)
+    assert tokenizer_fingerprint(light) == tokenizer_fingerprint(auto)
+    assert light.get_vocab() == auto.get_vocab()
+    with pytest.raises(ValueError, match="clean_up"):
+        light.decode([5], clean_up_tokenization_spaces=True)
+
+
+@pytest.mark.realmodel
+def test_detection_tokenizer_falls_back_on_unknown_config(data_dir: Path, tmp_path: Path) -> None:
+    """A ``tokenizer_config.json`` entry ``TokenizerFile`` does not know (it could change
+    encoding) sends the directory to transformers' class."""
+    import shutil
+
+    from sampler.model_files import (
+        DEFAULT_MODEL,
+        TokenizerFile,
+        load_detection_tokenizer,
+        materialise,
+    )
+
+    source = materialise(DEFAULT_MODEL, data_dir)
+    copy = tmp_path / "model"
+    copy.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(source / name, copy / name)
+    assert isinstance(load_detection_tokenizer(str(copy), tmp_path), TokenizerFile)
+    config = json.loads((copy / "tokenizer_config.json").read_text())
+    (copy / "tokenizer_config.json").write_text(json.dumps({**config, "add_bos_token": True}))
+    assert not isinstance(load_detection_tokenizer(str(copy), tmp_path), TokenizerFile)
 
 
 @pytest.mark.realmodel
