@@ -14,6 +14,10 @@ RESULTS = Path(__file__).resolve().parent / "results"
 DATA = Path(__file__).resolve().parents[1] / "data"
 
 
+MEASURED_CODE = ("keyed", "sampler", "detector", "service")
+"""The packages whose uncommitted changes make a run's ``dirty_tree`` true."""
+
+
 def environment() -> dict[str, object]:
     """Model-independent facts about this run: hardware, software, commit, date."""
     import torch  # here, not at import: bench.corpus_rate's workers must start without it
@@ -28,10 +32,12 @@ def environment() -> dict[str, object]:
         ).stdout.strip()
         dirty = bool(
             subprocess.run(
-                ["git", "status", "--porcelain", "--", "keyed", "sampler", "detector"],
+                # from the repository root: pathspecs are relative to the working directory
+                # (run from bench/ they named nothing, so a modified tree read as clean)
+                ["git", "status", "--porcelain", "-uno", "--", *MEASURED_CODE],
                 capture_output=True,
                 text=True,
-                cwd=RESULTS.parent,
+                cwd=RESULTS.parents[1],
             ).stdout.strip()
         )
     except (OSError, subprocess.CalledProcessError):
