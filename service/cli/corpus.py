@@ -9,17 +9,31 @@ lines are passed over). Output: one JSON object per input line, in input order �
 Resume: ids already in the output file are skipped, so a rerun after an interruption adds only
 what is missing; a torn last line (an interrupted write) is cut off first. Each result is
 flushed before the next starts, so what is on disk is always whole lines.
+
+q-values (``add_q_values``, ``--q-values``): a pass over the finished output adds to every
+detection row its Benjamini–Hochberg q-value across all the detection rows of the file
+(``"q_value"``, from each row's Aaronson p-value — the verdict's). It needs every document's p,
+so it runs after the last line is written, rewrites the file whole (a temporary file, then
+``os.replace``: an interruption leaves the old file) and is recomputed from the p-values each
+time, so a resumed run that adds rows gives every row the q-value of the whole corpus.
+
+Engines: this module runs the corpus in this process or over ``detect_many``'s worker
+processes; ``service.ray_corpus`` runs the same lines through Ray Data and writes the same
+output (``result_line``, ``line_error_line``).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
+
+import numpy as np
 
 from detector import CorpusItem, CorpusResult, DetectOptions, Tokenizer, detect_many
 from keyed import KeyedSource
@@ -84,6 +98,23 @@ def parse_line(number: int, line: str) -> CorpusLine:
         return CorpusLine(number, item_id, None, problem)
     token_ids = None if ids is None else tuple(ids)
     return CorpusLine(number, item_id, CorpusItem(item_id, text=text, token_ids=token_ids))
+
+
+def dump_line(payload: dict[str, Any]) -> str:
+    """One output line: ``payload`` as compact-enough JSON (UTF-8 kept, no NaN), newline ended."""
+    return json.dumps(payload, allow_nan=False, ensure_ascii=False) + "\n"
+
+
+def result_line(result: CorpusResult, tokens: bool) -> str:
+    """The output line of a detector result: ``{"id", **detection}`` or ``{"id", "error"}``."""
+    if result.detection is None:
+        return dump_line({"id": result.id, "error": result.error})
+    return dump_line({"id": result.id, **detection_json(result.detection, tokens=tokens)})
+
+
+def line_error_line(line: CorpusLine) -> str:
+    """The output line of an invalid input line: ``{"id", "line", "error"}``."""
+    return dump_line({"id": line.id, "line": line.number, "error": line.error})
 
 
 def read_corpus(path: Path) -> Iterator[CorpusLine]:
@@ -151,22 +182,19 @@ class _Run:
         self.invalid_lines()
         line = self.pending.popleft()
         assert line.item is not None and line.id == result.id
-        if result.detection is None:
-            self._write({"id": result.id, "error": result.error}, error=True)
-            return
-        self.counts.detected += 1
-        self.counts.watermarked += result.detection.verdict.value == "watermarked"
-        self._write({"id": result.id, **detection_json(result.detection, tokens=self.tokens)})
+        if result.detection is not None:
+            self.counts.detected += 1
+            self.counts.watermarked += result.detection.verdict.value == "watermarked"
+        self._write(result_line(result, self.tokens), error=result.detection is None)
 
     def invalid_lines(self) -> None:
         """Write the invalid lines at the head of ``pending``."""
         while self.pending and self.pending[0].item is None:
-            line = self.pending.popleft()
-            self._write({"id": line.id, "line": line.number, "error": line.error}, error=True)
+            self._write(line_error_line(self.pending.popleft()), error=True)
 
-    def _write(self, payload: dict[str, Any], error: bool = False) -> None:
+    def _write(self, line: str, error: bool = False) -> None:
         self.counts.errors += error
-        self.sink.write(json.dumps(payload, allow_nan=False, ensure_ascii=False) + "\n")
+        self.sink.write(line)
         self.sink.flush()  # a line is complete on disk before the next starts (resume)
         self._advance()
 
@@ -213,3 +241,82 @@ def detect_corpus(
         if output is not None:
             sink.close()
     return run.counts
+
+
+@dataclass(frozen=True)
+class QValueCounts:
+    """What ``add_q_values`` did: detection rows given a q-value, and those with q <= alpha."""
+
+    documents: int
+    discoveries: int
+    alpha: float
+
+    def summary(self) -> str:
+        """``"q-values (Benjamini–Hochberg) over 120 documents: 7 with q <= 0.01"``."""
+        return (
+            f"q-values (Benjamini–Hochberg) over {self.documents} documents: "
+            f"{self.discoveries} with q <= {self.alpha:g}"
+        )
+
+
+def row_p_value(row: dict[str, Any]) -> float | None:
+    """The p-value a detection row's verdict is on (its Aaronson p), None for an error row."""
+    scores = row.get("scores")
+    if not isinstance(scores, dict) or not isinstance(scores.get("aaronson"), dict):
+        return None
+    p = scores["aaronson"].get("p_value")
+    return float(p) if isinstance(p, int | float) and not isinstance(p, bool) else None
+
+
+def add_q_values(output: Path, alpha: float = 0.01) -> QValueCounts:
+    """Give every detection row of ``output`` its Benjamini–Hochberg q-value (``"q_value"``).
+
+    Benjamini & Hochberg (1995), step-up, as adjusted p-values: q_(i) = min_{j >= i}
+    min(1, p_(j) · m / j) over the m detection rows sorted by p (``scipy.stats.
+    false_discovery_control``, method ``"bh"``); rejecting the rows with q <= alpha controls
+    the false discovery rate at alpha when the documents' p-values are independent (or
+    positively dependent). Error rows (no p-value) are not counted in m and get no q-value.
+    Lines keep their order and every other field; a q-value already there is recomputed.
+
+    Args:
+        output: a finished corpus-mode output file (whole lines; module docstring).
+        alpha: the level the summary counts discoveries at, in (0, 1).
+    Returns:
+        the number of rows given a q-value and of those with q <= alpha.
+    Raises:
+        ValueError: ``alpha`` out of range, or a line of ``output`` that is not a JSON object.
+    """
+    from scipy.stats import false_discovery_control
+
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha: expected a number in (0, 1), got {alpha!r}")
+    p_values: list[float] = []
+    with output.open(encoding="utf-8") as f:  # pass 1: the p-values (8 bytes a document)
+        for number, line in enumerate(f, 1):
+            p = row_p_value(_output_row(line, output, number))
+            if p is not None:
+                p_values.append(p)
+    q = false_discovery_control(np.asarray(p_values, dtype=np.float64), method="bh")
+    partial = output.with_name(output.name + ".q-values.partial")
+    with output.open(encoding="utf-8") as f, partial.open("w", encoding="utf-8") as sink:
+        index = 0  # pass 2: the rows again, each detection row with its q-value
+        for number, line in enumerate(f, 1):
+            row = _output_row(line, output, number)
+            if row_p_value(row) is not None:
+                row["q_value"] = float(q[index])
+                index += 1
+            sink.write(dump_line(row))
+        sink.flush()
+        os.fsync(sink.fileno())
+    os.replace(partial, output)
+    return QValueCounts(len(p_values), int(np.count_nonzero(q <= alpha)), alpha)
+
+
+def _output_row(line: str, output: Path, number: int) -> dict[str, Any]:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError:
+        row = None
+    if not isinstance(row, dict):
+        raise ValueError(f"{output}: line {number} is not a JSON object (not an output file?)")
+    return row

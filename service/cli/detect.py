@@ -132,8 +132,38 @@ def detect(
         ),
     ] = None,
     workers: Annotated[
-        int, typer.Option("--workers", min=1, max=256, help="With --jsonl: worker processes.")
+        int,
+        typer.Option(
+            "--workers",
+            min=1,
+            max=256,
+            help="With --jsonl: worker processes (--engine ray: detector actors).",
+        ),
     ] = 1,
+    engine: Annotated[
+        str,
+        typer.Option(
+            "--engine",
+            help="With --jsonl: 'local' (this host's processes) or 'ray' (Ray Data over a "
+            "Ray cluster; pip install 'poissonmark[ray]').",
+        ),
+    ] = "local",
+    address: Annotated[
+        str | None,
+        typer.Option(
+            "--address",
+            help="With --engine ray: the cluster to join ('auto', or host:port); default "
+            "starts a one-node Ray in this process.",
+        ),
+    ] = None,
+    q_values: Annotated[
+        bool,
+        typer.Option(
+            "--q-values",
+            help="With --jsonl and --output: when the run is done, add each document's "
+            "Benjamini-Hochberg q-value across the file (rewrites the output).",
+        ),
+    ] = False,
     no_tokens: Annotated[
         bool, typer.Option("--no-tokens", help="Leave per-token evidence out of the JSON.")
     ] = False,
@@ -160,6 +190,7 @@ def detect(
             )
         if jsonl is None and (output is not None or workers != 1):
             raise ValueError("--output and --workers go with --jsonl")
+        _check_corpus_options(jsonl, output, engine, address, q_values)
         if jsonl is not None and key is None:
             raise ValueError("--jsonl needs --key (corpus mode tests one key)")
         families = score_families(score or [], li_delta, lattimore_epsilon)
@@ -184,7 +215,8 @@ def detect(
                 max_keys=settings.max_keys_per_detect,
             )
         if jsonl is not None:
-            _corpus(tok, records[0], jsonl, output, options, workers, not no_tokens)
+            run = _CorpusRun(workers, not no_tokens, engine, address, q_values)
+            _corpus(tok, records[0], jsonl, output, options, run)
             return
         found = detect_keys(tok, records, options, text=text, token_ids=ids)
     if as_json:
@@ -203,18 +235,53 @@ def _utf8(raw: bytes, where: str) -> str:
         raise ValueError(f"{where}: not UTF-8 (byte {exc.start})") from None
 
 
+ENGINES = ("local", "ray")
+
+
+@dataclasses.dataclass(frozen=True)
+class _CorpusRun:
+    """How ``--jsonl`` runs: worker count, evidence, engine, cluster, q-value pass."""
+
+    workers: int
+    tokens: bool
+    engine: str
+    address: str | None
+    q_values: bool
+
+
+def _check_corpus_options(
+    jsonl: Path | None, output: Path | None, engine: str, address: str | None, q_values: bool
+) -> None:
+    """``--engine``, ``--address`` and ``--q-values`` (ValueError naming the option)."""
+    if engine not in ENGINES:
+        raise ValueError(f"--engine: expected one of {', '.join(ENGINES)}, got {engine!r}")
+    if jsonl is None and (engine != "local" or address is not None or q_values):
+        raise ValueError("--engine, --address and --q-values go with --jsonl")
+    if address is not None and engine != "ray":
+        raise ValueError("--address goes with --engine ray")
+    if q_values and output is None:
+        raise ValueError("--q-values needs --output (the pass rewrites the finished file)")
+
+
 def _corpus(
     tok: Any,
     record: KeyRecord,
     corpus: Path,
     output: Path | None,
     options: DetectOptions,
-    workers: int,
-    tokens: bool,
+    run: _CorpusRun,
 ) -> None:
-    """``--jsonl``: the corpus runner with a progress bar on stderr, then the counts."""
-    from service.cli.corpus import count_lines, detect_corpus
+    """``--jsonl``: the corpus runner with a progress bar on stderr, then the counts (and
+    the q-value pass when asked for)."""
+    from service.cli.corpus import add_q_values, count_lines, detect_corpus
     from service.detection import DETECTION_NONCE
+
+    runner: Any = detect_corpus
+    extra: dict[str, Any] = {}
+    if run.engine == "ray":
+        from service.ray_corpus import detect_corpus_ray
+
+        runner, extra = detect_corpus_ray, {"address": run.address}
 
     columns = (
         TextColumn("detecting"),
@@ -226,17 +293,21 @@ def _corpus(
     keyed = dataclasses.replace(options, key_id=record.key_id)
     with Progress(*columns, console=err, transient=False) as progress:
         bar = progress.add_task("detect", total=count_lines(corpus))
-        counts = detect_corpus(
+        counts = runner(
             tok,
             record.source(DETECTION_NONCE),
             corpus,
             output,
             keyed,
-            workers=workers,
-            tokens=tokens,
+            workers=run.workers,
+            tokens=run.tokens,
             on_line=functools.partial(progress.advance, bar),
+            **extra,
         )
     err.print(counts.summary(), highlight=False)
+    if run.q_values:
+        assert output is not None  # _check_corpus_options
+        err.print(add_q_values(output, options.alpha).summary(), highlight=False)
 
 
 def show_multi_key(found: MultiKeyDetection, tenant: str) -> None:
