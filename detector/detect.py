@@ -11,8 +11,12 @@ Pipeline (DESIGN §4; MPFR paper Alg. 8 and App. E; Aaronson & Kirchner 2023):
 3. pivots: r_t = U(κ(k, ℓ_t), w_t, 1) from ``keyed`` — the same PRF the sampler races with.
 4. scores: the chosen families' per-token terms and p-values (``detector.scores``; Aaronson
    always).
-5. verdict at α from the Aaronson p-value and ``min_scored_tokens(α)`` (case C5).
+5. verdict at α from the combined test — the whole-text Aaronson p and the best window in one
+   weighted-Bonferroni p (``detector.combined``, issue 15) — and the minimum detectable mean
+   score at this M against ``options.reference_mean_score`` (case C5; ``needed_tokens``).
 6. spans (optional): the strongest windows of Aaronson evidence (``detector.spans``).
+7. re-aligned test (optional, ``options.realign``): the edit-tolerant p of
+   ``detector.realign``, reported beside the verdict's.
 
 Shapes: T tokens in the text, M scored; keys (M, 2) int64, pivots (M,) float64.
 """
@@ -25,10 +29,17 @@ from typing import Final
 
 import numpy as np
 
+from detector.combined import (
+    combined_test,
+    min_detectable_mean_score,
+    needed_tokens,
+    whole_text_level,
+)
 from detector.evidence import Detection, TokenColumns, Verdict
 from detector.options import DetectOptions
+from detector.realign import realigned_test
 from detector.spans import find_spans
-from detector.stats import PValue, min_scored_tokens
+from detector.stats import PValue
 from detector.tokens import TokenizedText, Tokenizer, tokenize
 from keyed import (
     SKIP_CODES,
@@ -130,8 +141,14 @@ def detect_tokenized(
     )
     num_scored = int(plan.scored.shape[0])
     counts = np.bincount(evidence.skip, minlength=len(SKIP_CODES)).tolist()
-    needed = min_scored_tokens(alpha)
+    needed = needed_tokens(alpha, options.reference_mean_score)
     aaronson = evaluated["aaronson"][1]
+    test = combined_test(aaronson_terms, aaronson.log_p_value)
+    level = whole_text_level(alpha, num_scored)
+    mu = min_detectable_mean_score(num_scored, level)
+    realigned = None
+    if options.realign:
+        realigned = realigned_test(ids, source.context_width, special, source.secret)
     search = None
     if options.spans:
         search = find_spans(
@@ -145,7 +162,9 @@ def detect_tokenized(
         key_id=options.key_id,
         num_tokens=int(ids.shape[0]),
         num_scored=num_scored,
-        verdict=verdict(aaronson, num_scored, alpha, needed),
+        verdict=verdict(
+            PValue.from_log(aaronson.score, test.log_p, "exact"), num_scored, alpha, needed
+        ),
         scores={name: p_value for name, (_, p_value) in evaluated.items()},
         evidence=evidence,
         skipped={reason.value: counts[SKIP_CODES.index(reason)] for reason in SkipReason},
@@ -154,12 +173,17 @@ def detect_tokenized(
         min_scored_tokens=needed,
         spans=search,
         score_params={family.name: dict(family.params) for family in options.families},
+        test=test,
+        min_detectable_mean_score=mu,
+        reference_mean_score=options.reference_mean_score,
+        realigned=realigned,
     )
 
 
 def verdict(p: PValue, num_scored: int, alpha: float, needed: int) -> Verdict:
     """``watermarked`` if p < α; else ``insufficient_evidence`` if M < needed; else
-    ``not_detected`` (DESIGN §4). ``needed`` is ``min_scored_tokens(α)``."""
+    ``not_detected`` (DESIGN §4). ``p`` is the verdict's test's (``detector.combined``) and
+    ``needed`` its ``needed_tokens(α)``."""
     if p.p_value < alpha:
         return Verdict.WATERMARKED
     if num_scored < needed:

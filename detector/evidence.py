@@ -20,6 +20,8 @@ from typing import Any, Final, Literal, NamedTuple
 
 import numpy as np
 
+from detector.combined import CombinedTest
+from detector.realign import RealignedTest
 from detector.scores import anlppt
 from detector.spans import SpanSearch
 from detector.stats import PValue
@@ -32,9 +34,12 @@ SKIP_REASONS: Final[frozenset[str]] = frozenset(reason.value for reason in SkipR
 class Verdict(StrEnum):
     """The decision at level α.
 
+    p is the verdict's test, whole text and spans together (``detector.combined``).
+
     - ``watermarked``: p < α.
-    - ``insufficient_evidence``: p >= α and M is below ``min_scored_tokens(α)``, the tokens a
-      typical watermarked text needs to reach α (so "not significant" says little).
+    - ``insufficient_evidence``: p >= α and M is below the tokens a typically watermarked text
+      (mean term ``reference_mean_score``) needs to reach α, i.e. the minimum detectable mean
+      score at this M exceeds the reference (so "not significant" says little).
     - ``not_detected``: p >= α with enough scored tokens.
     """
 
@@ -196,7 +201,7 @@ class Detection:
     Attributes:
         key_id: the key's public id (never its secret), or None.
         num_tokens: T, tokens in the input. num_scored: M, tokens scored.
-        verdict: the decision at ``alpha``.
+        verdict: the decision at ``alpha`` on ``test``.
         scores: p-value per score family (``"aaronson"`` first and always, then the requested
             families in order).
         evidence: the per-token evidence in columns (``tokens`` is its row view).
@@ -204,9 +209,16 @@ class Detection:
         retokenization_matches: with ids and text supplied, whether tokenizing the text gives
             the ids; else None.
         alpha: the level in (0, 0.5]. min_scored_tokens: the M below which a non-significant
-            result is ``insufficient_evidence``.
+            result is ``insufficient_evidence`` (``detector.combined.needed_tokens``).
         spans: the span search (``detect(..., spans=True)``), else None.
         score_params: each family's parameters by name (e.g. ``{"li": {"delta": 0.1}}``).
+        test: the verdict's test, whole text and windows in one p (``detector.combined``);
+            None only for a hand-made Detection (then the verdict's p is the Aaronson one).
+        min_detectable_mean_score: μ*(M), the per-token mean Aaronson term that would reach
+            the whole-text level at this M (None when M = 0: nothing is detectable).
+        reference_mean_score: the typical watermarked mean term the verdict compares μ* to.
+        realigned: the edit-tolerant re-aligned test (``detect(..., realign=True)``), else
+            None; reported, not used by the verdict.
     """
 
     key_id: str | None
@@ -221,6 +233,10 @@ class Detection:
     min_scored_tokens: int
     spans: SpanSearch | None = None
     score_params: dict[str, dict[str, float]] | None = None
+    test: CombinedTest | None = None
+    min_detectable_mean_score: float | None = None
+    reference_mean_score: float = 1.5
+    realigned: RealignedTest | None = None
 
     def __post_init__(self) -> None:
         if self.num_tokens != len(self.evidence.ids):
@@ -242,24 +258,49 @@ class Detection:
 
     @property
     def p_value(self) -> PValue:
-        """The Aaronson p-value, the one the verdict uses."""
+        """The plain whole-text Aaronson p-value (the verdict's test also scans windows:
+        ``test``, ``verdict_log10_p_value``)."""
         return self.scores["aaronson"]
+
+    @property
+    def verdict_log10_p_value(self) -> float:
+        """log10 of the p the verdict uses: the combined test's (the Aaronson p without one)."""
+        return self.p_value.log10_p_value if self.test is None else self.test.log10_p_value
+
+    def power_json(self) -> dict[str, Any]:
+        """``{"min_detectable_mean_score", "reference_mean_score", "detectable"}``: what this
+        M could detect (``detectable``: a typically watermarked text would reach α)."""
+        mu = self.min_detectable_mean_score
+        return {
+            "min_detectable_mean_score": mu,
+            "reference_mean_score": self.reference_mean_score,
+            "detectable": mu is not None and mu <= self.reference_mean_score,
+        }
 
     def to_json(self, tokens: bool = True) -> dict[str, Any]:
         """The wire shape: plain JSON types, finite numbers only, no key material.
 
-        ``{"key_id", "num_tokens", "num_scored", "verdict", "alpha", "scores": {name: {"score",
+        ``{"key_id", "num_tokens", "num_scored", "verdict", "alpha", "p_value",
+        "log10_p_value", "test", "power", "edit_tolerant", "scores": {name: {"score",
         "p_value", "log10_p_value", "method", "anlppt", "params"}}, "tokens": [...],
-        "skipped": {...}, "retokenization_matches", "spans"}``; ``spans`` is null unless the
-        span search ran; ``tokens`` is null when ``tokens=False`` (evidence not asked for).
+        "skipped": {...}, "retokenization_matches", "spans"}``; ``p_value`` is the verdict's
+        (``test``: whole text and windows, ``CombinedTest.to_json``); ``power``:
+        ``power_json``; ``edit_tolerant`` is null unless the re-aligned test ran; ``spans`` is
+        null unless the span search ran; ``tokens`` is null when ``tokens=False``.
         """
         params = self.score_params or {}
+        log10_p = self.verdict_log10_p_value
         return {
             "key_id": self.key_id,
             "num_tokens": self.num_tokens,
             "num_scored": self.num_scored,
             "verdict": self.verdict.value,
             "alpha": self.alpha,
+            "p_value": 10.0**log10_p,
+            "log10_p_value": log10_p,
+            "test": None if self.test is None else self.test.to_json(),
+            "power": self.power_json(),
+            "edit_tolerant": None if self.realigned is None else self.realigned.to_json(),
             "scores": {
                 name: {
                     "score": p.score,

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
+from detector.combined import REFERENCE_MEAN_SCORE
 from detector.scores import ScoreFamily, resolve_scores
 from detector.spans import DEFAULT_MAX_SPANS, MAX_SPANS_LIMIT
 
@@ -36,6 +37,12 @@ class DetectOptions:
             tuple.
         spans: also run the span search (``detector.spans``) and report the strongest windows.
         max_spans: at most this many spans, in [1, 100].
+        realign: also run the edit-tolerant re-aligned test (``detector.realign``; ~5× the
+            per-token key cost at m = 4), reported beside the verdict's test, not in it.
+        reference_mean_score: the per-token mean Aaronson term of a typically watermarked
+            text, > 1: a text whose minimum detectable mean score at its M exceeds it is
+            ``insufficient_evidence`` when not significant (``detector.combined``; default
+            1.5, DESIGN §4).
         families: derived, not an argument: ``resolve_scores(scores)``, Aaronson first.
     Raises:
         ValueError: naming the field and the limit — alpha outside (0, 0.5], a key_id that is
@@ -48,6 +55,8 @@ class DetectOptions:
     scores: Sequence[str | ScoreFamily] = DEFAULT_SCORES
     spans: bool = False
     max_spans: int = DEFAULT_MAX_SPANS
+    realign: bool = False
+    reference_mean_score: float = REFERENCE_MEAN_SCORE
     families: tuple[ScoreFamily, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -61,6 +70,15 @@ class DetectOptions:
         families = resolve_scores(self.scores)
         if not isinstance(self.spans, bool):
             raise ValueError(f"expected spans to be a bool, got {self.spans!r}")
+        if not isinstance(self.realign, bool):
+            raise ValueError(f"expected realign to be a bool, got {self.realign!r}")
+        ref = self.reference_mean_score
+        if (
+            isinstance(ref, bool)
+            or not isinstance(ref, float | int)
+            or not (math.isfinite(ref) and 1.0 < ref <= 100.0)
+        ):
+            raise ValueError(f"expected reference_mean_score a number in (1, 100], got {ref!r}")
         max_spans = self.max_spans
         is_int = isinstance(max_spans, int) and not isinstance(max_spans, bool)
         if not (is_int and 1 <= max_spans <= MAX_SPANS_LIMIT):
@@ -69,5 +87,6 @@ class DetectOptions:
             )
         # Normalised in place (the instance is not shared yet): a float level, immutable scores.
         object.__setattr__(self, "alpha", float(alpha))
+        object.__setattr__(self, "reference_mean_score", float(ref))
         object.__setattr__(self, "scores", tuple(self.scores))
         object.__setattr__(self, "families", families)

@@ -93,7 +93,12 @@ def test_c5_twenty_scored_human_tokens_are_insufficient(real_tokenizer, human_pa
     # fixed key is one of those (deterministic).
     assert detection.p_value.p_value >= 0.01
     assert detection.verdict is Verdict.INSUFFICIENT_EVIDENCE
-    assert detection.min_scored_tokens == min_scored_tokens(0.01) > 20
+    # The whole text gets 0.9 of alpha in the verdict's test (the windows the rest), so the
+    # tokens needed are min_scored_tokens(0.009): one more than the whole text alone.
+    assert detection.min_scored_tokens == min_scored_tokens(0.009) == 29 > 20
+    assert min_scored_tokens(0.01) == 28
+    mu = detection.min_detectable_mean_score
+    assert mu is not None and mu > detection.reference_mean_score == 1.5
 
 
 def test_c5_weak_watermark_on_twenty_tokens_is_insufficient(real_tokenizer) -> None:  # type: ignore[no-untyped-def]
@@ -323,6 +328,11 @@ def test_to_json_contract(real_tokenizer) -> None:  # type: ignore[no-untyped-de
         "num_scored",
         "verdict",
         "alpha",
+        "p_value",
+        "log10_p_value",
+        "test",
+        "power",
+        "edit_tolerant",
         "scores",
         "tokens",
         "skipped",
@@ -330,6 +340,18 @@ def test_to_json_contract(real_tokenizer) -> None:  # type: ignore[no-untyped-de
         "spans",
     ]
     assert payload["key_id"] == "key-1" and payload["verdict"] in {v.value for v in Verdict}
+    test = payload["test"]
+    # Fewer than 16 scored tokens: no window, the verdict's test is the whole text alone.
+    assert detection.num_scored < 16 and test["windows_scanned"] == 0  # type: ignore[index]
+    assert test["name"] == "whole_text" and test["whole_text_weight"] == 1.0  # type: ignore[index]
+    assert test["log10_p_value"] == payload["log10_p_value"]  # type: ignore[index]
+    assert test["whole_text_log10_p_value"] == detection.p_value.log10_p_value  # type: ignore[index]
+    assert set(payload["power"]) == {  # type: ignore[arg-type]
+        "min_detectable_mean_score",
+        "reference_mean_score",
+        "detectable",
+    }
+    assert payload["edit_tolerant"] is None
     assert list(payload["scores"]) == ["aaronson"]  # type: ignore[arg-type]
     assert payload["spans"] is None
     aaronson = payload["scores"]["aaronson"]  # type: ignore[index]

@@ -73,7 +73,15 @@ def test_detect_multi_finds_the_right_key(real_tokenizer) -> None:  # type: igno
         assert result.log_p_values[k] / LN10 == single.p_value.log10_p_value  # vectorised
         assert result.num_scored[k] == single.num_scored
     best = result.best.p_value
-    assert result.log10_p_value == pytest.approx((best.log_p_value + math.log(4)) / LN10)
+    test = result.best.test
+    assert test is not None  # the verdict's test: whole text and windows (detector.combined)
+    assert result.verdict_log_p_values is not None
+    assert result.verdict_log_p_values[result.key_ids.index("pmk_right")] == test.log_p
+    assert result.log10_p_value == pytest.approx((test.log_p + math.log(4)) / LN10)
+    assert result.whole_text_log10_p_value == pytest.approx(
+        (best.log_p_value + math.log(4)) / LN10
+    )
+    assert result.span_log10_p_value is not None
     assert result.p_value == pytest.approx(10**result.log10_p_value, rel=1e-9, abs=1e-300)
     assert result.verdict is Verdict.WATERMARKED
     assert result.min_scored_tokens > 28  # alpha / 4 needs more tokens than alpha
@@ -148,7 +156,8 @@ def test_the_verdict_needs_the_tokens_of_the_corrected_level(real_tokenizer) -> 
     sources = {f"pmk_{i}": fixed_source(f"needed-{i}") for i in range(1000)}
     one = detect_multi(real_tokenizer, dict(list(sources.items())[:1]), text="x " * 60)
     many = detect_multi(real_tokenizer, sources, text="x y z w " * 15 + "a b c d e f")
-    assert one.min_scored_tokens == 28  # alpha = 0.01 alone (min_scored_tokens)
+    # alpha = 0.01 alone: 0.9 alpha for the whole text (detector.combined.needed_tokens)
+    assert one.min_scored_tokens == 29
     assert many.min_scored_tokens > 40 and many.best.num_scored < many.min_scored_tokens
     assert many.verdict is Verdict.INSUFFICIENT_EVIDENCE
     with pytest.raises(ValueError, match="detailed >= 1"):

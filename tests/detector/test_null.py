@@ -12,6 +12,8 @@ deterministic anyway; 0.999 keeps a correct implementation from failing when see
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -88,7 +90,7 @@ def test_human_text_is_not_flagged(real_tokenizer, human_passages: list[str]) ->
     # within a passage, distinct labels give independent pivots.
     # (detect_multi tokenizes each passage once; its per-key results equal detect's:
     # test_multikey.py.)
-    log_p: dict[str, list[float]] = {name: [] for name in SCORE_NAMES}
+    log_p: dict[str, list[float]] = {name: [] for name in (*SCORE_NAMES, "verdict")}
     sources = {name: fixed_source(name) for name in KEYS}
     for text in human_passages:
         result = detect_multi(
@@ -97,8 +99,13 @@ def test_human_text_is_not_flagged(real_tokenizer, human_passages: list[str]) ->
         for detection in result.results.values():
             for score, p in detection.scores.items():
                 log_p[score].append(p.log_p_value)
-            if detection.p_value.p_value >= detection.alpha:
+            # The verdict's test (whole text and windows, detector.combined) is held to the
+            # same false-positive bound below, as "verdict".
+            log_p["verdict"].append(detection.verdict_log10_p_value * math.log(10))
+            if 10**detection.verdict_log10_p_value >= detection.alpha:
                 assert detection.verdict in {"not_detected", "insufficient_evidence"}
+            else:
+                assert detection.verdict == "watermarked"
     n = len(KEYS) * len(human_passages)
     assert n == 1135
     for score, values in log_p.items():
