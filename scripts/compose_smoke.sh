@@ -1,0 +1,249 @@
+#!/usr/bin/env bash
+# End-to-end check of the Docker Compose deployment on a real engine (issue 16):
+#   engine (installed with apt and started when missing, if root) -> build (base image from
+#   Debian packages when missing, then the service image) -> `up -d` -> /readyz -> keys, an API
+#   token, generate, detect `watermarked` over HTTP -> Redis killed (SIGKILL) -> /v1/detect is
+#   503 application/problem+json and /readyz 503 -> Redis back: every key still there (AOF),
+#   detection works -> service container restarted: keys and tokens still work -> `down -v`.
+# Exits non-zero at the first failure (with the containers' logs); prints each phase's time.
+#   bash scripts/compose_smoke.sh
+# Environment: COMPOSE_SMOKE_PROJECT (compose project, default pmsmoke), COMPOSE_SMOKE_PORT
+# (published port, default 18000), COMPOSE_SMOKE_JSON (also write the timings there),
+# COMPOSE_SMOKE_KEEP=1 (leave the project up on failure, to look at it), POISSONMARK_IMAGE,
+# POISSONMARK_BASE_IMAGE (see docker/build_image.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PROJECT=${COMPOSE_SMOKE_PROJECT:-pmsmoke}
+PORT=${COMPOSE_SMOKE_PORT:-18000}
+URL=http://127.0.0.1:$PORT
+export POISSONMARK_IMAGE=${POISSONMARK_IMAGE:-poissonmark:latest}
+export POISSONMARK_BASE_IMAGE=${POISSONMARK_BASE_IMAGE:-poissonmark-base:bookworm}
+export POISSONMARK_PUBLISH_PORT=$PORT
+work=$(mktemp -d /tmp/compose-smoke.XXXXXX)
+
+log() { printf '[%s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+fail() {
+  log "FAIL: $*"
+  exit 1
+}
+now() { date +%s.%N; }
+phases=()
+phase_start=
+begin() {
+  phase_name=$1
+  phase_start=$(now)
+  log "== $phase_name"
+}
+end() {
+  local s
+  s=$(python3 -c "print(f'{$(now) - $phase_start:.1f}')")
+  phases+=("$phase_name=$s")
+  log "   $phase_name: ${s} s"
+}
+
+# --- engine ---------------------------------------------------------------------------------
+begin engine
+if ! command -v docker >/dev/null 2>&1 || ! command -v dockerd >/dev/null 2>&1 \
+  || ! { docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null 2>&1; }; then
+  [ "$(id -u)" -eq 0 ] || fail "docker / docker-compose missing (and not root to install them)"
+  log "installing docker.io docker-compose (apt)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io docker-compose >"$work/apt.log" 2>&1 \
+    || { tail -n 20 "$work/apt.log" >&2; fail "apt-get install docker.io docker-compose"; }
+fi
+if ! docker info >/dev/null 2>&1; then
+  [ "$(id -u)" -eq 0 ] || fail "the Docker engine is not running (and not root to start it)"
+  log "starting dockerd (log: /tmp/compose-smoke-dockerd.log)"
+  nohup dockerd >/tmp/compose-smoke-dockerd.log 2>&1 &
+  for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+  docker info >/dev/null 2>&1 || fail "dockerd did not start (see /tmp/compose-smoke-dockerd.log)"
+fi
+if docker compose version >/dev/null 2>&1; then
+  compose_cli=(docker compose)
+else
+  compose_cli=(docker-compose)
+fi
+dc() { "${compose_cli[@]}" -p "$PROJECT" -f docker/docker-compose.yml "$@"; }
+log "engine $(docker version --format '{{.Server.Version}}'); compose: $("${compose_cli[@]}" version --short 2>/dev/null || true)"
+end
+
+# --- secrets of this run (never printed) ----------------------------------------------------
+POISSONMARK_KEK=$(python3 -c 'import base64, os; print(base64.b64encode(os.urandom(32)).decode())')
+POISSONMARK_ADMIN_TOKEN=$(python3 -c 'import secrets; print(secrets.token_urlsafe(32))')
+export POISSONMARK_KEK POISSONMARK_ADMIN_TOKEN
+
+cleanup() {
+  local rc=$?
+  if [ "$rc" -ne 0 ]; then
+    log "logs of the failed run:"
+    dc logs --no-color --tail 60 >&2 2>&1 || true
+    if [ "${COMPOSE_SMOKE_KEEP:-0}" = 1 ]; then
+      log "COMPOSE_SMOKE_KEEP=1: project $PROJECT left up"
+      exit "$rc"
+    fi
+    dc down -v --remove-orphans >/dev/null 2>&1 || true
+  fi
+  rm -rf "$work"
+  exit "$rc"
+}
+trap cleanup EXIT
+
+# --- HTTP helpers: call METHOD PATH TOKEN [BODY] -> $status, $ctype, body in $work/body ---------
+call() {
+  local method=$1 path=$2 token=$3 body=${4:-} out
+  local args=(-sS -o "$work/body" -w '%{http_code} %{content_type}' -X "$method"
+    -H "Authorization: Bearer $token" --max-time 300)
+  [ -n "$body" ] && args+=(-H 'Content-Type: application/json' --data "$body")
+  out=$(curl "${args[@]}" "$URL$path") || out="000 -"
+  status=${out%% *}
+  ctype=${out#* }
+}
+field() { python3 -c "import json, sys; print(json.load(open('$work/body'))$1)"; }
+expect() { # expect STATUS WHAT
+  [ "$status" = "$1" ] || fail "$2: HTTP $status (expected $1): $(head -c 600 "$work/body" 2>/dev/null)"
+}
+wait_ready() { # wait_ready SECONDS
+  local deadline=$(($(date +%s) + $1))
+  while [ "$(date +%s)" -lt "$deadline" ]; do
+    status=$(curl -s -o "$work/ready" -w '%{http_code}' --max-time 5 "$URL/readyz" || true)
+    [ "$status" = 200 ] && return 0
+    sleep 1
+  done
+  fail "/readyz not 200 within $1 s (last: $status $(cat "$work/ready" 2>/dev/null))"
+}
+detect_watermarked() { # detect_watermarked TOKEN KEY TEXT-FILE WHAT
+  local body
+  body=$(python3 -c "import json, sys; print(json.dumps({'key_id': sys.argv[1], 'text': open(sys.argv[2]).read()}))" "$2" "$3")
+  call POST /v1/detect "$1" "$body"
+  expect 200 "$4"
+  local verdict
+  verdict=$(field "['verdict']")
+  [ "$verdict" = watermarked ] || fail "$4: verdict $verdict (expected watermarked): $(head -c 400 "$work/body")"
+  log "   $4: watermarked (p = $(field "['p_value']" 2>/dev/null || echo '?'))"
+}
+
+# --- build ------------------------------------------------------------------------------------
+begin build
+bash docker/build_image.sh "$POISSONMARK_IMAGE" >"$work/build.log" 2>&1 \
+  || { tail -n 40 "$work/build.log" >&2; fail "image build (docker/build_image.sh)"; }
+log "   image $POISSONMARK_IMAGE: $(docker image inspect "$POISSONMARK_IMAGE" --format '{{.Size}}') bytes"
+end
+
+# --- up -------------------------------------------------------------------------------------
+begin up
+dc down -v --remove-orphans >/dev/null 2>&1 || true # a previous run's leftovers
+dc up -d redis poissonmark >"$work/up.log" 2>&1 || { cat "$work/up.log" >&2; fail "compose up -d"; }
+wait_ready 300
+end
+
+# --- keys, token, generate, detect --------------------------------------------------------------
+begin generate_detect
+ADMIN=$POISSONMARK_ADMIN_TOKEN
+keys=()
+for _ in 1 2 3; do
+  call POST /v1/keys "$ADMIN" '{}'
+  expect 201 "create key"
+  keys+=("$(field "['key_id']")")
+done
+log "   keys ${keys[*]}"
+dc exec -T poissonmark poissonmark tokens create --tenant default --scope generate \
+  --scope detect --scope keys --name compose-smoke --json >"$work/token.json" \
+  || fail "poissonmark tokens create (in the container)"
+TOKEN=$(python3 -c "import json; print(json.load(open('$work/token.json'))['token'])")
+call POST /v1/generate "$TOKEN" "{\"key_id\": \"${keys[0]}\", \"prompt\": \"Explain in detail why the sky is blue.\", \"max_new_tokens\": 64, \"nonce\": 7}"
+expect 200 "generate (API token)"
+field "['text']" >"$work/text"
+log "   generated $(field "['stats']['emitted_tokens']") tokens: $(head -c 80 "$work/text" | tr '\n' ' ')..."
+detect_watermarked "$TOKEN" "${keys[0]}" "$work/text" "detect (API token)"
+end
+
+# --- Redis killed -------------------------------------------------------------------------------
+begin redis_killed
+redis_id=$(dc ps -q redis)
+[ -n "$redis_id" ] || fail "no redis container"
+aof=$(docker exec "$redis_id" redis-cli CONFIG GET appendonly | tail -n 1)
+[ "$aof" = yes ] || fail "Redis appendonly is '$aof' (expected yes)"
+# one more key, acknowledged just before the kill: it must survive too
+call POST /v1/keys "$ADMIN" '{}'
+expect 201 "create key"
+keys+=("$(field "['key_id']")")
+docker kill -s KILL "$redis_id" >/dev/null
+for _ in $(seq 20); do
+  [ "$(docker inspect -f '{{.State.Running}}' "$redis_id")" = false ] && break
+  sleep 0.5
+done
+[ "$(docker inspect -f '{{.State.Running}}' "$redis_id")" = false ] || fail "Redis still running after SIGKILL"
+log "   Redis (appendonly yes) killed: $(docker inspect -f 'exit {{.State.ExitCode}}' "$redis_id"), ${keys[-1]} created just before"
+body=$(python3 -c "import json; print(json.dumps({'key_id': '${keys[0]}', 'text': open('$work/text').read()}))")
+call POST /v1/detect "$TOKEN" "$body"
+[ "$status" = 503 ] || fail "detect with Redis down: HTTP $status (expected 503): $(head -c 400 "$work/body")"
+case "$ctype" in application/problem+json*) ;; *) fail "detect with Redis down: Content-Type $ctype (expected application/problem+json)" ;; esac
+log "   detect: 503 $ctype: $(head -c 200 "$work/body")"
+status=$(curl -s -o "$work/ready" -w '%{http_code}' --max-time 10 "$URL/readyz" || true)
+[ "$status" = 503 ] || fail "/readyz with Redis down: HTTP $status (expected 503)"
+log "   readyz: 503 $(cat "$work/ready")"
+end
+
+# --- Redis back ---------------------------------------------------------------------------------
+begin redis_back
+docker start "$redis_id" >/dev/null
+wait_ready 120
+listed=()
+cursor=
+while :; do
+  call GET "/v1/keys?limit=100${cursor:+&cursor=$cursor}" "$ADMIN"
+  expect 200 "list keys"
+  mapfile -t page < <(field "['keys']" | python3 -c "import ast, sys; [print(k['key_id']) for k in ast.literal_eval(sys.stdin.read())]")
+  listed+=("${page[@]}")
+  cursor=$(field "['next_cursor'] or ''")
+  [ -n "$cursor" ] || break
+done
+for k in "${keys[@]}"; do
+  printf '%s\n' "${listed[@]}" | grep -qx "$k" || fail "key $k lost after the Redis kill (AOF)"
+done
+log "   all ${#keys[@]} keys listed after the restart (${#listed[@]} in the tenant)"
+detect_watermarked "$TOKEN" "${keys[0]}" "$work/text" "detect after Redis restart"
+end
+
+# --- service restarted ----------------------------------------------------------------------------
+begin service_restart
+dc restart poissonmark >/dev/null 2>&1 || fail "compose restart poissonmark"
+wait_ready 300
+for k in "${keys[@]}"; do
+  call GET "/v1/keys/$k" "$TOKEN"
+  expect 200 "key $k after the service restart (API token)"
+done
+call GET /v1/keys "$ADMIN"
+expect 200 "list keys after the service restart (admin token)"
+detect_watermarked "$TOKEN" "${keys[0]}" "$work/text" "detect after service restart"
+call POST /v1/generate "$TOKEN" "{\"key_id\": \"${keys[1]}\", \"prompt\": \"Name three rivers.\", \"max_new_tokens\": 8}"
+expect 200 "generate after the service restart (API token)"
+end
+
+# --- down -----------------------------------------------------------------------------------------
+begin down
+dc down -v --remove-orphans >"$work/down.log" 2>&1 || { cat "$work/down.log" >&2; fail "compose down -v"; }
+left=$(docker volume ls -q --filter "label=com.docker.compose.project=$PROJECT")
+[ -z "$left" ] || fail "volumes left after down -v: $left"
+end
+
+total=0
+printf '\ncompose_smoke: OK\n%-18s %8s\n' phase seconds
+for p in "${phases[@]}"; do
+  printf '%-18s %8s\n' "${p%%=*}" "${p#*=}"
+  total=$(python3 -c "print($total + ${p#*=})")
+done
+printf '%-18s %8.1f\n' total "$total"
+if [ -n "${COMPOSE_SMOKE_JSON:-}" ]; then
+  python3 - "$COMPOSE_SMOKE_JSON" "${phases[@]}" <<'PY'
+import json, platform, subprocess, sys
+phases = {p.split("=")[0]: float(p.split("=")[1]) for p in sys.argv[2:]}
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "")
+amx = "amx_tile" in open("/proc/cpuinfo").read()
+commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+engine = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True, text=True).stdout.strip()
+json.dump({"phases_s": phases, "total_s": round(sum(phases.values()), 1), "engine": engine,
+           "hardware": {"cpu": cpu, "amx": amx, "cores": __import__("os").cpu_count()},
+           "commit": commit, "machine_load": open("/proc/loadavg").read().split()[:3]},
+          open(sys.argv[1], "w"), indent=2)
+PY
+fi
