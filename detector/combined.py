@@ -140,30 +140,33 @@ def combined_test(terms: NDArray[np.float64], whole_log_p: float) -> CombinedTes
     return CombinedTest(combine(whole_log_p, scan, windows), whole_log_p, windows, scan_corrected)
 
 
-def whole_text_level(alpha: float, m: int) -> float:
-    """ℓ(M): the level the whole-text p must reach alone, a·α for M >= 16, else α."""
-    return alpha * WHOLE_TEXT_WEIGHT if m >= MIN_WINDOW else alpha
+def whole_text_log_level(alpha: float, m: int, keys: int = 1) -> float:
+    """ln ℓ(M): the level the whole-text p must reach alone, a·α/K for M >= 16, else α/K
+    (in logs: α/K may underflow)."""
+    log_level = math.log(alpha) - math.log(keys)
+    return log_level + math.log(WHOLE_TEXT_WEIGHT) if m >= MIN_WINDOW else log_level
 
 
 @functools.lru_cache(maxsize=4096)
-def min_detectable_mean_score(m: int, level: float) -> float | None:
-    """μ*(M): the per-token mean Aaronson term at which Q(M, μ·M) = level (None for M = 0).
+def min_detectable_mean_score(m: int, log_level: float) -> float | None:
+    """μ*(M): the per-token mean Aaronson term at which ln Q(M, μ·M) = ``log_level`` (None for
+    M = 0).
 
     Solved by bisection on the exact log-space tail (Q is decreasing in S), to 1e-9
-    relative; >= 1 for level <= 1/2 (the H0 mean is 1; Q(M, M) > 1/2 below the median).
+    relative; > 1 for levels below 1/2 (the H0 mean is 1).
 
     Args:
-        m: M >= 0 scored tokens. level: in (0, 1).
+        m: M >= 0 scored tokens. log_level: ln of the level, < 0 (any depth: no underflow).
     Raises:
-        ValueError: level outside (0, 1) or m < 0.
+        ValueError: log_level not a negative finite number, or m < 0.
     """
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"expected level in (0, 1), got {level!r}")
+    if not (math.isfinite(log_level) and log_level < 0.0):
+        raise ValueError(f"expected a log level < 0, got {log_level!r}")
     if m < 0:
         raise ValueError(f"expected m >= 0, got {m}")
     if m == 0:
         return None
-    target = math.log(level)
+    target = log_level
     low, high = 0.0, 2.0
     while aaronson_log_sf(m, high * m) > target:
         low, high = high, high * 2.0
@@ -190,4 +193,6 @@ def needed_tokens(alpha: float, mean_score: float = REFERENCE_MEAN_SCORE) -> int
     alone = min_scored_tokens(alpha, mean_score)
     if alone < MIN_WINDOW:
         return alone
-    return max(MIN_WINDOW, min_scored_tokens(alpha * WHOLE_TEXT_WEIGHT, mean_score))
+    # a·α rounds to 0 for the smallest subnormal α: keep the smallest positive float there
+    level = max(alpha * WHOLE_TEXT_WEIGHT, 5e-324)
+    return max(MIN_WINDOW, min_scored_tokens(level, mean_score))

@@ -33,7 +33,7 @@ from detector.combined import (
     combined_test,
     min_detectable_mean_score,
     needed_tokens,
-    whole_text_level,
+    whole_text_log_level,
 )
 from detector.evidence import Detection, TokenColumns, Verdict
 from detector.options import DetectOptions
@@ -144,8 +144,7 @@ def detect_tokenized(
     needed = needed_tokens(alpha, options.reference_mean_score)
     aaronson = evaluated["aaronson"][1]
     test = combined_test(aaronson_terms, aaronson.log_p_value)
-    level = whole_text_level(alpha, num_scored)
-    mu = min_detectable_mean_score(num_scored, level)
+    mu = min_detectable_mean_score(num_scored, whole_text_log_level(alpha, num_scored))
     realigned = None
     if options.realign:
         realigned = realigned_test(ids, source.context_width, special, source.secret)

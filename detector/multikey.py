@@ -46,7 +46,7 @@ from detector.combined import (
     min_detectable_mean_score,
     needed_tokens,
     scan_min_log_p_rows,
-    whole_text_level,
+    whole_text_log_level,
     windows_scanned,
 )
 from detector.detect import (
@@ -215,7 +215,7 @@ def detect_multi(
     corrected_p = PValue.from_log(best_result.p_value.score, corrected, "exact")
     needed = _needed(options.alpha, len(ids), best_result.min_scored_tokens, options)
     m_best = best_result.num_scored
-    mu = min_detectable_mean_score(m_best, whole_text_level(options.alpha / len(ids), m_best))
+    mu = min_detectable_mean_score(m_best, whole_text_log_level(options.alpha, m_best, len(ids)))
     return MultiKeyDetection(
         results=results,
         key_ids=tuple(ids),

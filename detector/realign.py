@@ -8,13 +8,15 @@ of t with an exact per-position law.
 
 Glossary (m the context width, ids w_0..w_{T−1}):
 - candidates of t (t >= m, w_t not special): the plain label (w_{t−m}, …, w_{t−1}) first,
-  then for t >= m + 1 and i = 1..m the label of (w_{t−m−1}, …, w_{t−1}) without w_{t−i}
-  (the token i places back skipped). All are (label, w_t) pairs of the same token.
+  then for t >= m + 1 the labels of (w_{t−m−1}, …, w_{t−1}) without one of w_{t−m}, …,
+  w_{t−1} (the token an editor may have inserted), earliest skipped first. All are
+  (label, w_t) pairs of the same token.
 - de-duplication: a label is used at most once in the whole text (its first occurrence, in
-  the order (t, plain first, then i = 1..m)); later candidates with that label are dropped,
-  and a position with none left is not scored. Which candidates are kept depends on the
-  text alone, never on the key, and every kept candidate has a distinct label, so under H0
-  (the text independent of the key) their pivots r are i.i.d. U(0, 1) (the PRF, DESIGN §2).
+  the order (t, plain first, then the skips in that order)); later candidates with that
+  label are dropped, and a position with none left is not scored. Which candidates are kept
+  depends on the text alone, never on the key, and every kept candidate has a distinct
+  label, so under H0 (the text independent of the key) their pivots r are i.i.d. U(0, 1)
+  (the PRF, DESIGN §2).
 - weights: the plain candidate gets ``PLAIN_WEIGHT`` = 0.8 of position t's weight when it is
   kept and the skip candidates share the rest evenly (each of n kept candidates 1/n when the
   plain one was dropped; a lone candidate weight 1).

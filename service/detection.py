@@ -9,8 +9,9 @@ CLI (``poissonmark detect``) share:
   (``POISSONMARK_MAX_KEYS_PER_DETECT``, 10,000 by default: ``bench/results/multikey_cost.json``
   measures the cost per key). A deleted key is in neither.
 - ``detect_keys``: the detector over those keys (``detector.multikey.detect_multi``: every
-  key's Aaronson p in one vectorised pass, Bonferroni over keys, full results for the best
-  ``detailed`` keys; one key is the case K = 1).
+  key's Aaronson p and best window in one vectorised pass, the verdict's combined test
+  (``detector.combined``), Bonferroni over keys, full results for the best ``detailed`` keys;
+  one key is the case K = 1).
 - ``detection_json`` / ``multi_key_json``: the wire shapes of one key's result
   (``KeyDetectionOut``) and of the whole detection (``DetectResponse``), for the HTTP responses
   and the CLI's ``--json`` alike.
@@ -37,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
+import math
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -134,8 +136,23 @@ def detection_json(detection: Detection, *, tokens: bool) -> dict[str, Any]:
 
 def multi_key_json(found: MultiKeyDetection, *, tokens: bool) -> dict[str, Any]:
     """The whole detection (``DetectResponse``): the verdict on the best key's corrected
-    p-value, then the detailed keys' own results in ``results``, best first. Plain JSON, no
+    p-value (whole text and spans, ``detector.combined``), the plain whole-text and the span
+    p-values corrected for the keys too, what the text could have shown (``power``), then the
+    detailed keys' own results in ``results``, best first; each of their spans also carries
+    ``keys_corrected_p_value`` (its windows-corrected p times K, capped at 1). Plain JSON, no
     key material."""
+    keys = math.log10(found.num_keys)
+    results = []
+    for detection in found.results.values():
+        shaped = detection_json(detection, tokens=tokens)
+        if shaped["spans"] is not None:
+            for span in shaped["spans"]["spans"]:
+                log10 = min(0.0, span["corrected_log10_p_value"] + keys)
+                span["keys_corrected_log10_p_value"] = log10
+                span["keys_corrected_p_value"] = 10.0**log10
+        results.append(shaped)
+    mu = found.min_detectable_mean_score
+    span = found.span_log10_p_value
     return {
         "verdict": found.verdict.value,
         "alpha": found.alpha,
@@ -143,8 +160,17 @@ def multi_key_json(found: MultiKeyDetection, *, tokens: bool) -> dict[str, Any]:
         "num_keys": found.num_keys,
         "p_value": found.p_value,
         "log10_p_value": found.log10_p_value,
+        "whole_text_p_value": 10.0**found.whole_text_log10_p_value,
+        "whole_text_log10_p_value": found.whole_text_log10_p_value,
+        "span_p_value": None if span is None else 10.0**span,
+        "span_log10_p_value": span,
         "min_scored_tokens": found.min_scored_tokens,
-        "results": [detection_json(d, tokens=tokens) for d in found.results.values()],
+        "power": {
+            "min_detectable_mean_score": mu,
+            "reference_mean_score": found.reference_mean_score,
+            "detectable": mu is not None and mu <= found.reference_mean_score,
+        },
+        "results": results,
     }
 
 
@@ -264,7 +290,12 @@ class DetectionPool:
         self, records: Sequence[KeyRecord], item: DetectInput, options: DetectOptions
     ) -> dict[str, Any]:
         """One text against ``records``: the ``DetectResponse`` wire shape."""
-        wanted = DetectorOptions(alpha=options.alpha, scores=options.scores, spans=options.spans)
+        wanted = DetectorOptions(
+            alpha=options.alpha,
+            scores=options.scores,
+            spans=options.spans,
+            realign=options.realign,
+        )
         found = detect_keys(
             self.tokenizer(),
             records,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -115,6 +116,13 @@ def detect(
             "--spans", help="Report the strongest watermarked spans (window scan, corrected)."
         ),
     ] = False,
+    realign: Annotated[
+        bool,
+        typer.Option(
+            "--realign",
+            help="Also run the edit-tolerant re-aligned test (reported beside the verdict).",
+        ),
+    ] = False,
     jsonl: Annotated[
         Path | None,
         typer.Option(
@@ -194,7 +202,7 @@ def detect(
         if jsonl is not None and key is None:
             raise ValueError("--jsonl needs --key (corpus mode tests one key)")
         families = score_families(score or [], li_delta, lattimore_epsilon)
-        options = DetectOptions(alpha=alpha, scores=families, spans=spans)
+        options = DetectOptions(alpha=alpha, scores=families, spans=spans, realign=realign)
         ids = parse_token_ids(token_ids)
         # --file and stdin as their bytes say (UTF-8; no newline translation: "\r\n" stays,
         # so offsets index the file and the same bytes give the same result either way)
@@ -320,20 +328,61 @@ def show_multi_key(found: MultiKeyDetection, tenant: str) -> None:
         highlight=False,
     )
     out.print(f"verdict (corrected): [bold]{found.verdict.value}[/]")
-    out.print("[dim]best key's own result:[/]")
-    show(found.best)
-
-
-def show(result: Detection) -> None:
-    """Verdict, p-values, skips, spans, then the text with scored tokens on green."""
-    a = result.scores["aaronson"]
-    out.print(f"verdict: [{_COLOURS[result.verdict.value]}]{result.verdict.value}[/]")
+    span = found.span_log10_p_value
     out.print(
-        f"p-value: {a.p_value:.3g}   log10 p: {a.log10_p_value:.2f}   "
-        f"scored tokens: {result.num_scored} of {result.num_tokens}   "
-        f"Aaronson score: {a.score:.1f}",
+        f"[dim]whole text, corrected for the keys: log10 p {found.whole_text_log10_p_value:.2f}"
+        + ("" if span is None else f"; best span of any key, corrected: log10 p {span:.2f}")
+        + "[/]",
         highlight=False,
     )
+    _show_power(found.verdict.value, found.min_detectable_mean_score, found.reference_mean_score)
+    out.print("[dim]best key's own result:[/]")
+    show(found.best, num_keys=found.num_keys)
+
+
+def _show_power(verdict: str, mu: float | None, reference: float) -> None:
+    """What the text could show: the minimum detectable mean score at its length."""
+    if mu is None:
+        out.print("[yellow]nothing could be scored: too short to tell[/]")
+    elif verdict == "insufficient_evidence":
+        out.print(
+            f"[yellow]too short to tell: it would have been detected if its mean per-token "
+            f"score were >= {mu:.2f} (a typical watermarked text: {reference:.2f})[/]",
+            highlight=False,
+        )
+    else:
+        out.print(
+            f"[dim]minimum detectable mean score at this length: {mu:.2f} "
+            f"(typical watermarked: {reference:.2f})[/]",
+            highlight=False,
+        )
+
+
+def show(result: Detection, num_keys: int = 1) -> None:
+    """Verdict, p-values, skips, spans, then the text with scored tokens on green; with
+    ``num_keys`` > 1 the spans' p also corrected for the keys."""
+    a = result.scores["aaronson"]
+    out.print(f"verdict: [{_COLOURS[result.verdict.value]}]{result.verdict.value}[/]")
+    log10_p = result.verdict_log10_p_value
+    out.print(
+        f"p-value: {10.0**log10_p:.3g}   log10 p: {log10_p:.2f} (whole text and spans)   "
+        f"scored tokens: {result.num_scored} of {result.num_tokens}",
+        highlight=False,
+    )
+    out.print(
+        f"whole text: log10 p {a.log10_p_value:.2f}   Aaronson score: {a.score:.1f}",
+        highlight=False,
+    )
+    if num_keys == 1:
+        _show_power(
+            result.verdict.value, result.min_detectable_mean_score, result.reference_mean_score
+        )
+    if result.realigned is not None:
+        out.print(
+            f"edit-tolerant (re-aligned) test: log10 p {result.realigned.log10_p_value:.2f} "
+            f"over {result.realigned.num_scored} positions",
+            highlight=False,
+        )
     for name, p in result.scores.items():
         if name != "aaronson":
             out.print(
@@ -343,11 +392,14 @@ def show(result: Detection) -> None:
     if skipped:
         out.print(f"[dim]skipped: {skipped}[/]")
     if result.spans is not None:
+        keys = math.log10(num_keys)
+        also = f" and {num_keys} keys" if num_keys > 1 else ""
         for span in result.spans.spans:
+            corrected = min(0.0, span.corrected_log10_p_value + keys)
             out.print(
                 f"span chars {span.start}-{span.end} ({span.num_scored} scored tokens): "
                 f"log10 p {span.p_value.log10_p_value:.2f}, corrected for "
-                f"{result.spans.windows_scanned} windows {span.corrected_log10_p_value:.2f}",
+                f"{result.spans.windows_scanned} windows{also} {corrected:.2f}",
                 highlight=False,
             )
     shown = Text()

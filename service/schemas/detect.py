@@ -46,7 +46,17 @@ class DetectOptions(RequestModel):
         description="Score families besides `aaronson` (always computed): `u`, `li`, `lattimore`.",
     )
     evidence: bool = Field(default=False, description="Include per-token evidence.")
-    spans: bool = Field(default=False, description="Run the span search (windows of evidence).")
+    spans: bool = Field(
+        default=False,
+        description="Report the span search (the strongest windows of evidence; the verdict's "
+        "test scans the windows either way).",
+    )
+    realign: bool = Field(
+        default=False,
+        description="Also run the edit-tolerant re-aligned test (labels with one token "
+        "skipped; exact p; about 5x the per-token key cost): `edit_tolerant` in each result. "
+        "Reported beside the verdict, not used by it.",
+    )
     max_results: int = Field(
         default=10,
         ge=1,
@@ -125,8 +135,63 @@ class SpanOut(BaseModel):
     score: float
     p_value: float
     log10_p_value: float
-    corrected_p_value: float
+    corrected_p_value: float = Field(description="min(1, W·p): corrected for the W windows.")
     corrected_log10_p_value: float
+    keys_corrected_p_value: float | None = Field(
+        default=None,
+        description="min(1, K·W·p): corrected for the windows and the `num_keys` keys tested "
+        "(a span is significant at alpha when this is below it).",
+    )
+    keys_corrected_log10_p_value: float | None = None
+
+
+class VerdictTestOut(BaseModel):
+    """The verdict's test: the whole-text p and the best window's in one valid p-value."""
+
+    name: Literal["whole_text", "whole_text+spans"] = Field(
+        description="`whole_text` below 16 scored tokens (no window), else `whole_text+spans`."
+    )
+    whole_text_weight: float = Field(
+        description="Weighted Bonferroni: p = min(1, p_whole / a, W·p_best_window / (1 − a)) "
+        "with this a (0.9); a valid p-value for 'the text or some window is watermarked'."
+    )
+    windows_scanned: int = Field(description="W, the windows of the span search.")
+    p_value: float
+    log10_p_value: float
+    whole_text_log10_p_value: float = Field(description="The plain whole-text Aaronson p.")
+    scan_log10_p_value: float = Field(description="The best window's p times W (capped at 1).")
+
+
+class PowerOut(BaseModel):
+    """What this text could show: a not-significant result of a text too short to tell is
+    `insufficient_evidence`."""
+
+    min_detectable_mean_score: float | None = Field(
+        description="The per-token mean Aaronson score (nats; 1 under H0) at which a text of "
+        "this many scored tokens would have been detected at alpha (the whole text's share of "
+        "it, and for the response alpha / num_keys); null when nothing was scored."
+    )
+    reference_mean_score: float = Field(
+        description="The mean score of a typically watermarked text (1.5) the verdict "
+        "compares it to; SmolLM2 at T = 1 averages about 2.6."
+    )
+    detectable: bool = Field(
+        description="A typically watermarked text of this length would have been detected."
+    )
+
+
+class EditTolerantOut(BaseModel):
+    """The re-aligned test (with `realign: true`): each position also scored under its labels
+    with one of the tokens before it skipped, an exact per-position law, Gamma null."""
+
+    name: Literal["realigned"]
+    score: float
+    p_value: float
+    log10_p_value: float
+    method: Literal["exact"]
+    num_scored: int
+    num_candidates: int = Field(description="(label, token) pairs scored, each label once.")
+    plain_weight: float = Field(description="The plain label's share of a position's weight.")
 
 
 class SpanSearchOut(BaseModel):
@@ -144,6 +209,11 @@ class KeyDetectionOut(BaseModel):
     num_tokens: int
     num_scored: int
     min_scored_tokens: int
+    p_value: float = Field(description="The verdict's p for this key (`test`), uncorrected.")
+    log10_p_value: float
+    test: VerdictTestOut
+    power: PowerOut
+    edit_tolerant: EditTolerantOut | None = Field(description="With `realign: true`.")
     scores: dict[str, ScoreOut]
     skipped: dict[str, int]
     retokenization_matches: bool | None
@@ -152,14 +222,27 @@ class KeyDetectionOut(BaseModel):
 
 
 class DetectResponse(BaseModel):
-    """The verdict at ``alpha`` on the best key's p-value corrected for ``num_keys`` keys."""
+    """The verdict at ``alpha`` on the best key's p-value corrected for ``num_keys`` keys; the
+    p is the verdict's test, whole text and spans together (``test`` of each result)."""
 
     verdict: Verdict
     alpha: float
     best_key_id: str
     num_keys: int
-    p_value: float
+    p_value: float = Field(
+        description="min(1, num_keys · the best key's verdict p): whole text and spans."
+    )
     log10_p_value: float
+    whole_text_p_value: float = Field(
+        description="The plain whole-text Aaronson p of the best key, corrected for the keys."
+    )
+    whole_text_log10_p_value: float
+    span_p_value: float | None = Field(
+        description="The best window of any key, corrected for the windows and the keys; "
+        "null below 16 scored tokens."
+    )
+    span_log10_p_value: float | None
+    power: PowerOut
     min_scored_tokens: int = Field(
         description="Scored tokens a typical watermarked text needs to reach alpha / num_keys "
         "(below it, a result that is not significant is `insufficient_evidence`)."

@@ -245,11 +245,20 @@ function renderResult(response) {
 
   const words = $("verdict-words");
   words.replaceChildren();
+  const power = response.power || best.power;
   if (response.verdict === "insufficient_evidence") {
     words.append(
-      `Only ${best.num_scored} tokens could be scored; at least ${best.min_scored_tokens} are ` +
-        `needed before a watermark can be detected at level ${response.alpha}.`,
+      `This text is too short to tell: only ${best.num_scored} tokens could be scored, and a ` +
+        `typically watermarked text needs at least ${response.min_scored_tokens} to be detected ` +
+        `at level ${response.alpha}.`,
     );
+    if (power && power.min_detectable_mean_score !== null) {
+      words.append(
+        ` It would have been detected if its mean per-token score were at least ` +
+          `${power.min_detectable_mean_score.toFixed(2)} (human text averages 1, a typically ` +
+          `watermarked text ${power.reference_mean_score.toFixed(1)}).`,
+      );
+    }
   } else {
     words.append(chanceNode(response.log10_p_value));
     words.append(
@@ -263,7 +272,24 @@ function renderResult(response) {
   numbers.replaceChildren();
   addNumber(numbers, "p-value", formatP(response.log10_p_value));
   addNumber(numbers, "log10 p", response.log10_p_value.toFixed(2));
+  if (typeof response.whole_text_log10_p_value === "number") {
+    addNumber(numbers, "Whole-text p", formatP(response.whole_text_log10_p_value));
+  }
+  if (typeof response.span_log10_p_value === "number") {
+    addNumber(numbers, "Best-span p", formatP(response.span_log10_p_value));
+  }
   addNumber(numbers, "Scored tokens", `${best.num_scored} of ${best.num_tokens}`);
+  if (power && power.min_detectable_mean_score !== null) {
+    addNumber(
+      numbers,
+      "Would be detected from",
+      `a mean score of ${power.min_detectable_mean_score.toFixed(2)} per token ` +
+        `(typical watermark ${power.reference_mean_score.toFixed(1)})`,
+    );
+  }
+  if (best.edit_tolerant) {
+    addNumber(numbers, "Edit-tolerant test p", formatP(best.edit_tolerant.log10_p_value));
+  }
   const skipped = Object.entries(best.skipped).filter(([, n]) => n > 0);
   addNumber(
     numbers,
@@ -277,12 +303,14 @@ function renderResult(response) {
   if (best.retokenization_matches === false) {
     addNumber(numbers, "Note", "the text does not re-tokenize to the generated token ids");
   }
-  // Outline only the spans significant at alpha after the correction for the windows scanned
-  // and, when several keys were tested, for their number too (Bonferroni), in text order.
-  const keys = Math.log10(Math.max(response.num_keys, 1));
+  // Outline only the spans significant at alpha after the server's correction for the windows
+  // scanned and the keys tested (keys_corrected_log10_p_value), in text order.
   const spans = best.spans
     ? best.spans.spans
-        .map((s) => ({ ...s, shown_log10_p: Math.min(0, s.corrected_log10_p_value + keys) }))
+        .map((s) => ({
+          ...s,
+          shown_log10_p: s.keys_corrected_log10_p_value ?? s.corrected_log10_p_value,
+        }))
         .filter((s) => s.shown_log10_p <= Math.log10(response.alpha))
         .sort((a, b) => a.token_start - b.token_start)
     : null;

@@ -78,9 +78,7 @@ def test_detect_multi_finds_the_right_key(real_tokenizer) -> None:  # type: igno
     assert result.verdict_log_p_values is not None
     assert result.verdict_log_p_values[result.key_ids.index("pmk_right")] == test.log_p
     assert result.log10_p_value == pytest.approx((test.log_p + math.log(4)) / LN10)
-    assert result.whole_text_log10_p_value == pytest.approx(
-        (best.log_p_value + math.log(4)) / LN10
-    )
+    assert result.whole_text_log10_p_value == pytest.approx((best.log_p_value + math.log(4)) / LN10)
     assert result.span_log10_p_value is not None
     assert result.p_value == pytest.approx(10**result.log10_p_value, rel=1e-9, abs=1e-300)
     assert result.verdict is Verdict.WATERMARKED
@@ -162,3 +160,46 @@ def test_the_verdict_needs_the_tokens_of_the_corrected_level(real_tokenizer) -> 
     assert many.verdict is Verdict.INSUFFICIENT_EVIDENCE
     with pytest.raises(ValueError, match="detailed >= 1"):
         detect_multi(real_tokenizer, sources, text="x", detailed=0)
+
+
+def _multi_key_h0(real_tokenizer, passages: list[str], keys: int) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    """Per alpha in {0.1, 0.01}: how many human passages each multi-key p rejects under
+    ``keys`` fixed keys none of them was generated with (issue 15 item 3)."""
+    sources = {f"pmk_h0_{i}": fixed_source(f"multi-h0-{i}") for i in range(keys)}
+    counts: dict[str, int] = {}
+    for text in passages:
+        found = detect_multi(
+            real_tokenizer, sources, text=text, options=DetectOptions(spans=True), detailed=1
+        )
+        best = found.best
+        assert best.spans is not None
+        # the old span p: the best key's best span, corrected for its windows only
+        old = min((s.corrected_log10_p_value for s in best.spans.spans), default=0.0)
+        values = {
+            "verdict": found.log10_p_value,
+            "whole_text": found.whole_text_log10_p_value,
+            "span": 0.0 if found.span_log10_p_value is None else found.span_log10_p_value,
+            "span_uncorrected_for_keys": old,
+        }
+        for alpha in (0.1, 0.01):
+            for name, log10 in values.items():
+                key = f"{name}@{alpha}"
+                counts[key] = counts.get(key, 0) + int(log10 <= math.log10(alpha))
+    return counts
+
+
+@pytest.mark.parametrize(
+    ("keys", "passages"), [(20, 227), pytest.param(200, 227, marks=pytest.mark.slow)]
+)
+def test_multi_key_span_p_is_valid_under_h0(real_tokenizer, human_passages, keys, passages) -> None:  # type: ignore[no-untyped-def]
+    # H0: the 227 human passages under K fixed keys. The corrected verdict, whole-text and span
+    # p-values must each reject at most alpha of the passages (count <= the upper end of the
+    # central 99% Binomial(N, alpha) interval: a valid test exceeds it with probability
+    # <= 0.005; fixed keys, deterministic). Negative control: the best key's span p corrected
+    # for its windows only (what the API returned before) rejects far more at alpha = 0.1.
+    counts = _multi_key_h0(real_tokenizer, human_passages[:passages], keys)
+    for alpha in (0.1, 0.01):
+        high = int(stats.binom.ppf(0.995, passages, alpha))
+        for name in ("verdict", "whole_text", "span"):
+            assert counts[f"{name}@{alpha}"] <= high, (name, alpha, counts)
+    assert counts["span_uncorrected_for_keys@0.1"] > int(stats.binom.ppf(0.995, passages, 0.1))

@@ -244,6 +244,28 @@ def test_a_watermarked_passage_inside_human_text_is_outlined(page: Page, service
     page.screenshot("span.png")
 
 
+def test_a_short_text_says_it_is_too_short_and_what_would_have_shown(
+    page: Page, service: Service
+) -> None:
+    # Ten words of human text: about ten scored tokens, far below the ~29 a typically
+    # watermarked text needs; the page says so in words and gives the minimum detectable mean
+    # score the server computed (power.min_detectable_mean_score), not a number of its own.
+    key = service.create_key()
+    page.sign_in(service.admin)
+    text = "The quick brown fox jumps over the lazy dog again today."
+    assert page.check(text, key) == "insufficient_evidence"
+    words = page.page.text_content("#verdict-words")
+    assert words.startswith("This text is too short to tell"), words
+    r = service.client.post("/v1/detect", json={"text": text, "key_id": key}, headers=service.admin)
+    mu = r.json()["power"]["min_detectable_mean_score"]
+    assert (
+        mu > 1.5
+        and f"would have been detected if its mean per-token score were at least {mu:.2f}" in words
+    )
+    numbers = page.page.text_content("#numbers")
+    assert f"a mean score of {mu:.2f} per token" in numbers
+
+
 def test_text_is_shown_as_text_never_as_markup(page: Page, service: Service) -> None:
     key = service.create_key()
     page.sign_in(service.admin)
