@@ -4,7 +4,8 @@
 #   Debian packages when missing, then the service image) -> `up -d` -> /readyz -> keys, an API
 #   token, generate, detect `watermarked` over HTTP -> Redis killed (SIGKILL) -> /v1/detect is
 #   503 application/problem+json and /readyz 503 -> Redis back: every key still there (AOF),
-#   detection works -> service container restarted: keys and tokens still work -> `down -v`.
+#   detection works -> service container restarted: keys and tokens still work -> no secret in
+#   the containers' logs -> `down -v`.
 # Exits non-zero at the first failure (with the containers' logs); prints each phase's time.
 #   bash scripts/compose_smoke.sh
 # Environment: COMPOSE_SMOKE_PROJECT (compose project, default pmsmoke), COMPOSE_SMOKE_PORT
@@ -126,6 +127,13 @@ begin build
 bash docker/build_image.sh "$POISSONMARK_IMAGE" >"$work/build.log" 2>&1 \
   || { tail -n 40 "$work/build.log" >&2; fail "image build (docker/build_image.sh)"; }
 log "   image $POISSONMARK_IMAGE: $(docker image inspect "$POISSONMARK_IMAGE" --format '{{.Size}}') bytes"
+# torch is the CPU build, and neither the wheel nor the build secret (the CA store) is in the image
+torch_info=$(docker run --rm --user root --entrypoint sh "$POISSONMARK_IMAGE" -c \
+  'python -c "import torch; print(torch.__version__, torch.version.cuda)" &&
+   { find / -xdev \( -name "torch-*.whl" -o -path /run/secrets/host_ca \) -print 2>/dev/null; true; }') \
+  || fail "could not run the image"
+[ "$torch_info" = "2.13.0+cpu None" ] || fail "image: expected only 'torch 2.13.0+cpu None', got: $torch_info"
+log "   torch $torch_info (CPU); no wheel, no build secret in the image"
 end
 
 # --- up -------------------------------------------------------------------------------------
@@ -217,6 +225,15 @@ expect 200 "list keys after the service restart (admin token)"
 detect_watermarked "$TOKEN" "${keys[0]}" "$work/text" "detect after service restart"
 call POST /v1/generate "$TOKEN" "{\"key_id\": \"${keys[1]}\", \"prompt\": \"Name three rivers.\", \"max_new_tokens\": 8}"
 expect 200 "generate after the service restart (API token)"
+end
+
+# --- no secret in any log ----------------------------------------------------------------------
+begin logs
+dc logs --no-color >"$work/logs" 2>&1 || fail "compose logs"
+for secret in "$POISSONMARK_KEK" "$POISSONMARK_ADMIN_TOKEN" "$TOKEN"; do
+  if grep -qF -- "$secret" "$work/logs"; then fail "a secret (KEK or bearer token) is in the containers' logs"; fi
+done
+log "   $(wc -l <"$work/logs") log lines, no KEK or bearer token in them"
 end
 
 # --- down -----------------------------------------------------------------------------------------

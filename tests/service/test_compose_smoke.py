@@ -37,5 +37,5 @@ def test_compose_smoke_passes() -> None:
     )
     assert done.returncode == 0, done.stderr[-6000:]
     assert "compose_smoke: OK" in done.stdout
-    for phase in ("build", "up", "redis_killed", "redis_back", "service_restart", "down"):
+    for phase in ("build", "up", "redis_killed", "redis_back", "service_restart", "logs", "down"):
         assert any(line.split()[:1] == [phase] for line in done.stdout.splitlines()), phase
