@@ -1,8 +1,10 @@
 """Write ``bench/results/detector.md`` from the detector benchmark results.
 
-Reads ``detector_power.json`` (``python -m bench.detector_power``) and
-``detector_throughput.json`` (``python -m bench.detector_throughput``); the plot is
-``detector_power.png``. Run from the repository root::
+Reads ``detector_power.json`` (``python -m bench.detector_power``),
+``detector_throughput.json`` (``python -m bench.detector_throughput``) and, when present,
+``detector_robustness.json`` (``python -m bench.detector_robustness``: edits, dilution, the
+H0 table; plot ``detector_robustness.png``) and ``detector_realign_cost.json``; the power
+plot is ``detector_power.png``. Run from the repository root::
 
     python -m bench.detector_report
 """
@@ -17,6 +19,9 @@ from bench.common import RESULTS
 POWER = RESULTS / "detector_power.json"
 THROUGHPUT = RESULTS / "detector_throughput.json"
 REPORT = RESULTS / "detector.md"
+ROBUSTNESS = RESULTS / "detector_robustness.json"
+REALIGN_COST = RESULTS / "detector_realign_cost.json"
+_TESTS = ("whole_text", "verdict", "realigned", "verdict_or_realigned")
 
 
 def _meta_line(meta: dict[str, Any]) -> str:
@@ -157,12 +162,88 @@ def throughput_section(throughput: dict[str, Any]) -> list[str]:
     return lines
 
 
+def robustness_section(robust: dict[str, Any], cost: dict[str, Any] | None) -> list[str]:
+    gens = robust["generations"]
+    lines = [
+        "## Edits, dilution and H0 (issue 15)",
+        "",
+        f"{gens['count']} held-out generations (`{gens['file']}`: prompts never used to design "
+        "the tests, `mpfr`, T = 1, top-k 50, 128 new tokens; four stop early (EOS) at 11, 30, 81 "
+        f"and 90 tokens), {robust['repeats']} attacked copies each (fixed seeds). TPR = "
+        f"fraction with p < α = {robust['alpha']}; every test's FPR <= α is checked in the H0 "
+        "table below, so this is the TPR at 1% FPR. In brackets: over the copies of the 16 "
+        "full-length answers. Tests: `whole_text` (plain Aaronson), `verdict` (whole text and "
+        "windows, `detector.combined`, what the verdict uses), `realigned` (edit-tolerant, "
+        "`detector.realign`, reported beside it with `realign`), `verdict_or_realigned` "
+        "(not exposed: both, Bonferroni).",
+        "",
+        _meta_line(robust),
+        "",
+        "![TPR vs edit rate](detector_robustness.png)",
+        "",
+        "| attack | rate | " + " | ".join(_TESTS) + " |",
+        "|---|---|" + "---|" * len(_TESTS),
+    ]
+    for kind, cells in robust["edits"].items():
+        for rate, cell in cells.items():
+            full = cell["full_length"]
+            values = " | ".join(f"{cell[t]:.3f} ({full[t]:.3f})" for t in _TESTS)
+            lines.append(f"| {kind} | {rate} | {values} |")
+    dil = robust["dilution_1_to_15"]
+    full = dil["full_length"]
+    lines += [
+        "| diluted 1:15 in human text | — | "
+        + " | ".join(f"{dil[t]:.3f} ({full[t]:.3f})" for t in _TESTS)
+        + " |",
+        "",
+        "Median log10 p of the diluted answers: "
+        + ", ".join(f"{t} {dil['median_log10_p'][t]:.1f}" for t in _TESTS)
+        + ".",
+        "",
+        "H0: counts of p <= α against the upper end of the central 99% interval of "
+        "Binomial(N, α) (a valid test exceeds it with probability <= 0.005).",
+        "",
+        "| texts | N | test | count at α = 0.1 (bound) | count at α = 0.01 (bound) | ok |",
+        "|---|---|---|---|---|---|",
+    ]
+    h0 = robust["h0"]
+    rows = [
+        (f"human passages × {h0['human']['keys']} keys", h0["human"], _TESTS[:3]),
+        (f"repetitive ids × {h0['repetitive']['keys']} keys", h0["repetitive"], _TESTS[:3]),
+        (
+            f"multi-key: human × {h0['multi_key_human']['keys']} keys",
+            h0["multi_key_human"],
+            ("verdict", "whole_text", "span", "span_uncorrected_for_keys"),
+        ),
+    ]
+    for label, row, tests in rows:
+        for t in tests:
+            a, b = row[f"{t}@0.1"], row[f"{t}@0.01"]
+            ok = "yes" if a["ok"] and b["ok"] else "**no** (negative control)"
+            lines.append(
+                f"| {label} | {row['n']} | {t} | {a['count']} ({a['bound_99']}) | "
+                f"{b['count']} ({b['bound_99']}) | {ok} |"
+            )
+    lines.append("")
+    if cost is not None:
+        us = cost["us_per_scored_token"]
+        lines += [
+            f"CPU per scored token ({cost['texts']} human passages from token ids, best of "
+            f"{cost['rounds']} interleaved rounds, {cost['machine_load']}): detect "
+            f"{us['plain']:.1f} µs (of which the window scan of the verdict's test "
+            f"{us['scan']:.2f} µs, {100 * cost['scan_share_of_plain']:.1f}%), with `realign` "
+            f"{us['realign']:.1f} µs ({cost['realign_over_plain']:.2f}×).",
+            "",
+        ]
+    return lines
+
+
 def main() -> None:
     power = json.loads(POWER.read_text(encoding="utf-8"))
     throughput = json.loads(THROUGHPUT.read_text(encoding="utf-8"))
     decision = (RESULTS / "detector_decision.md").read_text(encoding="utf-8")
     lines = [
-        "# Detector: power per score and throughput",
+        "# Detector: power per score, throughput, edits and dilution",
         "",
         "Generated by `python -m bench.detector_report` from `detector_power.json` and "
         "`detector_throughput.json` (scripts: `bench/detector_generations.py`, "
@@ -173,6 +254,12 @@ def main() -> None:
         *power_section(power),
         *throughput_section(throughput),
     ]
+    if ROBUSTNESS.exists():
+        robust = json.loads(ROBUSTNESS.read_text(encoding="utf-8"))
+        cost = (
+            json.loads(REALIGN_COST.read_text(encoding="utf-8")) if REALIGN_COST.exists() else None
+        )
+        lines += robustness_section(robust, cost)
     REPORT.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"wrote {REPORT}")
 
