@@ -42,7 +42,12 @@ class ModelNotFound(ValueError):
     """The model name is neither a known alias nor a local HF model directory."""
 
 
-def _gguf_path(alias: str) -> Path:
+def gguf_path(alias: str) -> Path:
+    """The GGUF file an alias names, inside its installed package.
+
+    Raises:
+        ModelNotFound: the package is not installed or lacks the file.
+    """
     package, filename = ALIASES[alias]
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
@@ -75,7 +80,7 @@ def materialise(
     target = data_dir / "models" / name
     if (target / "config.json").is_file() and (target / ".complete").is_file():
         return target
-    gguf = _gguf_path(name)
+    gguf = gguf_path(name)
     if on_progress:
         on_progress(f"converting {gguf.name} to safetensors in {target} (once, ~20 s)")
     _convert(gguf, target)

