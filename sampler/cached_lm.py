@@ -107,3 +107,117 @@ class CachedLM:
                     values.index_select(2, index),
                 )
         self.cached = keep_len
+
+
+def _layers(lm: CachedLM) -> list[CacheLayerMixin]:
+    return _layers_of(lm.cache)
+
+
+@torch.inference_mode()
+def forward_many(
+    lms: list[CachedLM],
+    tokens: list[list[int]],
+    depths: list[list[int]],
+    visible: list[torch.Tensor],
+    bases: list[int],
+) -> list[torch.Tensor]:
+    """``CachedLM.forward`` for R sequences of one model in ONE batched model call.
+
+    Row r's cache (P_r positions) is copied into a right-padded (R, H, P_max, D) cache per
+    layer, its q_r new tokens into a right-padded (R, q_max) batch; the 4D additive mask is
+    row r's ``visible`` placed at its cached columns [0, P_r) and new columns
+    [P_max, P_max + q_r) (padding is never visible; a padded query sees only itself), the
+    position ids are row r's own. After the call each row's cache holds its P_r + q_r
+    positions, exactly as after ``lms[r].forward(...)``.
+
+    Args:
+        lms: R >= 1 cached LMs of the same model.
+        tokens, depths, visible, bases: per row, as ``CachedLM.forward`` takes them.
+    Returns:
+        R tensors of (q_r, V) logits in the model dtype.
+    Raises:
+        ValueError: another model in a row, or a row's ``visible`` of the wrong shape.
+    """
+    if len(lms) == 1:
+        return [lms[0].forward(tokens[0], depths[0], visible[0], bases[0])]
+    first = lms[0]
+    if any(lm.model is not first.model for lm in lms):
+        raise ValueError("forward_many: every row must run the same model")
+    rows, device, dtype = len(lms), first.device, first.dtype
+    cached = [lm.cached for lm in lms]
+    counts = [len(t) for t in tokens]
+    for r in range(rows):
+        if visible[r].shape != (counts[r], cached[r] + counts[r]):
+            raise ValueError(
+                f"row {r}: expected visible of shape ({counts[r]}, {cached[r] + counts[r]}), "
+                f"got {tuple(visible[r].shape)}"
+            )
+    p_max, q_max = max(cached), max(counts)
+    ids = torch.zeros((rows, q_max), dtype=torch.long)
+    pos = torch.zeros((rows, q_max), dtype=torch.long)
+    allowed = torch.zeros((rows, q_max, p_max + q_max), dtype=torch.bool)
+    allowed[:, :, p_max:] = torch.eye(q_max, dtype=torch.bool)  # padded queries: themselves
+    for r in range(rows):
+        p, q = cached[r], counts[r]
+        ids[r, :q] = torch.tensor(tokens[r], dtype=torch.long)
+        pos[r, :q] = torch.tensor([bases[r] + d for d in depths[r]], dtype=torch.long)
+        pos[r, q:] = bases[r]
+        allowed[r, :q, :p] = visible[r][:, :p]
+        allowed[r, :q, p_max : p_max + q] = visible[r][:, p:]
+    mask = torch.zeros((rows, 1, q_max, p_max + q_max), dtype=dtype, device=device)
+    mask.masked_fill_(~allowed.to(device)[:, None], torch.finfo(dtype).min)
+    batch = DynamicCache(config=first.model.config)
+    if p_max > 0:
+        template = next(lm for lm in lms if lm.cached == p_max)
+        for index, layer in enumerate(_layers(template)):
+            assert layer.keys is not None and layer.values is not None
+            shape = (rows, layer.keys.shape[1], p_max, layer.keys.shape[3])
+            keys = layer.keys.new_zeros(shape)
+            values = layer.values.new_zeros((*shape[:3], layer.values.shape[3]))
+            for r, lm in enumerate(lms):
+                if cached[r]:
+                    own = _layers(lm)[index]
+                    assert own.keys is not None and own.values is not None
+                    keys[r, :, : cached[r]] = own.keys[0]
+                    values[r, :, : cached[r]] = own.values[0]
+            out_layer = _layers_of(batch)[index]
+            out_layer.lazy_initialization(keys, values)
+            out_layer.keys, out_layer.values = keys, values
+    keep_hidden = any(lm.keep_hidden for lm in lms)
+    out = first.model(
+        input_ids=ids.to(device),
+        attention_mask=mask,
+        position_ids=pos.to(device),
+        cache=batch,
+        use_cache=True,
+        output_hidden_states=keep_hidden,
+    )
+    for index, layer in enumerate(_layers_of(batch)):
+        assert layer.keys is not None and layer.values is not None
+        for r, lm in enumerate(lms):
+            p, q = cached[r], counts[r]
+            if p == p_max:
+                keys, values = (
+                    layer.keys[r : r + 1, :, : p + q],
+                    layer.values[r : r + 1, :, : p + q],
+                )
+            else:
+                columns = torch.cat([torch.arange(p), torch.arange(p_max, p_max + q)]).to(device)
+                keys = layer.keys[r : r + 1].index_select(2, columns)
+                values = layer.values[r : r + 1].index_select(2, columns)
+            own = _layers(lm)[index]
+            if not own.is_initialized:
+                own.lazy_initialization(keys, values)
+            own.keys, own.values = keys, values
+    logits: list[torch.Tensor] = []
+    for r, lm in enumerate(lms):
+        if lm.keep_hidden:
+            lm.last_hidden = out.hidden_states[-1][r, : counts[r]]
+        lm.cached += counts[r]
+        lm.forward_calls += 1
+        logits.append(out.logits[r, : counts[r]])
+    return logits
+
+
+def _layers_of(cache: DynamicCache) -> list[CacheLayerMixin]:
+    return [layer for layer in cache.layers if isinstance(layer, CacheLayerMixin)]

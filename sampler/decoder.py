@@ -26,7 +26,7 @@ from transformers import PreTrainedModel
 
 from keyed import KeyedSource
 from sampler.drafters import Drafter
-from sampler.loop import start, stats, step
+from sampler.loop import result, start, step
 from sampler.methods import MAX_DRAFTS, MAX_LOOKAHEAD, METHODS, Method, SamplerConfig
 from sampler.stats import GenerationResult, GenerationStats
 
@@ -86,10 +86,4 @@ def generate(
         emitted = step(seq)
         if on_tokens is not None:
             on_tokens(emitted)
-    return GenerationResult(
-        token_ids=tuple(seq.history.committed[len(prompt) :]),
-        finish_reason=seq.finish or "length",
-        method=config.method,
-        watermark_applied=config.spec.watermarked and not config.processing.greedy,
-        stats=stats(seq),
-    )
+    return result(seq)

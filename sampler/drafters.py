@@ -52,6 +52,16 @@ def feed_target_hidden(drafter: Drafter | None, lm: CachedLM, row: int) -> None:
         drafter.see_target_hidden(lm.last_hidden[row])  # type: ignore[union-attr]
 
 
+def fresh_drafter(drafter: Drafter) -> Drafter:
+    """A new drafter of the same kind sharing ``drafter``'s weights (model, heads) but none of
+    its per-request state (KV cache, hidden state, call count): drafters are stateful, so each
+    request of a batch needs its own (``sampler.batch``). Cheap: no weights are loaded."""
+    clone = copy.copy(drafter)
+    clone.calls = 0
+    clone.start([])  # every drafter's start() replaces (never mutates) its per-request state
+    return clone
+
+
 def _fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
     v = logits.shape[-1]
     if v == vocab_size:

@@ -240,6 +240,32 @@ class HeadsDrafter:
         self._laws = None
 
 
+@torch.inference_mode()
+def prime_heads(drafters: list[HeadsDrafter], roots: list[int]) -> None:
+    """The level-1 heads pass of several requests' heads drafters in ONE batched call: each
+    drafter that has a hidden state and no laws yet gets Q_1..Q_L (its own row of the batch),
+    as its own ``propose`` at level 1 would compute them; drafters sharing one ``heads`` object
+    are batched together (``sampler.batch``).
+
+    Args:
+        drafters: the drafters of a step, one per request.
+        roots: each request's root token (its last committed token).
+    """
+    groups: dict[int, list[tuple[HeadsDrafter, int]]] = {}
+    for drafter, root in zip(drafters, roots, strict=True):
+        if drafter._hidden is not None and drafter._laws is None:
+            groups.setdefault(id(drafter.heads), []).append((drafter, root))
+    for members in groups.values():
+        if len(members) == 1:
+            continue  # its own propose computes the same row
+        head = members[0][0]
+        hidden = torch.stack([d._hidden for d, _ in members if d._hidden is not None])
+        tokens = torch.tensor([root for _, root in members], device=hidden.device)
+        laws = head.heads.logits(head.target, hidden, tokens)  # (n, L, V)
+        for row, (drafter, _) in enumerate(members):
+            drafter._laws = laws[row]
+
+
 def heads_drafter(path: str, target: PreTrainedModel) -> HeadsDrafter:
     """Load ``heads:PATH`` for ``target``; an empty ``path`` means the shipped heads
     (``SHIPPED_HEADS``). Raises ``ParallelHeads.load``'s errors."""

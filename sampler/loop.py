@@ -10,7 +10,8 @@ One step, from the committed prefix h (``step``):
 4. KV cache: keep only the realised path; the drafter is told the step's path.
 What a method draws is its policy (``sampler.policies``); a one-token method is this loop with
 ℓ = 0. Everything a request carries between steps is one ``SequenceState``: batching (issue
-#19) is this step over a set of sequences.
+#19, ``sampler.batch``) is this step over a set of sequences, built from the same pieces
+(``new_tree``, ``grow_level``, ``tree_inputs``, ``finish_step``).
 
 Shapes: n tree nodes, K support slots, V vocabulary, P cached positions.
 """
@@ -30,7 +31,7 @@ from sampler.drafters import Drafter, feed_target_hidden, wants_target_hidden
 from sampler.methods import SamplerConfig
 from sampler.policies import History, Policy
 from sampler.processing import process
-from sampler.stats import FinishReason, GenerationStats, count_at
+from sampler.stats import FinishReason, GenerationResult, GenerationStats, count_at
 from sampler.tree import DraftTree
 
 
@@ -99,14 +100,44 @@ def start(
 
 def step(seq: SequenceState) -> list[int]:
     """One speculative step (module docstring); returns the ids it emitted (EOS excluded)."""
-    committed, config = seq.history.committed, seq.config
-    depth = min(config.effective_lookahead, config.max_new_tokens - seq.history.emitted)
-    tree = DraftTree(committed[-1], config.effective_drafts)
+    tree, depth = new_tree(seq)
     # 1. draft tree: one drafter call per level
     grow_tree(seq, tree, depth)
     # 2. verification: one target forward over root + every node, tree-attention mask
+    logits = verify_tree(seq.lm, tree, len(seq.history.committed) - 1)
+    # 3.-4. walk, KV keep, drafter finish
+    return finish_step(seq, tree, logits, depth)
+
+
+def new_tree(seq: SequenceState, nodes: int | None = None) -> tuple[DraftTree, int]:
+    """The step's empty draft tree (root = the last committed token) and its depth
+    ℓ = min(L, N − n).
+
+    Args:
+        nodes: a cap on the tree's size (root included; ``None``: none). A draft tree of B
+            drafts and depth ℓ has at most 1 + B·ℓ nodes; over the cap, ℓ and then B shrink
+            (to at least one draft of depth 1). For the keyed race this never changes the
+            output (Thm. 5.1: the emitted tokens are invariant of B and L); the batched step
+            applies it to keyed-race methods only (``sampler.batch``).
+    Returns:
+        (tree, depth).
+    """
+    config = seq.config
+    depth = min(config.effective_lookahead, config.max_new_tokens - seq.history.emitted)
+    drafts = config.effective_drafts
+    if nodes is not None and depth > 0 and 1 + drafts * depth > nodes:
+        room = max(nodes - 1, 1)
+        depth = max(1, min(depth, room // drafts))
+        drafts = max(1, min(drafts, room // depth))
+    return DraftTree(seq.history.committed[-1], drafts), depth
+
+
+def finish_step(seq: SequenceState, tree: DraftTree, logits: torch.Tensor, depth: int) -> list[int]:
+    """Steps 3-4 after the verification forward's (len(tree), V) ``logits``: the walk, the KV
+    keep, the drafter's finish; returns the ids the step emitted (EOS excluded)."""
+    committed, config = seq.history.committed, seq.config
     base = len(committed) - 1
-    p = process(verify_tree(seq.lm, tree, base), config.processing)  # (n, K)
+    p = process(logits, config.processing)  # (n, K)
     # 3. walk the realised target path; emit target tokens while they were drafted
     emitted_before = len(committed)
     visited = walk(seq, tree, seq.policy.targets(tree, p, seq.history), depth)
@@ -123,24 +154,38 @@ def step(seq: SequenceState) -> list[int]:
 def grow_tree(seq: SequenceState, tree: DraftTree, depth: int) -> None:
     """Draft tree construction: one drafter call per level (Alg. 10, lines 3-9)."""
     for level in range(1, depth + 1):
-        parents = tree.level(level - 1)
-        if not parents:
+        if not grow_level(seq, tree, level):
             return
-        assert seq.drafter is not None, "a method with lookahead drafts"
-        logits = seq.drafter.propose(tree, level, seq.history.committed)  # (n, V)
-        q = process(logits, seq.config.processing)
-        drafts = seq.policy.drafts(tree, parents, q, seq.history)
-        for parent, tokens in zip(parents, drafts, strict=True):
-            tree.add_drafts(parent, tokens)
-        count_at(seq.drafted, level - 1)
+
+
+def grow_level(seq: SequenceState, tree: DraftTree, level: int) -> bool:
+    """Level ``level`` of the draft tree: ONE drafter call over the contexts of level − 1, the
+    policy's drafts there; False (nothing done) when level − 1 is empty."""
+    parents = tree.level(level - 1)
+    if not parents:
+        return False
+    assert seq.drafter is not None, "a method with lookahead drafts"
+    logits = seq.drafter.propose(tree, level, seq.history.committed)  # (n, V)
+    q = process(logits, seq.config.processing)
+    drafts = seq.policy.drafts(tree, parents, q, seq.history)
+    for parent, tokens in zip(parents, drafts, strict=True):
+        tree.add_drafts(parent, tokens)
+    count_at(seq.drafted, level - 1)
+    return True
 
 
 def verify_tree(lm: CachedLM, tree: DraftTree, base: int) -> torch.Tensor:
     """One target forward over the root and every tree node (tree-attention mask over the
     cached prefix of ``base`` tokens): (len(tree), V) logits, node order."""
+    return lm.forward(*tree_inputs(tree, base), base)
+
+
+def tree_inputs(tree: DraftTree, base: int) -> tuple[list[int], list[int], torch.Tensor]:
+    """The verification forward's inputs of ``tree`` over a cached prefix of ``base`` tokens:
+    node tokens, node depths and the (n, base + n) bool tree-attention mask."""
     visible = torch.ones((len(tree), base + len(tree)), dtype=torch.bool)
     visible[:, base:] = tree.ancestors()
-    return lm.forward([n.token for n in tree.nodes], [n.depth for n in tree.nodes], visible, base)
+    return [n.token for n in tree.nodes], [n.depth for n in tree.nodes], visible
 
 
 def walk(
@@ -165,6 +210,19 @@ def walk(
             break
         node = child
     return visited
+
+
+def result(seq: SequenceState) -> GenerationResult:
+    """The result of a finished sequence: the completion ids (no prompt), finish reason,
+    watermark flag and counters."""
+    config = seq.config
+    return GenerationResult(
+        token_ids=tuple(seq.history.committed[seq.history.prompt_len :]),
+        finish_reason=seq.finish or "length",
+        method=config.method,
+        watermark_applied=config.spec.watermarked and not config.processing.greedy,
+        stats=stats(seq),
+    )
 
 
 def stats(seq: SequenceState) -> GenerationStats:

@@ -78,6 +78,12 @@ class Metrics:
             registry=r,
             multiprocess_mode="livesum",
         )
+        self.batch_size = Gauge(
+            "poissonmark_generation_batch_size",
+            "Generation jobs stepping together in the worker's batch (all server processes).",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         self.detections = Counter(
             "poissonmark_detections",
             "Detections by verdict (batch items count one each).",

@@ -122,6 +122,10 @@ async def open_resources(
             settings.retry_after_s,
             metrics.generation_finished,
             metrics.queue_waiting.set,
+            max_batch=settings.generation_batch,
+            node_budget=settings.generation_node_budget or None,
+            threads=settings.generation_threads or None,
+            on_batch=metrics.batch_size.set,
         )
         stack.callback(worker.close)
         compiled = await asyncio.to_thread(keyed.warm_up)  # not on the first request

@@ -72,6 +72,14 @@ class Settings(BaseSettings):
     queue_size: int = Field(default=8, ge=1)
     """Generation requests that may wait for the worker; one more is 503 + Retry-After."""
     retry_after_s: int = Field(default=2, ge=1)
+    generation_batch: int = Field(default=8, ge=1, le=256)
+    """Generation requests that step together (continuous batching: one target forward over
+    all their draft trees per step); more wait in the queue (``queue_size``)."""
+    generation_node_budget: int = Field(default=0, ge=0)
+    """Draft-tree nodes per batched target forward (0: no cap). Over it, each keyed-race
+    request's B and L shrink for that step; its output stays the same (Thm. 5.1)."""
+    generation_threads: int = Field(default=0, ge=0, le=256)
+    """torch threads of the generation worker (0: the process's count at startup)."""
     detect_threads: int = Field(default=2, ge=1, le=64)
     key_cache_ttl_s: float = Field(default=30.0, ge=0, le=3600)
     """How long detection keeps a decrypted key record (0: no cache). Safe to cache: a record

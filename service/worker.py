@@ -1,18 +1,26 @@
-"""The generation worker: one thread that owns the model, fed by a bounded queue (DESIGN §5).
+"""The generation worker: one thread that owns the model, fed by a bounded queue, stepping
+every active request together (continuous batching, issue 19; DESIGN §5).
 
 Glossary:
 - **job**: one generation request: prompt ids, ``SamplerConfig``, keyed source, drafter spec.
   Its events (``Tokens`` per decoding step, then ``Finished`` or ``Failed``) reach the event
-  loop through an ``asyncio.Queue`` fed with ``call_soon_threadsafe``.
-- **queue**: jobs waiting for the worker, at most ``queue_size``; one more is refused at once
+  loop through an ``asyncio.Queue`` fed with ``call_soon_threadsafe``; each job's queue gets
+  only its own tokens.
+- **queue**: jobs waiting for a slot, at most ``queue_size``; one more is refused at once
   with ``QueueFull`` (the route answers 503 + Retry-After) instead of piling up latency.
-- **cancel**: a job's flag, set when its client disconnects (or the service stops). The
-  decoder's per-step callback checks it and raises ``GenerationCancelled``, so a cancelled job
-  stops within one step; a job cancelled while queued never starts.
+- **batch**: the active jobs, at most ``max_batch``; every step advances all of them with ONE
+  target forward over all their draft trees (``sampler.batch``). A waiting job joins (its
+  prefill) between steps as soon as a slot is free; a finished one leaves.
+- **cancel**: a job's flag, set when its client disconnects (or the service stops). The worker
+  checks it before and after every step: a cancelled job leaves the batch (its slot is free for
+  the next step) and gets ``GenerationCancelled``; a job cancelled while queued never starts.
 
-The model is used from this one thread only: no locks around torch, one generation at a time
-(batching requests is future work). Drafters are built once per spec and reused; each
-``start()`` forgets the previous request.
+The model is used from this one thread only: no locks around torch. Drafters are stateful:
+one is built per spec (weights loaded once) and each job gets its own ``fresh_drafter`` of it.
+
+Threads: ``torch.set_num_threads`` in another thread (the detection pool's initializer sets 1)
+changes the count every thread that has not set its own reads, this one included; so the
+worker sets its own count when it starts and again whenever it finds another one before a step.
 """
 
 from __future__ import annotations
@@ -26,10 +34,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
+import torch
+
 from keyed import KeyedSource
+from sampler.batch import Batch, Member
 from sampler.completion import eos_ids
-from sampler.decoder import GenerationResult, SamplerConfig, generate
-from sampler.drafters import Drafter, make_drafter
+from sampler.decoder import GenerationResult, SamplerConfig
+from sampler.drafters import Drafter, fresh_drafter, make_drafter
 from sampler.models import LoadedModel
 from service.errors import (
     INTERNAL,
@@ -90,11 +101,6 @@ class Job:
         with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(self.events.put_nowait, event)
 
-    def _on_tokens(self, ids: list[int]) -> None:
-        if self.cancelled.is_set():
-            raise GenerationCancelled()
-        self._post(Tokens(list(ids)))
-
     async def result(self) -> Finished:
         """Wait for the end; the tokens events are skipped. Raises the job's error."""
         while True:
@@ -106,14 +112,19 @@ class Job:
 
 
 class GenerationWorker:
-    """Runs jobs one at a time on a thread that owns ``loaded``'s model.
+    """Runs jobs, up to ``max_batch`` at once, on a thread that owns ``loaded``'s model.
 
     Args:
         loaded: the model and tokenizer (the worker only reads the model).
-        queue_size: jobs that may wait; more raises ``QueueFull``.
+        queue_size: jobs that may wait for a slot; more raises ``QueueFull``.
         retry_after_s: the Retry-After a refusal suggests.
         on_finished: called on the worker thread after each successful job (metrics).
         on_waiting: called with the number of waiting jobs whenever it changes (metrics).
+        max_batch: jobs stepping together (1: one at a time).
+        node_budget: cap on draft-tree nodes per target forward (``sampler.batch.step_many``;
+            None: none). Changes no keyed-race output.
+        threads: torch threads of the worker; None: the count of the constructing thread.
+        on_batch: called with the number of active jobs whenever it changes (metrics).
     """
 
     def __init__(
@@ -123,19 +134,34 @@ class GenerationWorker:
         retry_after_s: int,
         on_finished: Callable[[GenerationResult], None] | None = None,
         on_waiting: Callable[[int], None] | None = None,
+        max_batch: int = 8,
+        node_budget: int | None = None,
+        threads: int | None = None,
+        on_batch: Callable[[int], None] | None = None,
     ) -> None:
         if queue_size < 1:
             raise ValueError(f"queue_size: expected >= 1, got {queue_size}")
+        if max_batch < 1:
+            raise ValueError(f"max_batch: expected >= 1, got {max_batch}")
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads: expected >= 1, got {threads}")
         self.loaded = loaded
         self.queue_size = queue_size
         self.retry_after_s = retry_after_s
+        self.max_batch = max_batch
+        self.node_budget = node_budget
+        self.threads = threads if threads is not None else torch.get_num_threads()
         self._on_finished = on_finished
         self._on_waiting = on_waiting
+        self._on_batch = on_batch
         self._waiting_lock = threading.Lock()
         self._queue: queue.Queue[Job | object] = queue.Queue(maxsize=queue_size)
         self._eos = eos_ids(loaded)
         self._drafters: dict[str, Drafter] = {}
-        self._current: Job | None = None
+        self._batch = Batch(loaded.model, node_budget)
+        self._active: list[Job] = []
+        self._reported_batch = -1
+        self.step_threads = 0  # torch threads of the latest step (tests, /metrics)
         self._thread = threading.Thread(target=self._run, name="generation-worker", daemon=True)
         self._closed = False
         self._thread.start()
@@ -146,8 +172,13 @@ class GenerationWorker:
 
     @property
     def waiting(self) -> int:
-        """Jobs in the queue (not counting the one running)."""
+        """Jobs in the queue (not counting the active ones)."""
         return self._queue.qsize()
+
+    @property
+    def active(self) -> int:
+        """Jobs in the batch (started, not finished)."""
+        return len(self._active)
 
     def submit(
         self, prompt: list[int], config: SamplerConfig, source: KeyedSource, drafter: str | None
@@ -170,8 +201,13 @@ class GenerationWorker:
             with self._waiting_lock:
                 self._on_waiting(self.waiting)
 
+    def _batch_changed(self) -> None:
+        if self._on_batch is not None and self._reported_batch != len(self._active):
+            self._reported_batch = len(self._active)
+            self._on_batch(self._reported_batch)
+
     def close(self, timeout: float = 30.0) -> None:
-        """Cancel queued jobs and the running one, stop the thread and wait for it."""
+        """Cancel queued jobs and the active ones, stop the thread and wait for it."""
         self._closed = True
         while True:
             try:
@@ -181,48 +217,98 @@ class GenerationWorker:
             if isinstance(job, Job):
                 job.cancel()
                 job._post(Failed(GenerationCancelled()))
-        if self._current is not None:
-            self._current.cancel()
+        for active in list(self._active):
+            active.cancel()
         self._queue.put(_STOP)
         self._thread.join(timeout)
 
+    def _own_threads(self) -> None:
+        if torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
+
     def _run(self) -> None:
+        self._own_threads()
         while True:
-            job = self._queue.get()
-            if job is _STOP:
+            if not self._admit():
+                self._end(Failed(GenerationCancelled()), list(self._batch.members))
+                self._batch_changed()
                 return
+            self._drop_cancelled()
+            self._batch_changed()
+            if not self._batch.members:
+                continue
+            self._own_threads()
+            self.step_threads = torch.get_num_threads()
+            try:
+                stepped = self._batch.step()
+            except Exception as exc:  # a failed batched step fails every job in it
+                if problem_for(exc) is INTERNAL:  # a bug: the traceback is for the log only
+                    log.error("generation failed: %s", type(exc).__name__, exc_info=exc)
+                self._end(Failed(exc), list(self._batch.members))
+                continue
+            for member, ids in stepped:
+                job = member.tag
+                assert isinstance(job, Job)
+                if job.cancelled.is_set():  # its tokens are not sent; it leaves the batch
+                    self._end(Failed(GenerationCancelled()), [member])
+                    continue
+                job._post(Tokens(list(ids)))
+                if member.seq.done:
+                    result = Batch.result(member)
+                    if self._on_finished is not None:
+                        self._on_finished(result)
+                    drafter = member.seq.drafter
+                    self._end(Finished(result, drafter.name if drafter else None), [member])
+
+    def _admit(self) -> bool:
+        """Move waiting jobs into free slots (block while nothing is active); False at stop."""
+        while len(self._batch.members) < self.max_batch:
+            try:
+                job = self._queue.get(block=not self._batch.members)
+            except queue.Empty:
+                return True
+            if job is _STOP:
+                return False
             assert isinstance(job, Job)
             self._waiting_changed()
             if job.cancelled.is_set() or self._closed:
                 job._post(Failed(GenerationCancelled()))
                 continue
-            self._current = job
             try:
-                event: Event = self._generate(job)
+                self._generate(job)
             except Exception as exc:  # every failure goes back to its caller
-                if problem_for(exc) is INTERNAL:  # a bug: the traceback is for the log only
+                if problem_for(exc) is INTERNAL:
                     log.error("generation failed: %s", type(exc).__name__, exc_info=exc)
-                event = Failed(exc)
-            finally:
-                self._current = None
-            if isinstance(event, Finished) and self._on_finished is not None:
-                self._on_finished(event.result)
+                job._post(Failed(exc))
+                continue
+            self._active.append(job)
+        return True
+
+    def _generate(self, job: Job) -> Member:
+        """Start generating ``job``: its own drafter, its prefill; it joins the batch."""
+        drafter = self._drafter(job.drafter) if job.config.speculative else None
+        return self._batch.add(job.prompt, job.config, job.source, drafter, self._eos, job)
+
+    def _drop_cancelled(self) -> None:
+        gone = [
+            m
+            for m in self._batch.members
+            if self._closed or (isinstance(m.tag, Job) and m.tag.cancelled.is_set())
+        ]
+        self._end(Failed(GenerationCancelled()), gone)
+
+    def _end(self, event: Event, members: list[Member]) -> None:
+        for member in members:
+            if member in self._batch.members:
+                self._batch.remove(member)
+            job = member.tag
+            assert isinstance(job, Job)
+            if job in self._active:
+                self._active.remove(job)
             job._post(event)
 
-    def _generate(self, job: Job) -> Finished:
-        drafter = self._drafter(job.drafter) if job.config.speculative else None
-        result = generate(
-            self.loaded.model,
-            job.prompt,
-            job.config,
-            job.source,
-            drafter,
-            self._eos,
-            on_tokens=job._on_tokens,
-        )
-        return Finished(result, drafter.name if drafter is not None else None)
-
     def _drafter(self, spec: str | None) -> Drafter:
+        """This job's own drafter: a fresh instance of the spec's (built once per spec)."""
         if spec is None:
             raise ValueError("drafter: a speculative method needs one (ngram, heads or self:N)")
         if spec not in self._drafters:
@@ -230,4 +316,4 @@ class GenerationWorker:
                 self._drafters[spec] = make_drafter(spec, self.loaded.model)
             except ValueError as exc:  # make_drafter's check of the spec (e.g. self:N too deep)
                 raise InvalidInput("drafter", str(exc)) from None
-        return self._drafters[spec]
+        return fresh_drafter(self._drafters[spec])

@@ -1,0 +1,227 @@
+"""Continuous batching: the one speculative step (``sampler.loop``) over a set of sequences.
+
+``step_many(seqs)`` is ``loop.step`` for R requests at once:
+1. draft trees: level s = 1..max ℓ, every request whose level s−1 is occupied grows it
+   (``loop.grow_level``: its own drafter call and policy). Heads drafters of keyed-race
+   requests run their one heads pass for all of them in ONE batched call (``prime_heads``);
+   other drafters (ngram, self:N, model:PATH) keep one call per request and level.
+2. verification: ONE target forward over all requests' trees (``cached_lm.forward_many``:
+   per-request KV rows padded to a common length, a block-diagonal tree-attention mask,
+   per-request position ids); the logits are split back per request.
+3.-4. walk, KV keep, drafter finish per request (``loop.finish_step``), exactly as ``step``.
+
+Each request keeps its own key, nonce, method, processing, B, L and stop condition; requests
+join (``Batch.add``: a solo prefill) and leave (``Batch.remove``, or when done) between steps.
+A request's emitted ids are those it gets served alone (up to the floating-point rounding of a
+batched forward, which in float64 never changed a token in the tests): its tokens are its own
+keyed race winners at its own contexts.
+
+Node budget: with ``node_budget`` set, a step whose trees could exceed it (Σ 1 + B·ℓ) caps
+each keyed-race request's tree at ``node_budget // R`` nodes (``loop.new_tree``): a smaller B
+and ℓ, the same output (Thm. 5.1: the keyed race's output is invariant of B and L). Methods
+whose output depends on the tree (``vsps``, ``gls``) are never capped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from transformers import PreTrainedModel
+
+from keyed import KeyedSource
+from sampler.cached_lm import forward_many
+from sampler.drafters import Drafter
+from sampler.heads import HeadsDrafter, prime_heads
+from sampler.loop import (
+    SequenceState,
+    finish_step,
+    grow_level,
+    new_tree,
+    result,
+    start,
+    tree_inputs,
+)
+from sampler.methods import SamplerConfig
+from sampler.policies import KeyedRace
+from sampler.stats import GenerationResult
+from sampler.tree import DraftTree
+
+
+def budget_invariant(seq: SequenceState) -> bool:
+    """Whether ``seq``'s output is invariant of its tree's B and ℓ (the keyed race)."""
+    return isinstance(seq.policy, KeyedRace)
+
+
+def step_many(seqs: list[SequenceState], node_budget: int | None = None) -> list[list[int]]:
+    """One speculative step of every sequence in ``seqs`` (module docstring).
+
+    Args:
+        seqs: R >= 1 sequences on the same target, none done.
+        node_budget: cap on the tree nodes of one verification forward (``None``: none); only
+            keyed-race sequences are capped, each at ``node_budget // R`` nodes.
+    Returns:
+        Per sequence, the ids its step emitted (EOS excluded).
+    """
+    if not seqs:
+        return []
+    cap = None
+    if node_budget is not None:
+        bound = sum(1 + s.config.effective_drafts * s.config.effective_lookahead for s in seqs)
+        if bound > node_budget:
+            cap = max(node_budget // len(seqs), 2)
+    planned = [new_tree(s, cap if budget_invariant(s) else None) for s in seqs]
+    trees: list[DraftTree] = [tree for tree, _ in planned]
+    depths = [depth for _, depth in planned]
+    # 1. draft trees, level by level over the requests
+    heads = [
+        (s.drafter, s.history.committed[-1])
+        for s, d in zip(seqs, depths, strict=True)
+        if d > 0 and isinstance(s.drafter, HeadsDrafter) and budget_invariant(s)
+    ]
+    if len(heads) > 1:
+        prime_heads([h for h, _ in heads], [root for _, root in heads])
+    growing = [i for i, d in enumerate(depths) if d > 0]
+    for level in range(1, max(depths, default=0) + 1):
+        growing = [
+            i for i in growing if depths[i] >= level and grow_level(seqs[i], trees[i], level)
+        ]
+        if not growing:
+            break
+    # 2. one target forward over every request's tree
+    bases = [len(s.history.committed) - 1 for s in seqs]
+    inputs = [tree_inputs(tree, base) for tree, base in zip(trees, bases, strict=True)]
+    logits = forward_many(
+        [s.lm for s in seqs],
+        [tokens for tokens, _, _ in inputs],
+        [d for _, d, _ in inputs],
+        [visible for _, _, visible in inputs],
+        bases,
+    )
+    # 3.-4. walk, KV keep and drafter finish, per request
+    return [
+        finish_step(s, tree, rows, depth)
+        for s, tree, rows, depth in zip(seqs, trees, logits, depths, strict=True)
+    ]
+
+
+@dataclass
+class Member:
+    """One request of a ``Batch``: its sequence and the caller's tag (e.g. a job)."""
+
+    seq: SequenceState
+    tag: object
+    prompt_len: int
+
+
+class Batch:
+    """The active requests of continuous batching: join, step together, leave.
+
+    Args:
+        target: the target model (eval mode) all requests share.
+        node_budget: ``step_many``'s cap on tree nodes per verification forward (None: none).
+    """
+
+    def __init__(self, target: PreTrainedModel, node_budget: int | None = None) -> None:
+        self.target = target
+        self.node_budget = node_budget
+        self.members: list[Member] = []
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def add(
+        self,
+        prompt: list[int],
+        config: SamplerConfig,
+        source: KeyedSource,
+        drafter: Drafter | None,
+        eos_ids: frozenset[int],
+        tag: object = None,
+    ) -> Member:
+        """Prefill a new request (``loop.start``, one forward of its own) and add it.
+
+        ``drafter`` must be this request's own instance (``drafters.fresh_drafter``).
+
+        Raises:
+            ValueError: as ``decoder.generate`` does for an empty prompt, ids outside the
+                vocabulary or a missing drafter.
+        """
+        vocab = self.target.config.vocab_size
+        if not prompt:
+            raise ValueError("prompt must contain at least one token")
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise ValueError(f"prompt ids must be in [0, {vocab})")
+        if config.speculative and drafter is None:
+            raise ValueError(f"method {config.method!r} needs a drafter")
+        if any(m.seq.drafter is drafter for m in self.members if drafter is not None):
+            raise ValueError("each request of a batch needs its own drafter instance")
+        member = Member(
+            start(self.target, prompt, config, source, drafter, eos_ids), tag, len(prompt)
+        )
+        self.members.append(member)
+        return member
+
+    def remove(self, member: Member) -> None:
+        """Drop a request (cancelled, or done); its KV cache goes with it."""
+        self.members.remove(member)
+
+    def step(self) -> list[tuple[Member, list[int]]]:
+        """One step of every active request; the finished ones leave the batch.
+
+        Returns:
+            (member, ids emitted this step) per request that stepped, in batch order.
+        """
+        active = [m for m in self.members if not m.seq.done]
+        emitted = step_many([m.seq for m in active], self.node_budget)
+        for member in active:
+            if member.seq.done:
+                self.members.remove(member)
+        return list(zip(active, emitted, strict=True))
+
+    @staticmethod
+    def result(member: Member) -> GenerationResult:
+        """The result of a finished member (as ``decoder.generate`` returns it)."""
+        return result(member.seq)
+
+
+def generate_many(
+    target: PreTrainedModel,
+    requests: list[tuple[list[int], SamplerConfig, KeyedSource, Drafter | None]],
+    eos_ids: frozenset[int] = frozenset(),
+    max_batch: int | None = None,
+    node_budget: int | None = None,
+    on_tokens: Callable[[int, list[int]], None] | None = None,
+) -> list[GenerationResult]:
+    """``decoder.generate`` for many requests, continuously batched: at most ``max_batch``
+    active at once (None: all), the next waiting one joins as soon as one finishes.
+
+    Args:
+        requests: (prompt ids, config, keyed source, own drafter or None) per request; each
+            speculative request needs its own drafter instance (``drafters.fresh_drafter``).
+        on_tokens: called with (request index, ids) after each step of that request.
+    Returns:
+        One ``GenerationResult`` per request, in order; each equals the request's solo
+        ``generate`` output (module docstring).
+    """
+    if max_batch is not None and max_batch < 1:
+        raise ValueError(f"max_batch: expected >= 1, got {max_batch}")
+    batch = Batch(target, node_budget)
+    results: list[GenerationResult | None] = [None] * len(requests)
+    waiting = list(enumerate(requests))[::-1]
+    while waiting or batch.members:
+        while waiting and (max_batch is None or len(batch) < max_batch):
+            index, (prompt, config, source, drafter) = waiting.pop()
+            member = batch.add(prompt, config, source, drafter, eos_ids, tag=index)
+            if member.seq.done:  # nothing to generate (cannot happen for N >= 1)
+                batch.remove(member)
+                results[index] = Batch.result(member)
+        for member, ids in batch.step():
+            tag = member.tag
+            assert isinstance(tag, int)
+            if on_tokens is not None:
+                on_tokens(tag, ids)
+            if member.seq.done:
+                results[tag] = Batch.result(member)
+    assert all(r is not None for r in results)
+    return [r for r in results if r is not None]

@@ -1,0 +1,171 @@
+"""The generation worker's continuous batching (issue 19), on a tiny random Llama behind the
+real tokenizer: concurrent jobs step together and each gets exactly its solo output and only
+its own tokens; a cancelled job frees its slot for a waiting one; the worker keeps its torch
+threads after the detection pool's initializer set 1."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from keyed import KeyedSource, Secret
+from sampler.completion import eos_ids
+from sampler.decoder import SamplerConfig, generate
+from sampler.drafters import make_drafter
+from sampler.processing import Processing
+from service.detection import _one_torch_thread
+from service.errors import GenerationCancelled, QueueFull
+from service.worker import Failed, Finished, GenerationWorker, Job, Tokens
+
+
+def _source(i: int) -> KeyedSource:
+    return KeyedSource(Secret(bytes([i + 1]) * 32), 4, True, 1000 + i)
+
+
+JOBS = [  # (prompt, config, drafter): mixed lengths, methods, processing, B, L
+    ([1, 2, 3], SamplerConfig("mpfr", 4, 3, 20), "ngram"),
+    ([5] * 17, SamplerConfig("basic-uwm", max_new_tokens=9), None),
+    ([7, 8], SamplerConfig("pfr", 1, 4, 14, Processing(0.8, 40, 0.9)), "self:1"),
+    ([9, 10, 11, 12, 13], SamplerConfig("mpfr", 2, 2, 25, Processing(1.2, 0, 1.0)), "ngram"),
+    ([4], SamplerConfig("ar", max_new_tokens=7), None),
+    ([20, 21, 22, 23], SamplerConfig("gls", 3, 2, 11), "self:1"),
+    ([30] * 9, SamplerConfig("vsps", 1, 3, 16), "ngram"),
+]
+
+
+def _solo(loaded, i: int):  # type: ignore[no-untyped-def]
+    prompt, config, spec = JOBS[i]
+    drafter = make_drafter(spec, loaded.model) if spec else None
+    return generate(loaded.model, prompt, config, _source(i), drafter, eos_ids(loaded))
+
+
+async def _collect(job: Job) -> tuple[list[int], Finished | Failed]:
+    """The ids of a job's Tokens events, and its final event."""
+    ids: list[int] = []
+    while True:
+        event = await asyncio.wait_for(job.events.get(), 60)
+        if isinstance(event, Tokens):
+            ids.extend(event.ids)
+        else:
+            return ids, event
+
+
+def test_concurrent_jobs_batch_and_equal_solo(tiny_loaded) -> None:  # type: ignore[no-untyped-def]
+    """Seven jobs, at most four stepping together, the rest waiting in the queue: each one's
+    streamed tokens are exactly its solo output (no other job's), and the batch gauge saw 4."""
+    sizes: list[int] = []
+    waiting: list[int] = []
+
+    async def scenario() -> list[tuple[list[int], Finished | Failed]]:
+        worker = GenerationWorker(
+            tiny_loaded, 8, 1, max_batch=4, on_batch=sizes.append, on_waiting=waiting.append
+        )
+        try:
+            jobs = [worker.submit(p, c, _source(i), d) for i, (p, c, d) in enumerate(JOBS)]
+            return list(await asyncio.gather(*(_collect(j) for j in jobs)))
+        finally:
+            worker.close()
+
+    outcomes = asyncio.run(scenario())
+    for i, (streamed, final) in enumerate(outcomes):
+        assert isinstance(final, Finished), final
+        solo = _solo(tiny_loaded, i)
+        assert final.result.token_ids == solo.token_ids, i
+        assert tuple(streamed) == solo.token_ids, i  # each stream carries only its tokens
+        assert final.result.finish_reason == solo.finish_reason
+    assert max(sizes) == 4 and sizes[-1] == 0
+    assert max(waiting) >= 1  # some waited for a slot
+
+
+def test_cancelled_job_frees_its_slot(tiny_loaded) -> None:  # type: ignore[no-untyped-def]
+    """One slot: a long job runs, a short one waits; cancelling the long one lets the short
+    one run at the next step (it finishes with its solo output)."""
+    long = SamplerConfig("basic-uwm", max_new_tokens=10_000)
+
+    async def scenario() -> None:
+        worker = GenerationWorker(tiny_loaded, 2, 1, max_batch=1)
+        try:
+            running = worker.submit([1, 2, 3], long, _source(0), None)
+            waiting = worker.submit(JOBS[1][0], JOBS[1][1], _source(1), None)
+            first = await asyncio.wait_for(running.events.get(), 30)
+            assert isinstance(first, Tokens) and worker.active == 1
+            assert not waiting.ended.is_set()  # no free slot for it yet
+            running.cancel()
+            with pytest.raises(GenerationCancelled):
+                await asyncio.wait_for(running.result(), 30)
+            done = await asyncio.wait_for(waiting.result(), 60)
+            assert done.result.token_ids == _solo(tiny_loaded, 1).token_ids
+        finally:
+            worker.close()
+
+    asyncio.run(scenario())
+
+
+def test_queue_stays_bounded_while_batching(tiny_loaded) -> None:  # type: ignore[no-untyped-def]
+    """Two jobs active and one waiting fill max_batch = 2 and queue_size = 1: the next is
+    refused with QueueFull (the route's 503 + Retry-After)."""
+    gate = threading.Event()
+
+    class Gated(GenerationWorker):
+        def _generate(self, job):  # type: ignore[no-untyped-def]
+            member = super()._generate(job)
+            if self.active == 1:  # the second admitted job holds the thread at its prefill
+                gate.wait(30)
+            return member
+
+    long = SamplerConfig("basic-uwm", max_new_tokens=10_000)
+
+    async def scenario() -> None:
+        worker = Gated(tiny_loaded, 1, 3, max_batch=2)
+        jobs = []
+        try:
+            for i in range(2):
+                jobs.append(worker.submit([1 + i, 2], long, _source(i), None))
+                while worker.waiting:  # taken from the queue into the batch
+                    await asyncio.sleep(0.01)
+            jobs.append(worker.submit([5, 6], long, _source(2), None))
+            with pytest.raises(QueueFull) as refused:
+                worker.submit([7, 8], long, _source(3), None)
+            assert refused.value.retry_after_s == 3
+        finally:
+            gate.set()
+            for job in jobs:
+                job.cancel()
+            worker.close()
+
+    asyncio.run(scenario())
+
+
+def test_worker_keeps_its_threads_after_the_detection_pool(tiny_loaded) -> None:  # type: ignore[no-untyped-def]
+    """``torch.set_num_threads(1)`` in the detection pool's initializer makes every thread
+    that has not set its own count read 1; the worker sets its own before its steps."""
+    wanted = 2
+    with ThreadPoolExecutor(1, initializer=_one_torch_thread) as pool:
+        pool.submit(lambda: None).result()  # the initializer ran
+        seen: list[int] = []
+        probe = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+        probe.start()
+        probe.join()
+        assert seen == [1]  # the leak the worker must not inherit
+
+        async def scenario() -> None:
+            worker = GenerationWorker(tiny_loaded, 1, 1, threads=wanted)
+            try:
+                job = worker.submit(
+                    [1, 2], SamplerConfig("basic-uwm", max_new_tokens=3), _source(0), None
+                )
+                await asyncio.wait_for(job.result(), 30)
+                pool.submit(_one_torch_thread).result()  # the pool sets 1 again, later
+                again = worker.submit(
+                    [1, 2], SamplerConfig("basic-uwm", max_new_tokens=3), _source(1), None
+                )
+                await asyncio.wait_for(again.result(), 30)
+                assert worker.step_threads == wanted
+            finally:
+                worker.close()
+
+        asyncio.run(scenario())
