@@ -14,6 +14,17 @@ count (any non-2xx or transport error) per scenario as JSON.
     python -m bench.service_load --out bench/results/service_load.json
 
 The goal on a 2-core machine: zero errors, ``/v1/detect`` p99 <= 50 ms at 8 clients.
+
+``--sweep`` (issue 19, continuous batching) instead sweeps ``POST /v1/generate`` over
+``--sweep-clients`` (1, 2, 4, 8, 16, 32) concurrent clients: mpfr, ngram, B = L = 4,
+``--sweep-tokens`` (128) new tokens, 8 held-out ELI5 prompts each with a fixed nonce, at least
+``--sweep-requests`` (8) requests per level. A 503 with Retry-After (the bounded queue is full)
+is retried after the pause it names and counted; any other non-2xx is an error. Every output
+is checked against the one-client level's (solo) output for the same prompt and nonce. Writes
+aggregate generated tokens/s, latency p50/p99, errors, 503s and mismatches per level (JSON)
+and a plot (PNG) of throughput and p50/p99 against concurrency:
+
+    python -m bench.service_load --sweep --out bench/results/service_load_batching.json
 """
 
 from __future__ import annotations
@@ -21,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import platform
@@ -118,6 +130,144 @@ async def closed_loop(
     }
 
 
+def eli5_messages(count: int = 8) -> list[list[dict[str, str]]]:
+    """The first ``count`` ELI5 prompts of ``data/prompts-eli5.jsonl`` (chat messages)."""
+    lines = (ROOT / "data" / "prompts-eli5.jsonl").read_text().splitlines()[:count]
+    return [json.loads(line)["messages"] for line in lines]
+
+
+async def sweep_level(
+    url: str, headers: dict[str, str], bodies: list[dict[str, Any]], clients: int, requests: int
+) -> tuple[dict[str, Any], dict[int, list[list[int]]]]:
+    """``requests`` generations (at least one per client) by ``clients`` closed-loop clients;
+    returns the level's figures and the token ids per body index (the last seen)."""
+    latencies: list[float] = []
+    tokens: list[int] = []
+    outputs: dict[int, list[list[int]]] = {}
+    errors: dict[str, int] = {}
+    retried = 0
+    todo = list(range(max(requests, clients)))[::-1]
+    limits = httpx.Limits(
+        max_connections=clients, max_keepalive_connections=clients, keepalive_expiry=2.0
+    )
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=1800, limits=limits) as c:
+
+        async def client() -> None:
+            nonlocal retried
+            while todo:
+                index = todo.pop() % len(bodies)
+                start = time.perf_counter()
+                while True:
+                    try:
+                        r = await c.post("/v1/generate", json=bodies[index])
+                    except httpx.HTTPError as exc:
+                        errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+                        break
+                    if r.status_code == 503 and "retry-after" in r.headers:
+                        retried += 1
+                        await asyncio.sleep(float(r.headers["retry-after"]))
+                        continue
+                    if r.status_code != 200:
+                        errors[str(r.status_code)] = errors.get(str(r.status_code), 0) + 1
+                    else:
+                        latencies.append(time.perf_counter() - start)
+                        ids = r.json()["token_ids"]
+                        tokens.append(len(ids))
+                        outputs.setdefault(index, []).append(ids)
+                    break
+
+        began = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(clients)))
+        elapsed = time.perf_counter() - began
+    ms = np.array(latencies) * 1000
+    level = {
+        "clients": clients,
+        "requests": len(latencies) + sum(errors.values()),
+        "seconds": round(elapsed, 2),
+        "generated_tokens": int(sum(tokens)),
+        "tokens_per_second": round(sum(tokens) / elapsed, 2),
+        "p50_ms": round(float(np.percentile(ms, 50)), 1) if ms.size else None,
+        "p99_ms": round(float(np.percentile(ms, 99)), 1) if ms.size else None,
+        "errors": sum(errors.values()),
+        "errors_by_kind": errors,
+        "retried_503": retried,
+    }
+    return level, outputs
+
+
+def run_sweep(
+    url: str, headers: dict[str, str], key_id: str, args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """The ``--sweep`` levels (module docstring), the first (one client) as the solo reference."""
+    bodies = [
+        {
+            "key_id": key_id,
+            "messages": messages,
+            "max_new_tokens": args.sweep_tokens,
+            "method": "mpfr",
+            "drafter": "ngram",
+            "drafts": 4,
+            "lookahead": 4,
+            "nonce": 1000 + i,
+        }
+        for i, messages in enumerate(eli5_messages(args.sweep_prompts))
+    ]
+    warm = dict(bodies[0], max_new_tokens=8)
+    asyncio.run(sweep_level(url, headers, [warm], 2, 2))  # first forwards, pool threads
+    solo: dict[int, list[int]] = {}
+    levels = []
+    for clients in args.sweep_clients:
+        level, outputs = asyncio.run(
+            sweep_level(url, headers, bodies, clients, args.sweep_requests)
+        )
+        if not solo and clients == 1:
+            solo = {i: runs[0] for i, runs in outputs.items()}
+        level["outputs_checked"] = sum(len(runs) for i, runs in outputs.items() if i in solo)
+        level["outputs_differing_from_solo"] = sum(
+            run != solo[i] for i, runs in outputs.items() if i in solo for run in runs
+        )
+        level["load_average"] = os.getloadavg()
+        print(json.dumps(level), flush=True)
+        levels.append(level)
+    return levels
+
+
+def plot_sweep(levels: list[dict[str, Any]], path: Path, title: str) -> None:
+    """Throughput and p50/p99 latency against concurrency (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    clients = [lv["clients"] for lv in levels]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    left.plot(clients, [lv["tokens_per_second"] for lv in levels], "o-")
+    left.set(xscale="log", xlabel="concurrent clients", ylabel="generated tokens/s (aggregate)")
+    left.set_xticks(clients, [str(c) for c in clients])
+    right.plot(clients, [lv["p50_ms"] / 1000 for lv in levels], "o-", label="p50")
+    right.plot(clients, [lv["p99_ms"] / 1000 for lv in levels], "s--", label="p99")
+    right.set(xscale="log", xlabel="concurrent clients", ylabel="request latency (s)")
+    right.set_xticks(clients, [str(c) for c in clients])
+    right.legend()
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def cpu_facts() -> dict[str, Any]:
+    """The CPU model string and whether it has AMX (``/proc/cpuinfo``)."""
+    model, amx = platform.processor(), False
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+            if line.startswith("flags"):
+                amx = "amx_tile" in line.split()
+    return {"cpu_model": model, "amx": amx}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -201,6 +351,12 @@ def main() -> None:
         "--workers", type=int, default=1, help="server processes (> 1: on --redis-url)"
     )
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    parser.add_argument("--sweep", action="store_true", help="the generate concurrency sweep")
+    parser.add_argument("--sweep-clients", type=int, nargs="*", default=[1, 2, 4, 8, 16, 32])
+    parser.add_argument("--sweep-tokens", type=int, default=128)
+    parser.add_argument("--sweep-prompts", type=int, default=8)
+    parser.add_argument("--sweep-requests", type=int, default=8)
+    parser.add_argument("--machine-load", default="", help="a note on other load, for the JSON")
     args = parser.parse_args()
 
     from transformers import AutoTokenizer
@@ -219,6 +375,9 @@ def main() -> None:
         try:
             headers = {"Authorization": f"Bearer {token}"}  # an API token, not the admin's
             key_id = httpx.post(f"{url}/v1/keys", json={}, headers=headers).json()["key_id"]
+            if args.sweep:
+                levels = run_sweep(url, headers, key_id, args)
+                return write_sweep(args, levels, server_settings, load_at_start)
             tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
             texts = detect_texts(tokenizer)
             detect_bodies = [{"key_id": key_id, "text": t} for t in texts]
@@ -279,6 +438,63 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def write_sweep(
+    args: argparse.Namespace,
+    levels: list[dict[str, Any]],
+    server_settings: dict[str, str],
+    load_at_start: tuple[float, float, float],
+) -> None:
+    """The sweep's JSON (with the ratios the issue asks about) and its plot."""
+    lone = levels[0] if levels and levels[0]["clients"] == 1 else None
+    ratios = {}
+    if lone is not None:
+        for level in levels[1:]:
+            ratios[str(level["clients"])] = {
+                "throughput_vs_one_client": round(
+                    level["tokens_per_second"] / lone["tokens_per_second"], 2
+                ),
+                "p50_vs_lone": round(level["p50_ms"] / lone["p50_ms"], 2)
+                if level["p50_ms"] and lone["p50_ms"]
+                else None,
+            }
+    report = {
+        "benchmark": "service_load_sweep",
+        "commit": _git("rev-parse", "HEAD"),
+        "uncommitted_changes": _git("status", "--porcelain", "--untracked-files=no").splitlines(),
+        "model": "smollm2-135m-instruct (float32, CPU)",
+        "machine": {
+            "cpus": os.cpu_count(),
+            **cpu_facts(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "load_average_at_start": load_at_start,
+            "load_average_at_end": os.getloadavg(),
+        },
+        "machine_load": args.machine_load,
+        "server_settings": {k: v for k, v in server_settings.items() if k != "redis_url"},
+        "generate": {
+            "max_new_tokens": args.sweep_tokens,
+            "method": "mpfr",
+            "drafter": "ngram",
+            "B": 4,
+            "L": 4,
+            "prompts": f"data/prompts-eli5.jsonl[:{args.sweep_prompts}], nonce 1000+i",
+        },
+        "levels": levels,
+        "ratios": ratios,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    batch = server_settings.get("generation_batch", "8 (default)")
+    plot_sweep(
+        levels,
+        args.out.with_suffix(".png"),
+        f"POST /v1/generate, mpfr/ngram B=L=4, {args.sweep_tokens} tokens, generation_batch="
+        f"{batch}; {report['machine']['cpu_model']}, {os.cpu_count()} cores, load "
+        f"{load_at_start[0]:.1f}",
+    )
 
 
 if __name__ == "__main__":

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from keyed import KeyedSource
+from sampler.batch import generate_many
 from sampler.decoder import GenerationResult, SamplerConfig, generate
-from sampler.drafters import Drafter, make_drafter
+from sampler.drafters import Drafter, fresh_drafter, make_drafter
 from sampler.models import LoadedModel
 
 MAX_MESSAGES = 256
@@ -105,3 +106,61 @@ def complete(
     text = loaded.tokenizer.decode(list(result.token_ids), skip_special_tokens=False)
     assert isinstance(text, str), "one sequence decodes to one string"
     return Completion(text=text, result=result, drafter=instance.name if instance else None)
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """One request of ``complete_many``: prompt ids (``prompt_ids``), config, keyed source and
+    drafter (a spec or an instance; ``None`` for a method that does not draft)."""
+
+    ids: list[int]
+    config: SamplerConfig
+    source: KeyedSource
+    drafter: str | Drafter | None = None
+
+
+def complete_many(
+    loaded: LoadedModel,
+    requests: Sequence[CompletionRequest],
+    max_batch: int | None = 8,
+    node_budget: int | None = None,
+) -> list[Completion]:
+    """``complete`` for many requests, continuously batched (``sampler.batch``): up to
+    ``max_batch`` step together (one target forward over all their draft trees per step), the
+    next joins when one finishes. Each completion equals the request's ``complete`` output.
+
+    A drafter spec is built once per spec and each request gets its own instance of it
+    (``fresh_drafter``); an instance passed in is copied the same way (never shared).
+
+    Args:
+        max_batch: requests stepping together (None: all at once).
+        node_budget: cap on draft-tree nodes per target forward (``step_many``; keyed-race
+            requests only, their output unchanged).
+    Raises:
+        ValueError: a speculative request without a drafter, or ``complete``'s errors.
+    """
+    built: dict[str, Drafter] = {}
+    runs: list[tuple[list[int], SamplerConfig, KeyedSource, Drafter | None]] = []
+    for i, request in enumerate(requests):
+        instance: Drafter | None = None
+        if request.config.speculative:
+            spec = request.drafter
+            if spec is None:
+                raise ValueError(
+                    f"requests[{i}].drafter: method {request.config.method!r} needs one"
+                )
+            if isinstance(spec, str):
+                if spec not in built:
+                    built[spec] = make_drafter(spec, loaded.model)
+                spec = built[spec]
+            instance = fresh_drafter(spec)
+        runs.append((request.ids, request.config, request.source, instance))
+    results = generate_many(loaded.model, runs, eos_ids(loaded), max_batch, node_budget)
+    out = []
+    for (_, _, _, instance), result in zip(runs, results, strict=True):
+        text = loaded.tokenizer.decode(list(result.token_ids), skip_special_tokens=False)
+        assert isinstance(text, str), "one sequence decodes to one string"
+        out.append(
+            Completion(text=text, result=result, drafter=instance.name if instance else None)
+        )
+    return out
