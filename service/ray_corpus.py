@@ -56,8 +56,9 @@ from service.cli.corpus import (
 
 RANGE_BYTES: Final = 1 << 20
 """Bytes of input per read task (at least; ranges end at a line end)."""
-LINES_PER_BLOCK: Final = 256
-"""Input lines per Ray Data block a read task yields."""
+LINES_PER_BLOCK: Final = 32
+"""Input lines per Ray Data block a read task yields: an actor task takes a block and returns
+its results at once, so this is the granularity of progress, retries and ordering waits."""
 DEFAULT_BATCH_SIZE: Final = 8
 """Lines per ``map_batches`` call of a detector actor (the local engine's chunk size)."""
 LOCAL_OBJECT_STORE_BYTES: Final = 128 * 1024 * 1024

@@ -12,10 +12,10 @@ flushed before the next starts, so what is on disk is always whole lines.
 
 q-values (``add_q_values``, ``--q-values``): a pass over the finished output adds to every
 detection row its Benjamini–Hochberg q-value across all the detection rows of the file
-(``"q_value"``, from each row's Aaronson p-value — the verdict's). It needs every document's p,
-so it runs after the last line is written, rewrites the file whole (a temporary file, then
-``os.replace``: an interruption leaves the old file) and is recomputed from the p-values each
-time, so a resumed run that adds rows gives every row the q-value of the whole corpus.
+(``"q_value"``, from each row's ``p_value``: the one its verdict is on). It needs every
+document's p, so it runs after the last line is written, rewrites the file whole (a temporary
+file, then ``os.replace``: an interruption leaves the old file) and is recomputed from the
+p-values each time, so a resumed run that adds rows gives every row the q-value of the whole corpus.
 
 Engines: this module runs the corpus in this process or over ``detect_many``'s worker
 processes; ``service.ray_corpus`` runs the same lines through Ray Data and writes the same
@@ -142,7 +142,9 @@ def done_ids(output: Path) -> set[str]:
         with output.open("r+b") as f:
             f.truncate(len(data))
     done: set[str] = set()
-    for line in data.decode("utf-8").splitlines():
+    # "\n" alone ends a line: splitlines() would also cut at U+2028, U+0085…, which
+    # ensure_ascii=False writes raw inside a text, and lose that row's id
+    for line in data.decode("utf-8").split("\n"):
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
@@ -260,11 +262,9 @@ class QValueCounts:
 
 
 def row_p_value(row: dict[str, Any]) -> float | None:
-    """The p-value a detection row's verdict is on (its Aaronson p), None for an error row."""
-    scores = row.get("scores")
-    if not isinstance(scores, dict) or not isinstance(scores.get("aaronson"), dict):
-        return None
-    p = scores["aaronson"].get("p_value")
+    """The p-value a detection row's verdict is on (its top-level ``p_value``: the whole text
+    and spans test), None for an error row."""
+    p = row.get("p_value")
     return float(p) if isinstance(p, int | float) and not isinstance(p, bool) else None
 
 

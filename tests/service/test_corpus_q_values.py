@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from detector import DetectOptions
 from keyed import KeyedSource
 from service.cli import app
-from service.cli.corpus import add_q_values, detect_corpus, row_p_value
+from service.cli.corpus import add_q_values, detect_corpus, done_ids, row_p_value
 from tests.detector.helpers import fixed_secret, keyed_race_ids
 
 SECRET = fixed_secret("corpus-q-values")
@@ -35,7 +35,7 @@ def hand_bh(ps: list[float]) -> list[float]:
 
 
 def detection_row(row_id: str, p: float) -> dict:  # type: ignore[type-arg]
-    return {"id": row_id, "verdict": "x", "scores": {"aaronson": {"p_value": p, "score": 1.5}}}
+    return {"id": row_id, "verdict": "x", "p_value": p, "scores": {"aaronson": {"p_value": 0.5}}}
 
 
 def read_rows(path: Path) -> list[dict]:  # type: ignore[type-arg]
@@ -61,7 +61,7 @@ def test_q_values_match_a_hand_bh_and_keep_the_rest(tmp_path: Path) -> None:
     expected = hand_bh(ps)
     got = read_rows(out)
     assert [r["id"] for r in got] == [r["id"] for r in rows]
-    detected = [r for r in got if "scores" in r]
+    detected = [r for r in got if "p_value" in r]
     assert [r["q_value"] for r in detected] == expected  # float for float
     assert all("q_value" not in r for r in got if "error" in r)
     assert [{k: v for k, v in r.items() if k != "q_value"} for r in got] == rows
@@ -126,6 +126,17 @@ def test_corpus_q_values_survive_resume(real_tokenizer, human_passages, tmp_path
     resumed.write_text("".join(s + "\n" for s in stripped) + text[5][:30], encoding="utf-8")
     run(real_tokenizer, corpus, resumed)
     assert read_rows(resumed) == rows  # same rows, same order, q-values of the whole corpus
+
+
+def test_resume_finds_ids_of_rows_holding_unicode_line_separators(tmp_path: Path) -> None:
+    # json.dumps(ensure_ascii=False) writes U+2028 / U+0085 raw; they end no line of the file
+    out = tmp_path / "out.jsonl"
+    rows = [{"id": "a", "tokens": [{"text": "x\u2028y\u0085z"}]}, {"id": "b"}]
+    out.write_text(
+        "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows) + '{"id": "c', "utf-8"
+    )
+    assert done_ids(out) == {"a", "b"}
+    assert out.read_text(encoding="utf-8").endswith('{"id": "b"}\n')  # the torn line is cut
 
 
 def test_cli_q_values_and_engine_options_are_checked(tmp_path: Path) -> None:
