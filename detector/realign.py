@@ -31,8 +31,9 @@ What it buys and costs (bench/results/detector.md, bench/results/detector_decisi
 intact watermarked position loses ln(1/0.8) ≈ 0.22 nats of its term (≈ 2.6 at T = 1); a
 position behind an inserted token is recovered at ln((m)/0.2) ≈ 3 nats. It cannot recover
 what a substitution or a deletion destroyed (the label needs the unknown original token).
-CPU: m + 1 label keys per position (one keyed BLAKE2b each) instead of one: about 5× the
-plain test's per-token key cost at m = 4; the plain test stays the verdict's.
+CPU: m + 1 label keys per position (one keyed BLAKE2b each) instead of one; the whole
+detection costs 1.9-2.2× as much per scored token (``bench/results/detector_realign_cost.json``);
+the plain test stays the verdict's.
 
 Shapes: T tokens, N kept candidates, M' scored positions.
 """
