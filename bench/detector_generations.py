@@ -34,7 +34,6 @@ from sampler.models import DEFAULT_MODEL, load_model
 from sampler.processing import Processing
 
 
-
 def _rank(prompt_id: str) -> str:
     return hashlib.blake2b(f"detector-power:{prompt_id}".encode(), digest_size=8).hexdigest()
 
