@@ -203,3 +203,30 @@ def test_multi_key_span_p_is_valid_under_h0(real_tokenizer, human_passages, keys
         for name in ("verdict", "whole_text", "span"):
             assert counts[f"{name}@{alpha}"] <= high, (name, alpha, counts)
     assert counts["span_uncorrected_for_keys@0.1"] > int(stats.binom.ppf(0.995, passages, 0.1))
+
+
+def test_multi_key_wire_shape_corrects_spans_for_the_keys(real_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    # service.detection.multi_key_json (HTTP and CLI --json): each detailed key's spans carry
+    # their windows-corrected p times K (the page shows it as is), and the top level the
+    # whole-text and span p corrected for K and the power statement; the schema takes it all.
+    from service.detection import multi_key_json
+    from service.schemas.detect import DetectResponse
+
+    secret = fixed_secret("multi-wire")
+    ids = keyed_race_ids(secret, num_new=120, seed=9)
+    sources = {"pmk_right": KeyedSource(secret)} | {
+        f"pmk_{i}": fixed_source(f"multi-wire-{i}") for i in range(7)
+    }
+    found = detect_multi(real_tokenizer, sources, token_ids=ids, options=DetectOptions(spans=True))
+    shaped = multi_key_json(found, tokens=False)
+    assert DetectResponse.model_validate(shaped).model_dump() == shaped
+    for result in shaped["results"]:
+        for span in result["spans"]["spans"]:
+            expected = min(0.0, span["corrected_log10_p_value"] + math.log10(8))
+            assert span["keys_corrected_log10_p_value"] == pytest.approx(expected, abs=1e-12)
+    assert shaped["span_log10_p_value"] == found.span_log10_p_value
+    best_span = min(
+        s["corrected_log10_p_value"] for r in shaped["results"] for s in r["spans"]["spans"]
+    )
+    assert shaped["span_log10_p_value"] == pytest.approx(min(0.0, best_span + math.log10(8)))
+    assert shaped["power"]["detectable"] is True and shaped["verdict"] == "watermarked"
