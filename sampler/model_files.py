@@ -223,11 +223,16 @@ _FILE_CONFIG_KEYS: frozenset[str] = frozenset(
 encoding, decoding or the special ids; any other entry (a chat template is in its own file)
 sends ``load_detection_tokenizer`` to transformers."""
 
+_TRANSFORMERS_ONLY_FILES: tuple[str, ...] = ("special_tokens_map.json", "added_tokens.json")
+"""Files transformers reads beside ``tokenizer.json`` that can add special ids or tokens
+(``TokenizerFile`` reads neither): a directory holding one goes to transformers."""
+
 
 def load_detection_tokenizer(name: str, data_dir: Path) -> TokenizerFile | PreTrainedTokenizerBase:
     """The tokenizer detection needs for ``name`` (converting the alias first if needed): a
     ``TokenizerFile`` where the directory's ``tokenizer.json`` and ``tokenizer_config.json``
-    allow it (``TokenizersBackend`` class, only ``_FILE_CONFIG_KEYS``), else ``load_tokenizer``'s.
+    allow it (``TokenizersBackend`` class, only ``_FILE_CONFIG_KEYS``, none of
+    ``_TRANSFORMERS_ONLY_FILES``), else ``load_tokenizer``'s.
     Same ids, offsets, decoding, special ids and fingerprint either way; generation (chat
     templates) uses ``load_tokenizer``."""
     path = materialise(name, data_dir)
@@ -237,6 +242,7 @@ def load_detection_tokenizer(name: str, data_dir: Path) -> TokenizerFile | PreTr
         and config.get("tokenizer_class") == _BACKEND_CLASS
         and set(config) <= _FILE_CONFIG_KEYS
         and (path / "tokenizer.json").is_file()
+        and not any((path / name).exists() for name in _TRANSFORMERS_ONLY_FILES)
     ):
         return TokenizerFile(path, config)
     return load_tokenizer(name, data_dir)

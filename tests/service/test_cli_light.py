@@ -167,6 +167,42 @@ def test_detection_tokenizer_falls_back_on_unknown_config(data_dir: Path, tmp_pa
 
 
 @pytest.mark.realmodel
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("special_tokens_map.json", {"additional_special_tokens": ["<repo_name>", "<file_sep>"]}),
+        ("added_tokens.json", {"<not-in-vocab>": 49152}),
+    ],
+)
+def test_detection_tokenizer_falls_back_on_transformers_only_files(
+    data_dir: Path, tmp_path: Path, name: str, content: dict[str, object]
+) -> None:
+    """transformers also reads ``special_tokens_map.json`` (more special ids: the detector
+    skips them) and ``added_tokens.json`` (more tokens: other ids; the fingerprint, vocab and
+    merges only, does not see them); a directory holding either goes to transformers, so the
+    CLI detects with the server's ids and special ids."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from sampler.model_files import DEFAULT_MODEL, load_detection_tokenizer, materialise
+
+    source = materialise(DEFAULT_MODEL, data_dir)
+    copy = tmp_path / "model"
+    copy.mkdir()
+    for file in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(source / file, copy / file)
+    (copy / name).write_text(json.dumps(content))
+    light = load_detection_tokenizer(str(copy), tmp_path)
+    auto = AutoTokenizer.from_pretrained(str(copy))
+    text = "a <repo_name> b <not-in-vocab> c"
+    assert light(text, add_special_tokens=False)["input_ids"] == list(
+        auto(text, add_special_tokens=False)["input_ids"]
+    )
+    assert light.all_special_ids == auto.all_special_ids and len(light) == len(auto)
+
+
+@pytest.mark.realmodel
 def test_detect_file_keeps_crlf_and_equals_stdin(home: Path, tmp_path: Path) -> None:
     runner = CliRunner()
     key = json.loads(runner.invoke(app, ["keys", "create", "--json"]).stdout)["key_id"]
