@@ -139,8 +139,10 @@ def multi_key_json(found: MultiKeyDetection, *, tokens: bool) -> dict[str, Any]:
     p-value (whole text and spans, ``detector.combined``), the plain whole-text and the span
     p-values corrected for the keys too, what the text could have shown (``power``), then the
     detailed keys' own results in ``results``, best first; each of their spans also carries
-    ``keys_corrected_p_value`` (its windows-corrected p times K, capped at 1). Plain JSON, no
-    key material."""
+    ``keys_corrected_p_value`` (its windows-corrected p times K, capped at 1), and so does
+    their ``edit_tolerant`` test (its p times K: the keys are ranked by the verdict's p, which
+    shares the plain labels' pivots, so a detailed key's own re-aligned p is selected, not
+    valid for "one of these keys"). Plain JSON, no key material."""
     keys = math.log10(found.num_keys)
     results = []
     for detection in found.results.values():
@@ -150,6 +152,11 @@ def multi_key_json(found: MultiKeyDetection, *, tokens: bool) -> dict[str, Any]:
                 log10 = min(0.0, span["corrected_log10_p_value"] + keys)
                 span["keys_corrected_log10_p_value"] = log10
                 span["keys_corrected_p_value"] = 10.0**log10
+        edit = shaped["edit_tolerant"]
+        if edit is not None:  # the best key is chosen by the verdict's p, not this one: K·p
+            log10 = min(0.0, edit["log10_p_value"] + keys)
+            edit["keys_corrected_log10_p_value"] = log10
+            edit["keys_corrected_p_value"] = 10.0**log10
         results.append(shaped)
     mu = found.min_detectable_mean_score
     span = found.span_log10_p_value

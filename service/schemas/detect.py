@@ -192,6 +192,13 @@ class EditTolerantOut(BaseModel):
     num_scored: int
     num_candidates: int = Field(description="(label, token) pairs scored, each label once.")
     plain_weight: float = Field(description="The plain label's share of a position's weight.")
+    keys_corrected_p_value: float | None = Field(
+        default=None,
+        description="min(1, K·p): corrected for the `num_keys` keys tested (the keys are "
+        "ranked by the verdict's p, which shares this test's plain pivots, so a key's own p is "
+        "not valid for 'one of these keys'; this one is).",
+    )
+    keys_corrected_log10_p_value: float | None = None
 
 
 class SpanSearchOut(BaseModel):

@@ -230,3 +230,33 @@ def test_multi_key_wire_shape_corrects_spans_for_the_keys(real_tokenizer) -> Non
     )
     assert shaped["span_log10_p_value"] == pytest.approx(min(0.0, best_span + math.log10(8)))
     assert shaped["power"]["detectable"] is True and shaped["verdict"] == "watermarked"
+
+
+def test_multi_key_edit_tolerant_p_is_corrected_for_the_keys(real_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    # H0: 300 random 120-token id sequences against 20 keys, the re-aligned test of the best
+    # key (detailed=1, ranked by the verdict's p). That key's own re-aligned p shares its plain
+    # pivots with the p that chose it, so it rejects far above alpha (measured: 70 % at
+    # alpha = 0.1, 13 % at 0.01); the wire shape's keys-corrected p (K·p) must reject at most
+    # alpha: count <= the upper end of the central 99 % interval of Binomial(300, alpha).
+    from service.detection import multi_key_json
+    from service.schemas.detect import DetectResponse
+    from tests.detector.test_null import binomial_bounds
+
+    rng = np.random.default_rng(31)
+    sources = {f"pmk_{i}": fixed_source(f"multi-edit-{i}") for i in range(20)}
+    options = DetectOptions(realign=True)
+    own, corrected = [], []
+    for _ in range(300):
+        ids = rng.integers(3, 49152, size=120).tolist()
+        found = detect_multi(real_tokenizer, sources, token_ids=ids, options=options, detailed=1)
+        shaped = multi_key_json(found, tokens=False)
+        edit = shaped["results"][0]["edit_tolerant"]
+        own.append(edit["log10_p_value"])
+        corrected.append(edit["keys_corrected_log10_p_value"])
+    assert DetectResponse.model_validate(shaped).model_dump() == shaped
+    own_a, corrected_a = np.array(own), np.array(corrected)
+    for alpha in (0.1, 0.01):
+        _, high = binomial_bounds(300, alpha, 0.99)
+        assert int(np.sum(corrected_a <= math.log10(alpha))) <= high, alpha
+    _, high = binomial_bounds(300, 0.1, 0.99)
+    assert int(np.sum(own_a <= math.log10(0.1))) > high  # negative control: the check can fail
