@@ -253,8 +253,10 @@ def detect_corpus_ray(
         context = ray.data.DataContext.get_current()
         context.execution_options.preserve_order = True  # results in input order
         context.enable_progress_bars = False  # the CLI draws its own
+        # one read task at a time, in file order, taking no CPU from the detectors (which are
+        # the bottleneck; Ray Data's backpressure bounds how far the read runs ahead)
         dataset = ray.data.read_datasource(
-            CorpusLines(corpus, range_bytes), num_cpus=0
+            CorpusLines(corpus, range_bytes), num_cpus=0, concurrency=1
         ).map_batches(
             CorpusDetector,
             fn_constructor_kwargs={
