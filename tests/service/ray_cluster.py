@@ -42,7 +42,7 @@ class LocalRayCluster:
             "RAY_USAGE_STATS_ENABLED": "0",
             # the cluster's own token (nodes, drivers): not ~/.ray/auth_token, shared by all
             "RAY_AUTH_MODE": "token",
-            "RAY_AUTH_TOKEN": secrets.token_hex(32),
+            "RAY_AUTH_TOKEN": (env or {}).get("RAY_AUTH_TOKEN") or secrets.token_hex(32),
         }
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
