@@ -13,10 +13,14 @@ Glossary (m the context width, ids w_0..w_{T−1}):
   (label, w_t) pairs of the same token.
 - de-duplication: a label is used at most once in the whole text (its first occurrence, in
   the order (t, plain first, then the skips in that order)); later candidates with that
-  label are dropped, and a position with none left is not scored. Which candidates are kept
-  depends on the text alone, never on the key, and every kept candidate has a distinct
-  label, so under H0 (the text independent of the key) their pivots r are i.i.d. U(0, 1)
-  (the PRF, DESIGN §2).
+  label are dropped, and a position with none left is not scored. Labels are compared by
+  their label keys κ(k, ℓ) (``keyed.label_key_words``, 128 bits; the pivots are computed
+  from them), so the m-wide labels of all (m + 1)·T candidates are never held at once (O(T·m)
+  memory, not O(T·m²)). Every kept candidate has a distinct κ, so under H0 (the text
+  independent of the key) their pivots r are i.i.d. U(0, 1) (the PRF, DESIGN §2). Which are
+  kept depends on the text, and on the key only where two distinct labels share a κ (a
+  128-bit collision: those two pivots would be one race's, so dropping one is what keeps the
+  rest independent).
 - weights: the plain candidate gets ``PLAIN_WEIGHT`` = 0.8 of position t's weight when it is
   kept and the skip candidates share the rest evenly (each of n kept candidates 1/n when the
   plain one was dropped; a lone candidate weight 1).
@@ -94,21 +98,18 @@ class RealignedTest:
         }
 
 
-def candidates(
-    ids: NDArray[np.int64], width: int, special: frozenset[int]
-) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.bool_]]:
-    """The kept candidates of a text, in order (module docstring).
-
-    Args:
-        ids: (T,) int64 token ids. width: m >= 1. special: ids never scored.
-    Returns:
-        (labels (N, m) int64, owners (N,) int64 the position t of each, plain (N,) bool);
-        owners non-decreasing, each position's plain candidate (if kept) first.
-    """
+def _kept(
+    ids: NDArray[np.int64], width: int, special: frozenset[int], secret: Secret
+) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+    """The kept candidates (module docstring), in (t, j) order: (skip (N,) int64 j (0: the
+    plain label; j >= 1: the label of w_{t−m−1} .. w_{t−1} without its j-th token), owner (N,)
+    int64 t, words (N, 2) int64 their label keys under ``secret``). Memory O(T·m): one j's
+    labels at a time."""
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)
     t_count = ids.shape[0]
     m = width
-    empty = (np.zeros((0, m), np.int64), np.zeros(0, np.int64), np.zeros(0, bool))
+    none = np.zeros(0, np.int64)
+    empty = (none, none, np.zeros((0, 2), np.int64))
     if t_count <= m:
         return empty
     positions = np.arange(m, t_count, dtype=np.int64)  # (P,)
@@ -119,16 +120,44 @@ def candidates(
     # ext[p] = w_{t−m−1} .. w_{t−1} (w_{−1} stands for "none" at t = m: only j = 0 is valid)
     offsets = np.arange(-m - 1, 0, dtype=np.int64)  # (m + 1,)
     ext = ids[np.maximum(positions[:, None] + offsets[None, :], 0)]  # (P, m + 1)
-    keep_cols = [np.delete(np.arange(m + 1), j) for j in range(m + 1)]  # j = 0: plain label
-    labels = np.stack([ext[:, cols] for cols in keep_cols], axis=1)  # (P, m + 1, m)
+    words = np.empty((positions.size, m + 1, 2), dtype=np.int64)  # (P, m + 1, 2)
+    for j in range(m + 1):
+        words[:, j] = label_key_words(secret, ext[:, _columns(m, j)])
     valid = np.ones((positions.size, m + 1), dtype=bool)
     valid[positions == m, 1:] = False  # no token before the window at t = m
-    flat = labels.reshape(-1, m)[valid.reshape(-1)]  # (N0, m) in (t, j) order
-    owner = np.repeat(positions, m + 1)[valid.reshape(-1)]
-    plain = np.tile(np.arange(m + 1) == 0, positions.size)[valid.reshape(-1)]
-    _, first = np.unique(flat, axis=0, return_index=True)
+    flat = np.flatnonzero(valid.reshape(-1))  # (N0,) into (P, m + 1), in (t, j) order
+    all_words = words.reshape(-1, 2)[flat]  # (N0, 2)
+    _, first = np.unique(all_words, axis=0, return_index=True)
     first.sort()
-    return flat[first], owner[first], plain[first]
+    slot, skip = np.divmod(flat[first], m + 1)
+    return skip, positions[slot], all_words[first]
+
+
+def _columns(m: int, j: int) -> NDArray[np.int64]:
+    """The columns of w_{t−m−1} .. w_{t−1} in the label that skips column j (0: the plain
+    label w_{t−m} .. w_{t−1})."""
+    return np.delete(np.arange(m + 1, dtype=np.int64), j)
+
+
+def candidates(
+    ids: NDArray[np.int64], width: int, special: frozenset[int], secret: Secret
+) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.bool_]]:
+    """The kept candidates of a text under a key, in order (module docstring).
+
+    Args:
+        ids: (T,) int64 token ids. width: m >= 1. special: ids never scored. secret: the key's.
+    Returns:
+        (labels (N, m) int64, owners (N,) int64 the position t of each, plain (N,) bool);
+        owners non-decreasing, each position's plain candidate (if kept) first.
+    """
+    ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+    skip, owner, _ = _kept(ids, width, special, secret)
+    offsets = np.arange(-width - 1, 0, dtype=np.int64)  # (m + 1,)
+    labels = np.zeros((owner.size, width), dtype=np.int64)  # (N, m)
+    for j in range(width + 1):
+        rows = np.flatnonzero(skip == j)
+        labels[rows] = ids[owner[rows][:, None] + offsets[_columns(width, j)][None, :]]
+    return labels, owner, skip == 0
 
 
 def realigned_test(
@@ -139,14 +168,15 @@ def realigned_test(
     Args:
         ids: (T,) int64 the text's token ids. width: the key's context width m.
         special: ids never scored. secret: the key's secret.
+    Memory O(T·m); CPU: (m + 1) label keys of m ids per scorable position.
     """
-    labels, owner, plain = candidates(ids, width, special)
+    skip, owner, words = _kept(ids, width, special, secret)
     n = int(owner.size)
     if n == 0:
         return RealignedTest(0.0, 0.0, 0, 0)
-    tokens = np.asarray(ids, dtype=np.int64)[owner]  # (N,)
-    r = pivot_array(label_key_words(secret, labels), tokens)  # (N,)
-    terms = position_terms(r, owner, plain)
+    tokens = np.asarray(ids, dtype=np.int64).reshape(-1)[owner]  # (N,)
+    r = pivot_array(words, tokens)  # (N,)
+    terms = position_terms(r, owner, skip == 0)
     score = float(np.sum(terms))
     return RealignedTest(aaronson_log_sf(int(terms.size), score), score, int(terms.size), n)
 
