@@ -241,7 +241,8 @@ class DetectResponse(BaseModel):
     )
     log10_p_value: float
     whole_text_p_value: float = Field(
-        description="The plain whole-text Aaronson p of the best key, corrected for the keys."
+        description="The smallest plain whole-text Aaronson p of any key (not always the best "
+        "key's), corrected for the keys: min(1, num_keys · min_k p_whole,k)."
     )
     whole_text_log10_p_value: float
     span_p_value: float | None = Field(
