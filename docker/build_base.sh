@@ -13,12 +13,16 @@ if [ "$(id -u)" -ne 0 ]; then
   echo "build_base: debootstrap needs root" >&2
   exit 1
 fi
-if ! command -v debootstrap >/dev/null 2>&1; then
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap >/dev/null
+if ! command -v debootstrap >/dev/null 2>&1 || [ ! -s /usr/share/keyrings/debian-archive-keyring.gpg ]; then
+  apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap debian-archive-keyring gpgv >/dev/null
 fi
 rootfs=$(mktemp -d /tmp/poissonmark-rootfs.XXXXXX)
 trap 'rm -rf "$rootfs"' EXIT
-debootstrap --variant=minbase \
+# --force-check-gpg: the mirror is plain http; abort unless the Release file's signature checks
+# out against Debian's archive keyring (debootstrap would otherwise go on unverified when the
+# keyring or gpgv is missing)
+debootstrap --force-check-gpg --variant=minbase \
   --include=python3,python3-venv,redis-server,ca-certificates \
   "$SUITE" "$rootfs" "$MIRROR" >"$rootfs.log" 2>&1 || {
   tail -n 30 "$rootfs.log" >&2

@@ -134,3 +134,14 @@ def test_build_context_leaves_local_state_out() -> None:
     assert {".venv", ".git"} <= set(ignored)
     # the torch wheel copied into docker/wheels/ for a build is never committed
     assert (DOCKER / "wheels" / ".gitignore").read_text().split() == ["*", "!.gitignore"]
+
+
+def test_base_image_checks_the_debian_signatures() -> None:
+    """docker/build_base.sh fetches packages over plain http: debootstrap must verify the
+    Release file's signature (``--force-check-gpg``: abort without the keyring or gpgv rather
+    than go on unverified, which it does by default) and never skip the check."""
+    text = (DOCKER / "build_base.sh").read_text()
+    command = text[text.index("\ndebootstrap ") : text.index('"$MIRROR"')]
+    assert "--force-check-gpg" in command
+    assert "--no-check-gpg" not in text and "--no-check-certificate" not in text
+    assert "debian-archive-keyring" in text  # installed with debootstrap when missing
