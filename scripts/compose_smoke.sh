@@ -48,7 +48,9 @@ if ! command -v docker >/dev/null 2>&1 || ! command -v dockerd >/dev/null 2>&1 \
   || ! { docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null 2>&1; }; then
   [ "$(id -u)" -eq 0 ] || fail "docker / docker-compose missing (and not root to install them)"
   log "installing docker.io docker-compose (apt)"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io docker-compose >"$work/apt.log" 2>&1 \
+  { DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io docker-compose \
+      || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io docker-compose; }; \
+  } >"$work/apt.log" 2>&1 \
     || { tail -n 20 "$work/apt.log" >&2; fail "apt-get install docker.io docker-compose"; }
 fi
 if ! docker info >/dev/null 2>&1; then

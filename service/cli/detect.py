@@ -360,7 +360,7 @@ def _show_power(verdict: str, mu: float | None, reference: float) -> None:
 
 def show(result: Detection, num_keys: int = 1) -> None:
     """Verdict, p-values, skips, spans, then the text with scored tokens on green; with
-    ``num_keys`` > 1 the spans' p also corrected for the keys."""
+    ``num_keys`` > 1 the spans' and the re-aligned test's p also corrected for the keys."""
     a = result.scores["aaronson"]
     out.print(f"verdict: [{_COLOURS[result.verdict.value]}]{result.verdict.value}[/]")
     log10_p = result.verdict_log10_p_value
@@ -378,9 +378,12 @@ def show(result: Detection, num_keys: int = 1) -> None:
             result.verdict.value, result.min_detectable_mean_score, result.reference_mean_score
         )
     if result.realigned is not None:
+        # with several keys, corrected for them (the best key's own re-aligned p is selected)
+        realigned = min(0.0, result.realigned.log10_p_value + math.log10(num_keys))
+        also = f", corrected for {num_keys} keys" if num_keys > 1 else ""
         out.print(
-            f"edit-tolerant (re-aligned) test: log10 p {result.realigned.log10_p_value:.2f} "
-            f"over {result.realigned.num_scored} positions",
+            f"edit-tolerant (re-aligned) test: log10 p {realigned:.2f} "
+            f"over {result.realigned.num_scored} positions{also}",
             highlight=False,
         )
     for name, p in result.scores.items():

@@ -35,8 +35,12 @@ def test_multi_key_output_corrects_spans_for_the_keys(real_tokenizer) -> None:  
         show_multi_key(found, "default")
     text = " ".join(captured.get().split())  # rich wraps at the console width
     assert "whole text, corrected for the keys" in text and "best span of any key" in text
-    assert "edit-tolerant (re-aligned) test: log10 p" in text
     best = found.best
+    assert best.realigned is not None  # the best key's own re-aligned p is selected: K x p
+    realigned = re.search(r"edit-tolerant \(re-aligned\) test: log10 p (-?\d+\.\d\d)", text)
+    assert realigned is not None and "positions, corrected for 2 keys" in text
+    expected_realigned = min(0.0, best.realigned.log10_p_value + 0.30103)
+    assert abs(float(realigned.group(1)) - expected_realigned) <= 0.006
     assert best.spans is not None
     span = best.spans.spans[0]
     shown = re.search(r"windows and 2 keys (-?\d+\.\d\d)", text)
