@@ -260,3 +260,22 @@ def test_multi_key_edit_tolerant_p_is_corrected_for_the_keys(real_tokenizer) -> 
         assert int(np.sum(corrected_a <= math.log10(alpha))) <= high, alpha
     _, high = binomial_bounds(300, 0.1, 0.99)
     assert int(np.sum(own_a <= math.log10(0.1))) > high  # negative control: the check can fail
+
+
+def test_multi_key_realigns_the_best_key_alone(real_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    # the re-aligned test costs seconds per key on long, wide-context texts: only the reported
+    # (best) key's runs, however many keys are detailed; its value equals a single-key run
+    secret = fixed_secret("multi-realign-best")
+    ids = keyed_race_ids(secret, num_new=80, seed=4)
+    sources = {"pmk_right": KeyedSource(secret)}
+    sources |= {f"pmk_{i}": fixed_source(f"multi-realign-{i}") for i in range(4)}
+    found = detect_multi(
+        real_tokenizer, sources, token_ids=ids, options=DetectOptions(realign=True), detailed=5
+    )
+    assert found.best_key_id == "pmk_right" and len(found.results) == 5
+    assert [k for k, r in found.results.items() if r.realigned is not None] == ["pmk_right"]
+    alone = detect(real_tokenizer, KeyedSource(secret), token_ids=ids,
+                   options=DetectOptions(realign=True))  # fmt: skip
+    realigned = found.results["pmk_right"].realigned
+    assert alone.realigned is not None and realigned is not None
+    assert realigned.log10_p_value == alone.realigned.log10_p_value
