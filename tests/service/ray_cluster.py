@@ -47,7 +47,8 @@ class LocalRayCluster:
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.nodes: list[subprocess.Popen[bytes]] = []
-        self._next_worker_port = random.Random().randrange(20_000, 50_000, 1000)
+        # worker ports below the ephemeral range that free_port() draws from (32768-60999)
+        self._next_worker_port = random.Random().randrange(10_000, 30_000, 1000)
 
     def _node_ports(self) -> list[str]:
         base, self._next_worker_port = self._next_worker_port, self._next_worker_port + 1000

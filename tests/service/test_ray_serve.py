@@ -108,7 +108,8 @@ def test_a_key_made_through_one_replica_works_through_the_other(served) -> None:
         maker = created.headers[HEADER]
         key_id = created.json()["key_id"]
 
-        body = {"key_id": key_id, "prompt": "Name a colour.", "max_new_tokens": 24}
+        prompt = "Write three sentences about the sea."
+        body = {"key_id": key_id, "prompt": prompt, "max_new_tokens": 40}
         made = through(maker, lambda: client.post("/v1/generate", json=body), other=True)
         assert made.status_code == 200, made.text
         generator = made.headers[HEADER]
