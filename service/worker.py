@@ -161,6 +161,7 @@ class GenerationWorker:
         self._batch = Batch(loaded.model, node_budget)
         self._active: list[Job] = []
         self._reported_batch = -1
+        self.peak_active = 0  # the most jobs that stepped together so far
         self.step_threads = 0  # torch threads of the latest step (tests, /metrics)
         self._thread = threading.Thread(target=self._run, name="generation-worker", daemon=True)
         self._closed = False
@@ -202,6 +203,7 @@ class GenerationWorker:
                 self._on_waiting(self.waiting)
 
     def _batch_changed(self) -> None:
+        self.peak_active = max(self.peak_active, len(self._active))
         if self._on_batch is not None and self._reported_batch != len(self._active):
             self._reported_batch = len(self._active)
             self._on_batch(self._reported_batch)
@@ -229,6 +231,7 @@ class GenerationWorker:
     def _run(self) -> None:
         self._own_threads()
         while True:
+            self._batch_changed()  # before _admit may block: finished jobs left the batch
             if not self._admit():
                 self._end(Failed(GenerationCancelled()), list(self._batch.members))
                 self._batch_changed()

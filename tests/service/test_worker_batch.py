@@ -169,3 +169,61 @@ def test_worker_keeps_its_threads_after_the_detection_pool(tiny_loaded) -> None:
                 worker.close()
 
         asyncio.run(scenario())
+
+
+def _parse_sse(body: str) -> list[tuple[str, dict[str, object]]]:
+    import json
+
+    events = []
+    for block in body.strip().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.splitlines())
+        events.append((lines["event"], json.loads(lines["data"])))
+    return events
+
+
+def test_concurrent_streams_over_http_each_get_their_own_tokens(live) -> None:  # type: ignore[no-untyped-def]
+    """Four SSE streams at once through a live server, batched in the worker: each stream's
+    deltas are exactly its own non-streamed response (same key and nonce), and the batch-size
+    gauge is served."""
+    import httpx
+
+    svc = live(generation_batch=4)
+    key_id = svc.create_key()
+    bodies = [
+        {
+            "key_id": key_id,
+            "prompt": f"Tell story number {i}.",
+            "max_new_tokens": 300 + 7 * i,
+            "nonce": 77 + i,
+            "method": ["mpfr", "basic-uwm", "pfr", "mpfr"][i],
+            "drafter": "self:1",
+            "drafts": 1 + i,
+            "lookahead": 2 + i % 2,
+        }
+        for i in range(4)
+    ]
+    streamed: dict[int, str] = {}
+    start = threading.Barrier(4)
+
+    def stream(i: int) -> None:
+        with httpx.Client(base_url=str(svc.client.base_url), timeout=120) as client:
+            start.wait(30)
+            r = client.post("/v1/generate", json={**bodies[i], "stream": True}, headers=svc.admin)
+            assert r.status_code == 200, r.text
+            streamed[i] = r.text
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert sorted(streamed) == [0, 1, 2, 3]
+    worker = svc.resources.worker
+    assert worker.peak_active >= 2  # they stepped together
+    for i, body in enumerate(bodies):
+        plain = svc.client.post("/v1/generate", json=body, headers=svc.admin).json()
+        events = _parse_sse(streamed[i])
+        ids = [t for name, data in events if name == "delta" for t in data["token_ids"]]  # type: ignore[attr-defined]
+        assert ids == plain["token_ids"], i
+        assert events[-1][0] == "done" and events[-1][1]["token_ids"] == plain["token_ids"]
+    assert "poissonmark_generation_batch_size 0.0" in svc.client.get("/metrics").text
