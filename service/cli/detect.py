@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
+import rich.markup
 import typer
 from rich.progress import (
     BarColumn,
@@ -287,7 +288,12 @@ def _corpus(
     runner: Any = detect_corpus
     extra: dict[str, Any] = {}
     if run.engine == "ray":
-        from service.ray_corpus import detect_corpus_ray
+        try:
+            from service.ray_corpus import detect_corpus_ray
+        except ImportError as exc:  # the extra is not installed (the default install)
+            missing = exc.name or "ray"
+            spec = rich.markup.escape("'poissonmark[ray]'")  # the message is printed as markup
+            raise ValueError(f"--engine ray needs {missing}: pip install {spec}") from None
 
         runner, extra = detect_corpus_ray, {"address": run.address}
 
