@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -222,6 +223,7 @@ def ray_row(model_dir: Path, docs: int, repeats: int, out_path: Path) -> None:
         },
     }
     out_path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    shutil.rmtree(work, ignore_errors=True)
     print(f"wrote {out_path}")
 
 
