@@ -58,15 +58,16 @@ def step_many(seqs: list[SequenceState], node_budget: int | None = None) -> list
 
     Args:
         seqs: R >= 1 sequences on the same target, none done.
-        node_budget: cap on the tree nodes of one verification forward (``None``: none); only
-            keyed-race sequences are capped, each at ``node_budget // R`` nodes.
+        node_budget: cap on the tree nodes of one verification forward of R >= 2 sequences
+            (``None``: none); only keyed-race sequences are capped, each at
+            ``node_budget // R`` nodes (at least 2).
     Returns:
         Per sequence, the ids its step emitted (EOS excluded).
     """
     if not seqs:
         return []
     cap = None
-    if node_budget is not None:
+    if node_budget is not None and len(seqs) > 1:  # a lone request steps as ``loop.step``
         bound = sum(1 + s.config.effective_drafts * s.config.effective_lookahead for s in seqs)
         if bound > node_budget:
             cap = max(node_budget // len(seqs), 2)

@@ -75,12 +75,12 @@ class Settings(BaseSettings):
     generation_batch: int = Field(default=8, ge=1, le=256)
     """Generation requests that step together (continuous batching: one target forward over
     all their draft trees per step); more wait in the queue (``queue_size``)."""
-    generation_node_budget: int = Field(default=48, ge=0)
-    """Draft-tree nodes per batched target forward (0: no cap). When a step's trees could
-    exceed it, each keyed-race request's tree is capped at budget / batch nodes (B, then L,
-    shrink); its output stays the same (Thm. 5.1). 48 keeps 8 ngram requests' trees whole
-    (one chain of L each) and halved the step time of 8 ``heads`` requests
-    (``bench/results/service_load_steps.json``); a lone request is never capped."""
+    generation_node_budget: int = Field(default=16, ge=0)
+    """Draft-tree nodes per batched target forward of two or more requests (0: no cap). When
+    a step's trees could exceed it, each keyed-race request's tree is capped at
+    budget / batch nodes (B, then L, shrink); its output stays the same (Thm. 5.1). A lone
+    request is never capped. 16 gave the most tokens/s of 0, 16, 24 and 48 for 8 ngram and
+    8 heads requests (``bench/results/service_load_steps_budgets.json``)."""
     generation_threads: int = Field(default=0, ge=0, le=256)
     """torch threads of the generation worker (0: the process's count at startup)."""
     detect_threads: int = Field(default=2, ge=1, le=64)
