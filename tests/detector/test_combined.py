@@ -132,6 +132,6 @@ def test_power_in_the_wire_shape(real_tokenizer) -> None:  # type: ignore[no-unt
         options=DetectOptions(reference_mean_score=3.0),
     )
     assert strong.to_json(tokens=False)["power"]["detectable"] is True
-    assert strong.verdict == "not_detected" or strong.verdict == "watermarked"
+    assert strong.verdict != "insufficient_evidence"  # detectable at this M: a plain answer
     with pytest.raises(ValueError, match="reference_mean_score"):
         DetectOptions(reference_mean_score=1.0)
