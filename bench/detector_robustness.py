@@ -47,6 +47,7 @@ from detector import DetectOptions, detect
 from detector.multikey import detect_multi
 from keyed import KeyedSource
 from sampler.models import DEFAULT_MODEL, load_tokenizer
+from tests.detector.helpers import repetitive_ids
 
 HELDOUT = RESULTS / "detector_heldout.jsonl"
 OUT_JSON = RESULTS / "detector_robustness.json"
@@ -119,20 +120,6 @@ def rates_of(values: list[dict[str, float]], alpha: float = ALPHA) -> dict[str, 
     return out
 
 
-def repetitive(rng: np.random.Generator, kind: int) -> list[int]:
-    """One adversarially repetitive id sequence (as ``tests/detector/test_realign.py``)."""
-    if kind == 0:
-        period = int(rng.integers(2, 7))
-        return (list(rng.integers(3, 49152, size=period)) * 80)[:300]
-    if kind == 1:
-        return [int(t) for t in rng.integers(3, 8, size=300)]
-    phrase = [int(t) for t in rng.integers(3, 49152, size=6)]
-    out: list[int] = []
-    for _ in range(40):
-        out += [*phrase, int(rng.integers(3, 12))]
-    return out
-
-
 def h0_row(values: list[dict[str, float]]) -> dict[str, Any]:
     n = len(values)
     row: dict[str, Any] = {"n": n}
@@ -195,7 +182,7 @@ def main() -> None:
         p_values(tok, bench_source(f"h0-{k}"), ids) for ids in human for k in range(H0_KEYS)
     ]
     rep_rng = np.random.default_rng(7)
-    rep_texts = [repetitive(rep_rng, i % 3) for i in range(REPETITIVE_TEXTS)]
+    rep_texts = [repetitive_ids(rep_rng, i % 3) for i in range(REPETITIVE_TEXTS)]
     h0_rep = [
         p_values(tok, bench_source(f"h0-rep-{k}"), ids)
         for ids in rep_texts

@@ -61,3 +61,19 @@ def keyed_race_continue(
         clocks = exponential_clocks(key, tokens, 1)[0, :, 0].numpy()  # (K,)
         ids.append(int(candidates[np.argmin(clocks / np.maximum(probs, 1e-300))]))
     return ids
+
+
+def repetitive_ids(rng: np.random.Generator, kind: int) -> list[int]:
+    """An adversarially repetitive id sequence (kind 0: a short cycle, 1: a few-token
+    vocabulary, else a repeated phrase with one varying slot); the H0 texts of
+    ``test_realign.py`` and ``bench/detector_robustness.py``."""
+    if kind == 0:
+        period = int(rng.integers(2, 7))
+        return (list(rng.integers(3, 49152, size=period)) * 80)[:300]
+    if kind == 1:
+        return [int(t) for t in rng.integers(3, 8, size=300)]
+    phrase = [int(t) for t in rng.integers(3, 49152, size=6)]
+    out: list[int] = []
+    for _ in range(40):
+        out += [*phrase, int(rng.integers(3, 12))]
+    return out

@@ -18,7 +18,7 @@ from scipy import stats
 from detector import DetectOptions, detect
 from detector.realign import PLAIN_WEIGHT, candidates, position_terms, realigned_test
 from keyed import KeyedSource
-from tests.detector.helpers import fixed_secret, fixed_source, keyed_race_ids
+from tests.detector.helpers import fixed_secret, fixed_source, keyed_race_ids, repetitive_ids
 from tests.detector.test_null import binomial_bounds
 
 
@@ -60,21 +60,6 @@ def test_position_law_is_exact() -> None:
     assert stats.kstest(1 - r, "uniform").pvalue < 1e-10
 
 
-def _repetitive(rng: np.random.Generator, kind: int) -> list[int]:
-    """Adversarially repetitive id sequences: a short cycle, a few-token vocabulary, a
-    repeated phrase with one varying slot."""
-    if kind == 0:
-        period = int(rng.integers(2, 7))
-        return (list(rng.integers(3, 49152, size=period)) * 80)[:300]
-    if kind == 1:
-        return [int(t) for t in rng.integers(3, 8, size=300)]
-    phrase = [int(t) for t in rng.integers(3, 49152, size=6)]
-    out: list[int] = []
-    for _ in range(40):
-        out += [*phrase, int(rng.integers(3, 12))]
-    return out
-
-
 @pytest.mark.parametrize("text_kind", ["human", "repetitive"])
 def test_realigned_p_is_valid_under_h0(real_tokenizer, human_passages, text_kind: str) -> None:  # type: ignore[no-untyped-def]
     # Texts that never saw the key: each (text, key) p must be <= alpha at most alpha of the
@@ -85,7 +70,7 @@ def test_realigned_p_is_valid_under_h0(real_tokenizer, human_passages, text_kind
         texts = [real_tokenizer(t, add_special_tokens=False)["input_ids"] for t in human_passages]
         keys = [fixed_secret(f"realign-h0-{i}") for i in range(4)]
     else:
-        texts = [_repetitive(rng, i % 3) for i in range(300)]
+        texts = [repetitive_ids(rng, i % 3) for i in range(300)]
         keys = [fixed_secret(f"realign-rep-{i}") for i in range(3)]
     log_p = np.array(
         [
@@ -113,7 +98,7 @@ def test_repetitive_text_needs_the_deduplication() -> None:
     secret = fixed_secret("realign-naive")
     rejected = 0
     for _ in range(100):
-        ids = np.asarray(_repetitive(rng, 0), dtype=np.int64)
+        ids = np.asarray(repetitive_ids(rng, 0), dtype=np.int64)
         labels = np.stack([ids[t - 4 : t] for t in range(4, ids.size)])  # repeats kept
         r = pivot_array(label_key_words(secret, labels), ids[4:])
         terms = -np.log1p(-r)
