@@ -329,6 +329,22 @@ def start_server(
     raise SystemExit("poissonmark serve did not become ready")
 
 
+def _provenance(load_at_start: tuple[float, float, float]) -> dict[str, Any]:
+    """Commit, uncommitted changes and the machine (CPU model, AMX, load at start and end)."""
+    return {
+        "commit": _git("rev-parse", "HEAD"),
+        "uncommitted_changes": _git("status", "--porcelain", "--untracked-files=no").splitlines(),
+        "machine": {
+            "cpus": os.cpu_count(),
+            **cpu_facts(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "load_average_at_start": load_at_start,
+            "load_average_at_end": os.getloadavg(),
+        },
+    }
+
+
 def _git(*args: str) -> str:
     done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
     return done.stdout.strip()
@@ -420,15 +436,7 @@ def main() -> None:
                 delete_prefix(server_settings["redis_url"], server_settings["redis_prefix"])
     report = {
         "benchmark": "service_load",
-        "commit": _git("rev-parse", "HEAD"),
-        "uncommitted_changes": _git("status", "--porcelain", "--untracked-files=no").splitlines(),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "load_average_at_start": load_at_start,
-            "load_average_at_end": os.getloadavg(),
-        },
+        **_provenance(load_at_start),
         "server_settings": {k: v for k, v in server_settings.items() if k != "redis_url"},
         "redis": "server" if "redis_url" in server_settings else "embedded",
         "detect_text_tokens": 300,
@@ -461,17 +469,8 @@ def write_sweep(
             }
     report = {
         "benchmark": "service_load_sweep",
-        "commit": _git("rev-parse", "HEAD"),
-        "uncommitted_changes": _git("status", "--porcelain", "--untracked-files=no").splitlines(),
+        **_provenance(load_at_start),
         "model": "smollm2-135m-instruct (float32, CPU)",
-        "machine": {
-            "cpus": os.cpu_count(),
-            **cpu_facts(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "load_average_at_start": load_at_start,
-            "load_average_at_end": os.getloadavg(),
-        },
         "machine_load": args.machine_load,
         "server_settings": {k: v for k, v in server_settings.items() if k != "redis_url"},
         "generate": {
