@@ -14,6 +14,8 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import CacheLayerMixin
 
+from sampler.invariant import InvariantCache, runner_of
+
 
 class CachedLM:
     """A model plus a ``DynamicCache`` over a committed prefix and speculative tree slots.
@@ -109,13 +111,25 @@ class CachedLM:
         self.cached = keep_len
 
 
+TargetLM = CachedLM | InvariantCache
+"""A sequence's target with its KV cache: transformers' (``CachedLM``) or the row-invariant
+runner's (``sampler.invariant``); both take ``forward``/``extend``/``keep``."""
+
+
+def open_cache(target: PreTrainedModel) -> TargetLM:
+    """An empty KV cache on ``target``'s backend: the row-invariant runner attached to it
+    (``sampler.invariant.attach_runner``, precision bfloat16 on the CPU) or transformers."""
+    runner = runner_of(target)
+    return runner.new_cache() if runner is not None else CachedLM(target)
+
+
 def _layers(lm: CachedLM) -> list[CacheLayerMixin]:
     return _layers_of(lm.cache)
 
 
 @torch.inference_mode()
 def forward_many(
-    lms: list[CachedLM],
+    lms: list[TargetLM],
     tokens: list[list[int]],
     depths: list[list[int]],
     visible: list[torch.Tensor],
@@ -140,6 +154,23 @@ def forward_many(
     """
     if len(lms) == 1:
         return [lms[0].forward(tokens[0], depths[0], visible[0], bases[0])]
+    if all(isinstance(lm, InvariantCache) for lm in lms):
+        caches = [lm for lm in lms if isinstance(lm, InvariantCache)]
+        return caches[0].runner.forward(caches, tokens, depths, visible, bases)
+    if not all(isinstance(lm, CachedLM) for lm in lms):
+        raise ValueError("forward_many: every row must run on the same backend")
+    return _forward_many_hf(
+        [lm for lm in lms if isinstance(lm, CachedLM)], tokens, depths, visible, bases
+    )
+
+
+def _forward_many_hf(
+    lms: list[CachedLM],
+    tokens: list[list[int]],
+    depths: list[list[int]],
+    visible: list[torch.Tensor],
+    bases: list[int],
+) -> list[torch.Tensor]:
     first = lms[0]
     if any(lm.model is not first.model for lm in lms):
         raise ValueError("forward_many: every row must run the same model")

@@ -26,7 +26,7 @@ import torch
 from transformers import PreTrainedModel
 
 from keyed import KeyedSource
-from sampler.cached_lm import CachedLM
+from sampler.cached_lm import TargetLM, open_cache
 from sampler.drafters import Drafter, feed_target_hidden, wants_target_hidden
 from sampler.methods import SamplerConfig
 from sampler.policies import History, Policy
@@ -53,7 +53,7 @@ class SequenceState:
     config: SamplerConfig
     history: History
     policy: Policy
-    lm: CachedLM
+    lm: TargetLM
     drafter: Drafter | None
     eos_ids: frozenset[int]
     started: float
@@ -82,7 +82,7 @@ def start(
     drafter = drafter if config.speculative else None
     policy = config.spec.policy_for(source, target.config.vocab_size)
     started = time.perf_counter()
-    lm = CachedLM(target)
+    lm = open_cache(target)
     lm.keep_hidden = wants_target_hidden(drafter)
     if drafter is not None:
         drafter.start(prompt)
@@ -174,7 +174,7 @@ def grow_level(seq: SequenceState, tree: DraftTree, level: int) -> bool:
     return True
 
 
-def verify_tree(lm: CachedLM, tree: DraftTree, base: int) -> torch.Tensor:
+def verify_tree(lm: TargetLM, tree: DraftTree, base: int) -> torch.Tensor:
     """One target forward over the root and every tree node (tree-attention mask over the
     cached prefix of ``base`` tokens): (len(tree), V) logits, node order."""
     return lm.forward(*tree_inputs(tree, base), base)

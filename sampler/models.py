@@ -15,6 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
+from sampler.invariant import InvariantLlama, attach_runner
 from sampler.model_files import (
     ALIASES,
     DEFAULT_MODEL,
@@ -27,6 +28,7 @@ from sampler.model_files import (
 __all__ = [
     "ALIASES",
     "DEFAULT_MODEL",
+    "PRECISIONS",
     "LoadedModel",
     "ModelNotFound",
     "load_model",
@@ -37,9 +39,20 @@ __all__ = [
 ]
 
 
+PRECISIONS = ("auto", "float32", "bfloat16")
+"""Target precisions: ``float32`` (transformers, strict), ``bfloat16`` (on the CPU the
+row-invariant runner of ``sampler.invariant``; on CUDA transformers' bfloat16 weights),
+``auto`` (bfloat16 on CUDA, float32 on the CPU)."""
+
+
 @dataclass(frozen=True)
 class LoadedModel:
-    """A causal LM with its tokenizer, on one device, in eval mode."""
+    """A causal LM with its tokenizer, on one device, in eval mode.
+
+    ``dtype`` is the target's compute precision; on the CPU with bfloat16 the transformers
+    ``model`` stays float32 (drafters share its layers) and decoding goes through the attached
+    row-invariant runner (``sampler.cached_lm.open_cache``).
+    """
 
     name: str
     model: PreTrainedModel
@@ -61,6 +74,7 @@ def load_model(
     device: str = "auto",
     dtype: torch.dtype | None = None,
     on_progress: Callable[[str], None] | None = None,
+    precision: str = "auto",
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer for decoding.
 
@@ -68,14 +82,25 @@ def load_model(
         name: an alias (``smollm2-135m-instruct``) or a local HF model directory.
         data_dir: where converted copies are cached.
         device: ``"auto"`` (CUDA when present, else CPU), ``"cpu"``, ``"cuda:0"``...
-        dtype: weights dtype; default float32 on CPU, bfloat16 on CUDA (race math stays float32+).
+        dtype: transformers weights dtype (overrides ``precision``; race math stays float32+).
+        precision: one of ``PRECISIONS``.
+    Raises:
+        ValueError: an unknown precision.
+        RowInvarianceError: bfloat16 on a CPU whose bfloat16 kernels are not row-invariant.
     """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     path = materialise(name, data_dir, on_progress)
     dev = resolve_device(device)
+    invariant = dtype is None and dev.type == "cpu" and precision == "bfloat16"
     if dtype is None:
-        dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+        cuda_bf16 = dev.type == "cuda" and precision != "float32"
+        dtype = torch.bfloat16 if cuda_bf16 else torch.float32
     tokenizer = load_tokenizer(name, data_dir)
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
     model = model.to(dev)  # type: ignore[arg-type]  # transformers' wrapped .to hides self
     model.eval()
+    if invariant:
+        attach_runner(model, InvariantLlama(model, torch.bfloat16))
+        dtype = torch.bfloat16
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, device=dev, dtype=dtype)

@@ -1,0 +1,370 @@
+"""A row-invariant CPU runner for Llama-architecture targets (issue 18, DESIGN §3 Numerics).
+
+Drafter invariance (MPFR paper Prop. 4.4 / Thm. 5.1) needs the target's logits at a context to
+be the same whatever else shares the forward: one token, a 17-node draft tree, or eight
+requests' trees batched (issue 19). transformers' kernels give that only approximately in
+float32 and not at all in bfloat16 (1 of 6 prompts identical, issue 18). This runner computes
+the same Llama forward with kernels whose row results do not depend on the batch:
+
+- **linears**: bfloat16 weights packed once at load for oneDNN (``mkldnn._reorder_linear_weight``,
+  AMX where the CPU has it), called on at most ``rows_per_call`` rows at a time. On the CPUs
+  measured here a row of such a call is bit-identical for every call size up to 32
+  (``probe_row_invariance`` checks it at load and refuses the precision where it fails).
+- **residual stream and norms** in float32 (elementwise; RMSNorm reduces each row alone);
+- **attention** in float64 (RoPE, scores, softmax and the weighted sum): its reductions run
+  over a length that changes with the batch; in float64 the difference is ~1e-16, far below the
+  bfloat16 rounding that follows, so the next linear's input is the same bit for bit.
+
+Logits come out of a bfloat16 LM head (as a transformers bfloat16 model gives them), returned
+as float32. ``weights=torch.float64`` runs the same code with plain float64 linears: the
+reference against transformers for the architecture tests.
+
+Shapes: q new tokens of one sequence, Q new tokens of all sequences in a call, P cached
+positions, d hidden size, h heads, g key/value heads, D head size, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+
+__all__ = [
+    "InvariantCache",
+    "InvariantLlama",
+    "RowInvarianceError",
+    "attach_runner",
+    "runner_of",
+]
+
+ROWS_PER_CALL = 32
+"""Rows per packed-linear call: calls of 1..32 rows gave bit-identical rows on Intel Xeon
+(AMX) here; 33 and more did not (``probe_row_invariance``)."""
+
+_RUNNER_ATTR = "_poissonmark_runner"
+
+
+class RowInvarianceError(RuntimeError):
+    """This CPU's packed bfloat16 linear gives a row different results in calls of different
+    sizes, so the bfloat16 runner cannot keep outputs identical; use float32."""
+
+
+def _pack(weight: torch.Tensor) -> torch.Tensor:
+    """(N, K) bfloat16 weight -> oneDNN's packed layout for calls of up to 16+ rows."""
+    packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 16)
+    return packed
+
+
+def _packed_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """(n, K) bfloat16 @ packed (N, K) -> (n, N) bfloat16, in calls of <= ROWS_PER_CALL rows."""
+    n = x.shape[0]
+    if n <= ROWS_PER_CALL:
+        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
+        return out
+    return torch.cat(
+        [
+            torch.ops.mkldnn._linear_pointwise(
+                x[i : i + ROWS_PER_CALL], weight, None, "none", [], ""
+            )
+            for i in range(0, n, ROWS_PER_CALL)
+        ]
+    )
+
+
+@dataclass(frozen=True)
+class _Layer:
+    input_norm: torch.Tensor  # (d,) residual dtype
+    qkv: torch.Tensor  # ((h + 2g)·D, d), packed or float64
+    out: torch.Tensor  # (d, h·D)
+    post_norm: torch.Tensor  # (d,) residual dtype
+    gate_up: torch.Tensor  # (2·I, d)
+    down: torch.Tensor  # (d, I)
+
+
+class InvariantLlama:
+    """The target's forward with row-invariant numerics (module docstring).
+
+    Args:
+        model: a transformers Llama-architecture causal LM on the CPU (``model_type`` llama),
+            whose weights are copied (the model itself is left as it is, for the drafters).
+        weights: ``torch.bfloat16`` (packed oneDNN linears, the fast path) or ``torch.float64``
+            (plain linears: the reference for tests).
+    Raises:
+        ValueError: another architecture, a device other than the CPU, an unsupported
+            ``weights`` dtype, or a RoPE type other than the default.
+        RowInvarianceError: bfloat16 on a CPU whose packed linear is not row-invariant.
+    """
+
+    def __init__(self, model: PreTrainedModel, weights: torch.dtype = torch.bfloat16) -> None:
+        config = model.config
+        if getattr(config, "model_type", None) != "llama":
+            raise ValueError(f"expected a llama model, got {getattr(config, 'model_type', None)}")
+        if next(model.parameters()).device.type != "cpu":
+            raise ValueError("the row-invariant runner is a CPU backend")
+        if weights not in (torch.bfloat16, torch.float64):
+            raise ValueError(f"expected weights bfloat16 or float64, got {weights}")
+        rope = getattr(config, "rope_parameters", None) or {"rope_type": "default"}
+        if rope.get("rope_type", "default") != "default":
+            raise ValueError(f"unsupported RoPE type {rope.get('rope_type')!r}")
+        self.config = config
+        self.weights = weights
+        # the residual stream's dtype: float32 beside bfloat16 linears, float64 in the reference
+        self.work = torch.float32 if weights == torch.bfloat16 else torch.float64
+        self.heads = int(config.num_attention_heads)
+        self.kv_heads = int(config.num_key_value_heads)
+        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
+        self.intermediate = int(config.intermediate_size)
+        self.eps = float(config.rms_norm_eps)
+        self.vocab_size = int(config.vocab_size)
+        theta = float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+        # transformers' RoPE: inverse frequencies, angles, cos and sin in float32
+        steps = torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim
+        self.inv_freq = 1.0 / theta**steps  # (D/2,) float32
+        state = {k: v.detach() for k, v in model.state_dict().items()}
+
+        def linear(*names: str) -> torch.Tensor:
+            weight = torch.cat([state[n] for n in names]).to(weights)
+            return _pack(weight) if weights == torch.bfloat16 else weight.contiguous()
+
+        self.layers: list[_Layer] = []
+        for i in range(int(config.num_hidden_layers)):
+            p = f"model.layers.{i}."
+            self.layers.append(
+                _Layer(
+                    input_norm=state[p + "input_layernorm.weight"].to(self.work),
+                    qkv=linear(*(p + f"self_attn.{x}_proj.weight" for x in "qkv")),
+                    out=linear(p + "self_attn.o_proj.weight"),
+                    post_norm=state[p + "post_attention_layernorm.weight"].to(self.work),
+                    gate_up=linear(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
+                    down=linear(p + "mlp.down_proj.weight"),
+                )
+            )
+        self.embedding = state["model.embed_tokens.weight"].to(self.work)  # (V, d)
+        self.norm = state["model.norm.weight"].to(self.work)
+        head = "lm_head.weight" if "lm_head.weight" in state else "model.embed_tokens.weight"
+        self.head = linear(head)
+        if weights == torch.bfloat16:
+            probe_row_invariance(self.head)
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """(n, K) float32 or float64 -> (n, N) in the residual dtype, through the weights'
+        precision."""
+        if self.weights == torch.bfloat16:
+            return _packed_linear(x.to(torch.bfloat16), weight).float()
+        return F.linear(x.double(), weight)
+
+    def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """Llama RMSNorm of (n, d) rows in the residual dtype (transformers' order of operations)."""
+        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+    def new_cache(self) -> InvariantCache:
+        """An empty KV cache for one sequence."""
+        return InvariantCache(self)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        caches: list[InvariantCache],
+        tokens: list[list[int]],
+        depths: list[list[int]],
+        visible: list[torch.Tensor],
+        bases: list[int],
+    ) -> list[torch.Tensor]:
+        """One forward over R sequences' new tokens (a tree each), every row on its own cache.
+
+        Args:
+            caches: R caches of this runner.
+            tokens: per sequence, q_r token ids.
+            depths: per sequence, q_r position offsets (position id = base + depth).
+            visible: per sequence, (q_r, P_r + q_r) bool: which cached and new positions each
+                new token attends to.
+            bases: per sequence, the position id of depth 0.
+        Returns:
+            R tensors of (q_r, V) logits, float32 (float64 with float64 weights).
+        Raises:
+            ValueError: a cache of another runner or a ``visible`` of the wrong shape.
+        """
+        counts = [len(t) for t in tokens]
+        for r, cache in enumerate(caches):
+            if cache.runner is not self:
+                raise ValueError(f"row {r}: cache of another runner")
+            if visible[r].shape != (counts[r], cache.cached + counts[r]):
+                raise ValueError(
+                    f"row {r}: expected visible of shape ({counts[r]}, "
+                    f"{cache.cached + counts[r]}), got {tuple(visible[r].shape)}"
+                )
+        for cache, q in zip(caches, counts, strict=True):
+            cache.reserve(cache.cached + q)
+        ids = torch.tensor([t for row in tokens for t in row], dtype=torch.long)
+        positions = torch.tensor(
+            [b + d for row, b in zip(depths, bases, strict=True) for d in row],
+            dtype=torch.float32,
+        )
+        angles = positions[:, None] * self.inv_freq[None]  # (Q, D/2) float32
+        cos, sin = angles.cos().double(), angles.sin().double()
+        starts = [0]
+        for q in counts:
+            starts.append(starts[-1] + q)
+        x = self.embedding[ids]  # (Q, d) residual dtype
+        h, g, dh = self.heads, self.kv_heads, self.head_dim
+        for index, layer in enumerate(self.layers):
+            qkv = self._linear(self._rms(x, layer.input_norm), layer.qkv).double()
+            query = _rope(qkv[:, : h * dh].view(-1, h, dh), cos, sin)  # (Q, h, D)
+            key = _rope(qkv[:, h * dh : (h + g) * dh].view(-1, g, dh), cos, sin)
+            value = qkv[:, (h + g) * dh :].view(-1, g, dh)
+            mixed = torch.empty((x.shape[0], h * dh), dtype=torch.float64)
+            for r, cache in enumerate(caches):
+                lo, hi = starts[r], starts[r + 1]
+                keys, values = cache.append(index, key[lo:hi], value[lo:hi])  # (g, P+q, D)
+                mixed[lo:hi] = self._attend(query[lo:hi], keys, values, visible[r])
+            x = x + self._linear(mixed, layer.out)
+            gate_up = self._linear(self._rms(x, layer.post_norm), layer.gate_up)
+            gate, up = gate_up[:, : self.intermediate], gate_up[:, self.intermediate :]
+            x = x + self._linear(F.silu(gate) * up, layer.down)
+        hidden = self._rms(x, self.norm)  # (Q, d) residual dtype
+        logits = self._linear(hidden, self.head)  # (Q, V)
+        out: list[torch.Tensor] = []
+        for r, cache in enumerate(caches):
+            lo, hi = starts[r], starts[r + 1]
+            cache.cached += counts[r]
+            cache.forward_calls += 1
+            if cache.keep_hidden:
+                cache.last_hidden = hidden[lo:hi]
+            out.append(logits[lo:hi])
+        return out
+
+    def _attend(
+        self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """Grouped-query attention of one sequence, float64 (one fused SDPA call).
+
+        Args:
+            query: (q, h, D); keys, values: (g, P + q, D); mask: (q, P + q) bool, True where
+                the query attends.
+        Returns:
+            (q, h·D) float64.
+        """
+        q, h, dh = query.shape
+        mixed = F.scaled_dot_product_attention(
+            query.transpose(0, 1)[None], keys[None], values[None], attn_mask=mask, enable_gqa=True
+        )  # (1, h, q, D)
+        return mixed[0].transpose(0, 1).reshape(q, h * dh)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding (transformers' rotate_half convention) of (n, heads, D) float64 with
+    (n, D/2) angles' cos and sin."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c, s = cos[:, None], sin[:, None]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+
+
+class InvariantCache:
+    """One sequence's KV cache on an ``InvariantLlama`` (``CachedLM``'s interface).
+
+    Keys (after RoPE) and values are kept in float64, (layers, g, capacity, D), grown by
+    doubling.
+
+    Attributes:
+        cached: P, the number of positions in the cache.
+        forward_calls: forwards that included this sequence (prefill included).
+        keep_hidden: when set, ``last_hidden`` holds the final (normed) hidden states.
+        last_hidden: (q, d) residual dtype, of the latest forward.
+    """
+
+    def __init__(self, runner: InvariantLlama) -> None:
+        self.runner = runner
+        self.cached = 0
+        self.forward_calls = 0
+        self.keep_hidden = False
+        self.last_hidden: torch.Tensor | None = None
+        layers, g, dh = len(runner.layers), runner.kv_heads, runner.head_dim
+        with torch.inference_mode():  # the buffers are written inside the runner's forward
+            self._keys = torch.zeros((layers, g, 64, dh), dtype=torch.float64)
+            self._values = torch.zeros_like(self._keys)
+        self._filled = 0  # positions written by the current forward's layers
+
+    def reserve(self, length: int) -> None:
+        """Make room for ``length`` positions."""
+        capacity = self._keys.shape[2]
+        if length <= capacity:
+            return
+        while capacity < length:
+            capacity *= 2
+        keys = self._keys.new_zeros((*self._keys.shape[:2], capacity, self._keys.shape[3]))
+        values = torch.zeros_like(keys)
+        keys[:, :, : self.cached] = self._keys[:, :, : self.cached]
+        values[:, :, : self.cached] = self._values[:, :, : self.cached]
+        self._keys, self._values = keys, values
+
+    def append(
+        self, layer: int, keys: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write layer ``layer``'s q new (q, g, D) keys and values after the cache; return the
+        layer's (g, P + q, D) keys and values."""
+        q = keys.shape[0]
+        end = self.cached + q
+        self._keys[layer, :, self.cached : end] = keys.transpose(0, 1)
+        self._values[layer, :, self.cached : end] = values.transpose(0, 1)
+        return self._keys[layer, :, :end], self._values[layer, :, :end]
+
+    def forward(
+        self, tokens: list[int], depths: list[int], visible: torch.Tensor, base: int
+    ) -> torch.Tensor:
+        """``CachedLM.forward``: (q, V) logits (float32; float64 with float64 weights) of q new tokens over the cache."""
+        return self.runner.forward([self], [tokens], [depths], [visible], [base])[0]
+
+    def extend(self, tokens: list[int]) -> torch.Tensor:
+        """Causal forward of a token chain after the cache; returns (q, V) logits."""
+        q = len(tokens)
+        visible = torch.ones((q, self.cached + q), dtype=torch.bool)
+        visible[:, self.cached :] = torch.tril(torch.ones((q, q), dtype=torch.bool))
+        return self.forward(tokens, list(range(q)), visible, self.cached)
+
+    @torch.inference_mode()
+    def keep(self, prefix: int, slots: list[int]) -> None:
+        """Keep positions [0, prefix) and then the cached positions ``slots`` (increasing)."""
+        if slots != list(range(prefix, prefix + len(slots))):
+            index = torch.tensor(slots, dtype=torch.long)
+            end = prefix + len(slots)
+            self._keys[:, :, prefix:end] = self._keys[:, :, index]
+            self._values[:, :, prefix:end] = self._values[:, :, index]
+        self.cached = prefix + len(slots)
+
+
+def probe_row_invariance(weight: torch.Tensor, rows: int = ROWS_PER_CALL) -> None:
+    """Check that a packed bfloat16 linear gives every row the same bits in calls of 1 to
+    ``rows`` rows, at any offset (fixed inputs: the check is deterministic).
+
+    Args:
+        weight: a packed (N, K) bfloat16 weight (``_pack``).
+    Raises:
+        RowInvarianceError: some call size changes some row.
+    """
+    k = int(weight.shape[1])
+    generator = torch.Generator().manual_seed(0)  # probe data only, nothing keyed
+    x = torch.randn((rows + 3, k), generator=generator).to(torch.bfloat16)
+    alone = torch.cat([_packed_linear(x[i : i + 1], weight) for i in range(rows + 3)])
+    for size in range(2, rows + 1):
+        for offset in (0, 3):
+            if not torch.equal(
+                _packed_linear(x[offset : offset + size], weight), alone[offset : offset + size]
+            ):
+                raise RowInvarianceError(
+                    f"packed bfloat16 linear is not row-invariant here (call of {size} rows at "
+                    f"offset {offset}); use precision float32"
+                )
+
+
+def attach_runner(model: PreTrainedModel, runner: InvariantLlama) -> None:
+    """Make ``runner`` the target backend of ``model`` (``sampler.cached_lm.open_cache``)."""
+    model.__dict__[_RUNNER_ATTR] = runner  # a plain attribute, not a submodule
+
+
+def runner_of(model: PreTrainedModel) -> InvariantLlama | None:
+    """The runner attached to ``model``, if any."""
+    runner = model.__dict__.get(_RUNNER_ATTR)
+    return runner if isinstance(runner, InvariantLlama) else None

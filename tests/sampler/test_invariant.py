@@ -1,0 +1,200 @@
+"""The row-invariant runner (``sampler.invariant``, issue 18/19; DESIGN §3 Numerics).
+
+- float64 weights: the runner's Llama forward equals transformers' (tree mask, GQA, RoPE,
+  tied or untied head) to 1e-10, so the architecture is implemented right;
+- bfloat16 weights: a context's logits are the same bits whether its token is evaluated alone,
+  inside a draft tree or beside other sequences; hence MPFR equals BASIC-UWM (Thm. 5.1) and a
+  batched request equals the request served alone, exactly, in reduced precision.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from keyed import KeyedSource, Secret
+from sampler.batch import generate_many
+from sampler.cached_lm import CachedLM, forward_many, open_cache
+from sampler.decoder import SamplerConfig, generate
+from sampler.drafters import NgramDrafter, fresh_drafter, self_drafter
+from sampler.invariant import (
+    InvariantCache,
+    InvariantLlama,
+    RowInvarianceError,
+    attach_runner,
+    runner_of,
+)
+from sampler.models import load_model
+from sampler.processing import Processing
+from tests.sampler.conftest import VOCAB, tiny_llama
+
+
+def _tied_llama() -> LlamaForCausalLM:
+    torch.manual_seed(3)
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
+        num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=512,
+        initializer_range=0.3, tie_word_embeddings=True, rope_theta=500.0,
+    )  # fmt: skip
+    return LlamaForCausalLM(config).to(torch.float64).eval()
+
+
+def _tree_inputs(cached: int) -> tuple[list[int], list[int], torch.Tensor]:
+    """A 5-node tree: root, two children, a grandchild under each child."""
+    tokens, depths, parents = [7, 3, 9, 12, 4], [0, 1, 1, 2, 2], [-1, 0, 0, 1, 2]
+    visible = torch.zeros((5, cached + 5), dtype=torch.bool)
+    visible[:, :cached] = True
+    for i in range(5):
+        j = i
+        while j >= 0:
+            visible[i, cached + j] = True
+            j = parents[j]
+    return tokens, depths, visible
+
+
+TOL = 1e-5
+"""transformers runs RMSNorm, the eager softmax and RoPE angles in float32 even in a float64
+model (the runner keeps float64 there): ~2e-6 apart on these logits, while a wrong mask, RoPE
+or head layout moves them by O(1)."""
+
+
+@pytest.mark.parametrize("model", ["untied", "tied"])
+def test_float64_runner_equals_transformers(model):
+    """Prefill then a tree forward: logits and final hidden states equal transformers'
+    (float64 weights both; ``TOL``)."""
+    target = tiny_llama(5, layers=2) if model == "untied" else _tied_llama()
+    runner = InvariantLlama(target, torch.float64)
+    ours, theirs = runner.new_cache(), CachedLM(target)
+    ours.keep_hidden = theirs.keep_hidden = True
+    prompt = [(5 * j + 2) % VOCAB for j in range(11)]
+    torch.testing.assert_close(
+        ours.extend(prompt).double(), theirs.extend(prompt), atol=TOL, rtol=0
+    )
+    tokens, depths, visible = _tree_inputs(len(prompt))
+    a = ours.forward(tokens, depths, visible, len(prompt))
+    b = theirs.forward(tokens, depths, visible, len(prompt))
+    torch.testing.assert_close(a.double(), b, atol=TOL, rtol=0)
+    assert ours.last_hidden is not None and theirs.last_hidden is not None
+    torch.testing.assert_close(ours.last_hidden.double(), theirs.last_hidden, atol=TOL, rtol=0)
+    # keep the path root -> child 2 -> its grandchild, then one more token: still equal
+    ours.keep(len(prompt), [len(prompt), len(prompt) + 2, len(prompt) + 4])
+    theirs.keep(len(prompt), [len(prompt), len(prompt) + 2, len(prompt) + 4])
+    torch.testing.assert_close(ours.extend([1]).double(), theirs.extend([1]), atol=TOL, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def bf16_target():
+    target = tiny_llama(0, layers=3)
+    model = LlamaForCausalLM(target.config).eval()
+    model.load_state_dict({k: v.float() for k, v in target.state_dict().items()})
+    try:
+        attach_runner(model, InvariantLlama(model, torch.bfloat16))
+    except RowInvarianceError as refused:
+        pytest.skip(f"this CPU's bfloat16 kernels are not row-invariant: {refused}")
+    return model
+
+
+def test_bfloat16_rows_do_not_depend_on_the_forward(bf16_target):
+    """The logits at a context: one token at a time == a tree row == a row of a forward over
+    three sequences' trees (torch.equal, not a tolerance)."""
+    runner = runner_of(bf16_target)
+    assert runner is not None
+    prompt = [(3 * j + 1) % VOCAB for j in range(9)]
+    tokens, depths, visible = _tree_inputs(len(prompt))
+    tree = runner.new_cache()
+    tree.extend(prompt)
+    in_tree = tree.forward(tokens, depths, visible, len(prompt))
+    for node, path in ((1, [7, 3]), (4, [7, 9, 4])):
+        alone = runner.new_cache()
+        alone.extend(prompt)
+        rows = [alone.extend([t]) for t in path]
+        assert torch.equal(rows[-1][0], in_tree[node])
+    others = []
+    for i in range(2):
+        cache = runner.new_cache()
+        cache.extend([(7 * j + i) % VOCAB for j in range(4 + 6 * i)])
+        others.append(cache)
+    mine = runner.new_cache()
+    mine.extend(prompt)
+    batched = forward_many(
+        [others[0], mine, others[1]],
+        [[5], tokens, [8, 2]],
+        [[0], depths, [0, 1]],
+        [torch.ones((1, others[0].cached + 1), dtype=torch.bool), visible,
+         torch.ones((2, others[1].cached + 2), dtype=torch.bool).tril(others[1].cached)],
+        [others[0].cached, len(prompt), others[1].cached],
+    )  # fmt: skip
+    assert torch.equal(batched[1], in_tree)
+
+
+def _source(i: int) -> KeyedSource:
+    return KeyedSource(Secret((900 + i).to_bytes(32, "little")), 4, True, i)
+
+
+CONFIGS = [
+    pytest.param(SamplerConfig("mpfr", 4, 3, 24), id="mpfr_B4L3"),
+    pytest.param(SamplerConfig("mpfr", 2, 5, 24, Processing(0.7, 20, 0.9)), id="mpfr_B2L5_warm"),
+    pytest.param(SamplerConfig("pfr", 1, 4, 24), id="pfr_L4"),
+]
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_bfloat16_mpfr_equals_basic_uwm(bf16_target, config):
+    """Thm. 5.1 in bfloat16: MPFR/PFR emit BASIC-UWM's tokens, drafter by drafter."""
+    basic = SamplerConfig("basic-uwm", max_new_tokens=config.max_new_tokens,
+                          processing=config.processing)  # fmt: skip
+    accepted = 0
+    for i in range(3):
+        prompt = [(11 * i + 5 * j + 1) % VOCAB for j in range(2 + 3 * i)]
+        want = generate(bf16_target, prompt, basic, _source(i)).token_ids
+        for drafter in (NgramDrafter(VOCAB), self_drafter(bf16_target, 1)):
+            got = generate(bf16_target, prompt, config, _source(i), drafter)
+            assert got.token_ids == want
+            accepted += sum(got.stats.accepted_per_level)
+    assert accepted > 0  # drafts were accepted, so trees did share forwards
+
+
+def test_bfloat16_batched_equals_solo(bf16_target):
+    """Continuous batching on the runner: every request's ids equal its solo run."""
+    requests = []
+    for i, config in enumerate(
+        [SamplerConfig("mpfr", 4, 3, 20), SamplerConfig("basic-uwm", max_new_tokens=14),
+         SamplerConfig("mpfr", 2, 2, 17, Processing(0.7, 20, 0.9)),
+         SamplerConfig("pfr", 1, 3, 9), SamplerConfig("mpfr", 3, 4, 12)]
+    ):  # fmt: skip
+        drafter = NgramDrafter(VOCAB) if config.speculative else None
+        requests.append(
+            ([(7 * i + 3 * j) % VOCAB for j in range(1 + 2 * i)], config, _source(i), drafter)
+        )
+    solo = [
+        generate(bf16_target, p, c, s, fresh_drafter(d) if d else None) for p, c, s, d in requests
+    ]
+    own = [(p, c, s, fresh_drafter(d) if d else None) for p, c, s, d in requests]
+    batched = generate_many(bf16_target, own, max_batch=3, node_budget=8)
+    assert [r.token_ids for r in batched] == [r.token_ids for r in solo]
+
+
+def test_open_cache_picks_the_backend(bf16_target, target):
+    assert isinstance(open_cache(bf16_target), InvariantCache)
+    assert isinstance(open_cache(target), CachedLM)
+    with pytest.raises(ValueError, match="same backend"):
+        forward_many(
+            [open_cache(bf16_target), open_cache(target)],
+            [[1], [1]], [[0], [0]],
+            [torch.ones((1, 1), dtype=torch.bool)] * 2, [0, 0],
+        )  # fmt: skip
+
+
+def test_runner_refuses_what_it_cannot_run(target):
+    with pytest.raises(ValueError, match="bfloat16 or float64"):
+        InvariantLlama(target, torch.float16)
+    runner = InvariantLlama(target, torch.float64)
+    cache = runner.new_cache()
+    with pytest.raises(ValueError, match=r"expected visible of shape \(1, 1\)"):
+        cache.forward([1], [0], torch.ones((1, 2), dtype=torch.bool), 0)
+
+
+def test_load_model_rejects_an_unknown_precision(tmp_path):
+    with pytest.raises(ValueError, match="precision must be one of auto, float32, bfloat16"):
+        load_model("smollm2-135m-instruct", tmp_path, device="cpu", precision="fp8")
