@@ -470,7 +470,8 @@ def write_sweep(
     report = {
         "benchmark": "service_load_sweep",
         **_provenance(load_at_start),
-        "model": "smollm2-135m-instruct (float32, CPU)",
+        "model": "smollm2-135m-instruct (CPU, precision "
+        f"{server_settings.get('precision', 'auto (float32)')})",
         "machine_load": args.machine_load,
         "server_settings": {k: v for k, v in server_settings.items() if k != "redis_url"},
         "generate": {

@@ -43,8 +43,9 @@ _BACKOFF = ExponentialBackoff(cap=0.2, base=0.02)
 
 
 def load_served_model(settings: Settings) -> LoadedModel:
-    """The model named by the settings (``POISSONMARK_MODEL`` on ``POISSONMARK_DEVICE``)."""
-    return load_model(settings.model, settings.home, settings.device)
+    """The model named by the settings (``POISSONMARK_MODEL`` on ``POISSONMARK_DEVICE`` in
+    ``POISSONMARK_PRECISION``)."""
+    return load_model(settings.model, settings.home, settings.device, precision=settings.precision)
 
 
 @dataclass

@@ -10,6 +10,7 @@ import base64
 import binascii
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -24,10 +25,10 @@ class Settings(BaseSettings):
     Environment: ``POISSONMARK_HOME`` (data dir: converted models, embedded Redis, KEK file),
     ``REDIS_URL`` or ``POISSONMARK_REDIS_URL`` (external Redis; unset = embedded),
     ``POISSONMARK_KEK`` (base64 of 32 bytes; unset = a generated one in ``HOME/kek``),
-    ``POISSONMARK_MODEL``, ``POISSONMARK_DEVICE``; for ``poissonmark serve`` every field below
-    ``device`` as ``POISSONMARK_<FIELD>`` (e.g. ``POISSONMARK_ADMIN_TOKEN``,
-    ``POISSONMARK_MAX_NEW_TOKENS``). Exceeding a ``max_*`` limit is a 4xx naming the field and
-    the limit (413 for ``max_body_bytes``).
+    ``POISSONMARK_MODEL``, ``POISSONMARK_DEVICE``, ``POISSONMARK_PRECISION``; for
+    ``poissonmark serve`` every field below ``precision`` as ``POISSONMARK_<FIELD>`` (e.g.
+    ``POISSONMARK_ADMIN_TOKEN``, ``POISSONMARK_MAX_NEW_TOKENS``). Exceeding a ``max_*`` limit
+    is a 4xx naming the field and the limit (413 for ``max_body_bytes``).
     """
 
     # hide_input_in_errors: a rejected KEK or admin token must not be echoed in the error.
@@ -42,6 +43,10 @@ class Settings(BaseSettings):
     kek: SecretStr | None = None
     model: str = "smollm2-135m-instruct"
     device: str = "auto"
+    precision: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Target precision (``sampler.models.PRECISIONS``): ``bfloat16`` on the CPU is the
+    row-invariant runner (outputs stay identical across drafters and batches); ``auto`` is
+    float32 on the CPU and bfloat16 on CUDA."""
 
     # HTTP service
     host: str = "127.0.0.1"

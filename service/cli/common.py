@@ -33,6 +33,14 @@ err = Console(stderr=True)
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 ModelOpt = Annotated[str | None, typer.Option("--model", help="Alias or local HF model dir.")]
 DeviceOpt = Annotated[str | None, typer.Option("--device", help="auto, cpu, cuda…")]
+PrecisionOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--precision",
+        help="Target precision: auto (float32 on the CPU), float32, or bfloat16 (on the CPU "
+        "the row-invariant runner).",
+    ),
+]
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -117,8 +125,14 @@ def quiet_transformers() -> None:
     hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
 
 
-def load(settings: Settings, model: str | None, device: str | None, quiet: bool) -> LoadedModel:
-    """The model and tokenizer (``--model``/``--device`` over the settings)."""
+def load(
+    settings: Settings,
+    model: str | None,
+    device: str | None,
+    quiet: bool,
+    precision: str | None = None,
+) -> LoadedModel:
+    """The model and tokenizer (``--model``/``--device``/``--precision`` over the settings)."""
     from sampler.models import load_model
 
     quiet_transformers()
@@ -128,6 +142,7 @@ def load(settings: Settings, model: str | None, device: str | None, quiet: bool)
             settings.home,
             device or settings.device,
             on_progress=_progress(quiet),
+            precision=precision or settings.precision,
         )
 
 

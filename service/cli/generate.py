@@ -9,7 +9,17 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from sampler.methods import METHODS
-from service.cli.common import DeviceOpt, Json, ModelOpt, emit_json, errors, key_store, load, out
+from service.cli.common import (
+    DeviceOpt,
+    Json,
+    ModelOpt,
+    PrecisionOpt,
+    emit_json,
+    errors,
+    key_store,
+    load,
+    out,
+)
 from service.settings import Settings
 
 if TYPE_CHECKING:
@@ -59,6 +69,7 @@ def generate(
     ] = None,
     model: ModelOpt = None,
     device: DeviceOpt = None,
+    precision: PrecisionOpt = None,
     as_json: Json = False,
 ) -> None:
     """Generate a watermarked completion (an exact sample of the model)."""
@@ -76,7 +87,7 @@ def generate(
         )
         with key_store(settings) as store:
             record = store.get_active(key)
-        loaded = load(settings, model, device, as_json)
+        loaded = load(settings, model, device, as_json, precision)
         generation = prepare(record, tokenizer_fingerprint(loaded.tokenizer), wanted)
         done = run(loaded, prompt_ids(loaded, prompt, messages), generation)
     if as_json:
