@@ -11,7 +11,8 @@ the same Llama forward with kernels whose row results do not depend on the batch
   measured here a row of such a call is bit-identical for every call size up to 32
   (``probe_row_invariance`` checks it at load and refuses the precision where it fails).
 - **residual stream and norms** in float32 (elementwise; RMSNorm reduces each row alone);
-- **attention** in float64 (RoPE, scores, softmax and the weighted sum): its reductions run
+- **attention** in float64 (RoPE, scores, softmax and the weighted sum), one fused call per
+  layer over the whole batch (each sequence a slot of one padded KV pool): its reductions run
   over a length that changes with the batch; in float64 the difference is ~1e-16, far below the
   bfloat16 rounding that follows, so the next linear's input is the same bit for bit.
 
@@ -25,6 +26,9 @@ positions, d hidden size, h heads, g key/value heads, D head size, V vocabulary.
 
 from __future__ import annotations
 
+import heapq
+import math
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -145,6 +149,7 @@ class InvariantLlama:
         self.norm = state["model.norm.weight"].to(self.work)
         head = "lm_head.weight" if "lm_head.weight" in state else "model.embed_tokens.weight"
         self.head = linear(head)
+        self.pool = _KVPool(len(self.layers), self.kv_heads, self.head_dim)
         if weights == torch.bfloat16:
             probe_row_invariance(self.head)
 
@@ -156,7 +161,7 @@ class InvariantLlama:
         return F.linear(x.double(), weight)
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """Llama RMSNorm of (n, d) rows in the residual dtype (transformers' order of operations)."""
+        """Llama RMSNorm of (n, d) rows in the residual dtype (transformers' order)."""
         return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
 
     def new_cache(self) -> InvariantCache:
@@ -195,8 +200,8 @@ class InvariantLlama:
                     f"row {r}: expected visible of shape ({counts[r]}, "
                     f"{cache.cached + counts[r]}), got {tuple(visible[r].shape)}"
                 )
-        for cache, q in zip(caches, counts, strict=True):
-            cache.reserve(cache.cached + q)
+        pool = self.pool
+        pool.reserve(max(c.cached + q for c, q in zip(caches, counts, strict=True)))
         ids = torch.tensor([t for row in tokens for t in row], dtype=torch.long)
         positions = torch.tensor(
             [b + d for row, b in zip(depths, bases, strict=True) for d in row],
@@ -207,18 +212,39 @@ class InvariantLlama:
         starts = [0]
         for q in counts:
             starts.append(starts[-1] + q)
+        # the batch's slots [first, first + S) of the pool; rows scattered into (S, q_max)
+        first = min(c.slot for c in caches)
+        span = max(c.slot for c in caches) + 1 - first
+        q_max = max(counts)
+        kv_len = max(c.cached + q for c, q in zip(caches, counts, strict=True))
+        row_slot = torch.tensor(
+            [c.slot for c, q in zip(caches, counts, strict=True) for _ in range(q)]
+        )
+        row_index = torch.tensor([i for q in counts for i in range(q)])
+        row_position = torch.tensor(
+            [c.cached + i for c, q in zip(caches, counts, strict=True) for i in range(q)]
+        )
+        bias = _attention_bias(caches, counts, visible, first, span, q_max, kv_len)
         x = self.embedding[ids]  # (Q, d) residual dtype
         h, g, dh = self.heads, self.kv_heads, self.head_dim
         for index, layer in enumerate(self.layers):
             qkv = self._linear(self._rms(x, layer.input_norm), layer.qkv).double()
             query = _rope(qkv[:, : h * dh].view(-1, h, dh), cos, sin)  # (Q, h, D)
-            key = _rope(qkv[:, h * dh : (h + g) * dh].view(-1, g, dh), cos, sin)
-            value = qkv[:, (h + g) * dh :].view(-1, g, dh)
-            mixed = torch.empty((x.shape[0], h * dh), dtype=torch.float64)
-            for r, cache in enumerate(caches):
-                lo, hi = starts[r], starts[r + 1]
-                keys, values = cache.append(index, key[lo:hi], value[lo:hi])  # (g, P+q, D)
-                mixed[lo:hi] = self._attend(query[lo:hi], keys, values, visible[r])
+            keys, values = pool.keys[index], pool.values[index]  # (slots, g, capacity, D)
+            keys[row_slot, :, row_position] = _rope(
+                qkv[:, h * dh : (h + g) * dh].view(-1, g, dh), cos, sin
+            )
+            values[row_slot, :, row_position] = qkv[:, (h + g) * dh :].view(-1, g, dh)
+            padded = query.new_zeros((span, q_max, h, dh))
+            padded[row_slot - first, row_index] = query
+            mixed = F.scaled_dot_product_attention(
+                padded.transpose(1, 2),
+                keys[first : first + span, :, :kv_len],
+                values[first : first + span, :, :kv_len],
+                attn_mask=bias,
+                enable_gqa=True,
+            )  # (S, h, q_max, D)
+            mixed = mixed.transpose(1, 2)[row_slot - first, row_index].reshape(-1, h * dh)
             x = x + self._linear(mixed, layer.out)
             gate_up = self._linear(self._rms(x, layer.post_norm), layer.gate_up)
             gate, up = gate_up[:, : self.intermediate], gate_up[:, self.intermediate :]
@@ -235,23 +261,6 @@ class InvariantLlama:
             out.append(logits[lo:hi])
         return out
 
-    def _attend(
-        self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
-    ) -> torch.Tensor:
-        """Grouped-query attention of one sequence, float64 (one fused SDPA call).
-
-        Args:
-            query: (q, h, D); keys, values: (g, P + q, D); mask: (q, P + q) bool, True where
-                the query attends.
-        Returns:
-            (q, h·D) float64.
-        """
-        q, h, dh = query.shape
-        mixed = F.scaled_dot_product_attention(
-            query.transpose(0, 1)[None], keys[None], values[None], attn_mask=mask, enable_gqa=True
-        )  # (1, h, q, D)
-        return mixed[0].transpose(0, 1).reshape(q, h * dh)
-
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary embedding (transformers' rotate_half convention) of (n, heads, D) float64 with
@@ -262,11 +271,79 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
 
 
+def _attention_bias(
+    caches: list[InvariantCache],
+    counts: list[int],
+    visible: list[torch.Tensor],
+    first: int,
+    span: int,
+    q_max: int,
+    kv_len: int,
+) -> torch.Tensor:
+    """The additive float64 mask of one batched attention call: (S, 1, q_max, kv_len), row
+    r's ``visible`` at its slot's top left (0 where it attends, −inf elsewhere); padded queries
+    and idle slots see position 0 only (their outputs are never read)."""
+    bias = torch.full((span, 1, q_max, kv_len), -math.inf, dtype=torch.float64)
+    bias[:, :, :, 0] = 0.0
+    for cache, q, seen in zip(caches, counts, visible, strict=True):
+        own = bias[cache.slot - first, 0]
+        own[:q] = -math.inf
+        own[:q, : cache.cached + q].masked_fill_(seen, 0.0)
+    return bias
+
+
+class _KVPool:
+    """Keys (after RoPE) and values of every live sequence of one runner, float64,
+    (layers, slots, g, capacity, D): a slot per sequence, so that one attention call per layer
+    covers a whole batch. Slots and capacity grow by doubling; a cache frees its slot when it
+    is dropped."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int) -> None:
+        self._shape = (layers, kv_heads, head_dim)
+        self._lock = threading.Lock()
+        self._free: list[int] = [0]
+        with torch.inference_mode():
+            self.keys = torch.zeros((layers, 1, kv_heads, 64, head_dim), dtype=torch.float64)
+            self.values = torch.zeros_like(self.keys)
+
+    def acquire(self) -> int:
+        with self._lock:
+            if not self._free:
+                slots = self.keys.shape[1]
+                self._grow(slots * 2, self.keys.shape[3])
+                self._free = list(range(slots, slots * 2))
+            return heapq.heappop(self._free)
+
+    def release(self, slot: int) -> None:
+        with self._lock:
+            heapq.heappush(self._free, slot)
+
+    def reserve(self, length: int) -> None:
+        """Make room for ``length`` positions in every slot."""
+        capacity = self.keys.shape[3]
+        if length <= capacity:
+            return
+        while capacity < length:
+            capacity *= 2
+        with self._lock:
+            self._grow(self.keys.shape[1], capacity)
+
+    def _grow(self, slots: int, capacity: int) -> None:
+        layers, g, dh = self._shape
+        with torch.inference_mode():
+            keys = torch.zeros((layers, slots, g, capacity, dh), dtype=torch.float64)
+            values = torch.zeros_like(keys)
+            old_slots, old_capacity = self.keys.shape[1], self.keys.shape[3]
+            keys[:, :old_slots, :, :old_capacity] = self.keys
+            values[:, :old_slots, :, :old_capacity] = self.values
+        self.keys, self.values = keys, values
+
+
 class InvariantCache:
     """One sequence's KV cache on an ``InvariantLlama`` (``CachedLM``'s interface).
 
-    Keys (after RoPE) and values are kept in float64, (layers, g, capacity, D), grown by
-    doubling.
+    Its keys and values live in a slot of the runner's pool (``_KVPool``), freed when the
+    cache is dropped.
 
     Attributes:
         cached: P, the number of positions in the cache.
@@ -281,40 +358,16 @@ class InvariantCache:
         self.forward_calls = 0
         self.keep_hidden = False
         self.last_hidden: torch.Tensor | None = None
-        layers, g, dh = len(runner.layers), runner.kv_heads, runner.head_dim
-        with torch.inference_mode():  # the buffers are written inside the runner's forward
-            self._keys = torch.zeros((layers, g, 64, dh), dtype=torch.float64)
-            self._values = torch.zeros_like(self._keys)
-        self._filled = 0  # positions written by the current forward's layers
+        self.slot = runner.pool.acquire()
 
-    def reserve(self, length: int) -> None:
-        """Make room for ``length`` positions."""
-        capacity = self._keys.shape[2]
-        if length <= capacity:
-            return
-        while capacity < length:
-            capacity *= 2
-        keys = self._keys.new_zeros((*self._keys.shape[:2], capacity, self._keys.shape[3]))
-        values = torch.zeros_like(keys)
-        keys[:, :, : self.cached] = self._keys[:, :, : self.cached]
-        values[:, :, : self.cached] = self._values[:, :, : self.cached]
-        self._keys, self._values = keys, values
-
-    def append(
-        self, layer: int, keys: torch.Tensor, values: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write layer ``layer``'s q new (q, g, D) keys and values after the cache; return the
-        layer's (g, P + q, D) keys and values."""
-        q = keys.shape[0]
-        end = self.cached + q
-        self._keys[layer, :, self.cached : end] = keys.transpose(0, 1)
-        self._values[layer, :, self.cached : end] = values.transpose(0, 1)
-        return self._keys[layer, :, :end], self._values[layer, :, :end]
+    def __del__(self) -> None:
+        self.runner.pool.release(self.slot)
 
     def forward(
         self, tokens: list[int], depths: list[int], visible: torch.Tensor, base: int
     ) -> torch.Tensor:
-        """``CachedLM.forward``: (q, V) logits (float32; float64 with float64 weights) of q new tokens over the cache."""
+        """``CachedLM.forward``: (q, V) logits of q new tokens over the cache (float32;
+        float64 with float64 weights)."""
         return self.runner.forward([self], [tokens], [depths], [visible], [base])[0]
 
     def extend(self, tokens: list[int]) -> torch.Tensor:
@@ -330,8 +383,9 @@ class InvariantCache:
         if slots != list(range(prefix, prefix + len(slots))):
             index = torch.tensor(slots, dtype=torch.long)
             end = prefix + len(slots)
-            self._keys[:, :, prefix:end] = self._keys[:, :, index]
-            self._values[:, :, prefix:end] = self._values[:, :, index]
+            pool = self.runner.pool
+            pool.keys[:, self.slot, :, prefix:end] = pool.keys[:, self.slot, :, index]
+            pool.values[:, self.slot, :, prefix:end] = pool.values[:, self.slot, :, index]
         self.cached = prefix + len(slots)
 
 
