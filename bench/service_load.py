@@ -471,7 +471,7 @@ def write_sweep(
         "benchmark": "service_load_sweep",
         **_provenance(load_at_start),
         "model": "smollm2-135m-instruct (CPU, precision "
-        f"{server_settings.get('precision', 'auto (float32)')})",
+        f"{server_settings.get('precision', 'auto')})",
         "machine_load": args.machine_load,
         "server_settings": {k: v for k, v in server_settings.items() if k != "redis_url"},
         "generate": {

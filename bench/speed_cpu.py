@@ -256,7 +256,7 @@ def main() -> None:
     args = parser.parse_args()
     assert DEFAULT_MODEL in ALIASES
     threads = torch.get_num_threads()
-    loaded = load_model(DEFAULT_MODEL, args.home, device="cpu")
+    loaded = load_model(DEFAULT_MODEL, args.home, device="cpu", precision="float32")
     bf16 = (
         load_model(DEFAULT_MODEL, args.home, device="cpu", precision="bfloat16")
         if any(n.startswith(BF16) for n in args.rows)
