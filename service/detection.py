@@ -50,7 +50,7 @@ from detector.evidence import Detection
 from detector.multikey import MultiKeyDetection, detect_multi
 from detector.options import DetectOptions as DetectorOptions
 from detector.tokens import Tokenizer, check_tokenizer
-from service.errors import LimitExceeded, NoKeys
+from service.errors import InvalidInput, LimitExceeded, NoKeys
 from service.key_record import KeyRecord
 from service.keystore import KeyStore
 from service.schemas.detect import DetectInput, DetectOptions
@@ -181,6 +181,56 @@ def multi_key_json(found: MultiKeyDetection, *, tokens: bool) -> dict[str, Any]:
     }
 
 
+def add_entropy_weighting(
+    shaped: dict[str, Any], found: MultiKeyDetection, model: Any, processing: Any
+) -> dict[str, Any]:
+    """Add the entropy-weighted test (``detector.weighted``) to a ``multi_key_json`` shape.
+
+    The target's entropy at every position of the text (``sampler.entropy``: one causal
+    forward of ``model`` over the ids, after the tokenizer's BOS when it has one) is computed
+    once — it does not depend on the key — and weighs each detailed key's scored positions:
+    ``entropy_weighted`` in each of ``results`` (with its p times K, as ``edit_tolerant``: the
+    keys are ranked by the verdict's p), and at the top ``entropy_weighted_p_value``, K times
+    the smallest of them (a subset of the keys: still valid for "one of the K keys").
+
+    Args:
+        shaped: ``multi_key_json(found, ...)``, changed in place and returned.
+        model: the target (``LoadedModel.model``). processing: a ``sampler.processing.
+            Processing`` (the generation's temperature, top-k, top-p).
+    Raises:
+        InvalidInput: ``entropy_weighting``, the text is longer than the model's positions.
+    """
+    from detector.weighted import entropy_weighted_test
+    from sampler.entropy import processed_entropy  # torch: only when asked for
+
+    first = next(iter(found.results.values()))
+    ids = first.evidence.ids.tolist()
+    bos = getattr(model.config, "bos_token_id", None)
+    prefix = [int(bos)] if isinstance(bos, int) else []
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if isinstance(limit, int) and len(prefix) + len(ids) > limit:
+        raise InvalidInput(
+            "entropy_weighting",
+            f"expected a text of at most {limit - len(prefix)} tokens (the model's positions), "
+            f"got {len(ids)}",
+        )
+    entropy = processed_entropy(model, ids, processing, prefix=prefix).numpy()
+    keys = math.log10(found.num_keys)
+    best: float | None = None
+    for result, detection in zip(shaped["results"], found.results.values(), strict=True):
+        test = entropy_weighted_test(
+            detection.evidence.skip, detection.evidence.terms["aaronson"], entropy
+        ).to_json()
+        log10 = min(0.0, test["log10_p_value"] + keys)
+        test["keys_corrected_log10_p_value"] = log10
+        test["keys_corrected_p_value"] = 10.0**log10
+        result["entropy_weighted"] = test
+        best = log10 if best is None else min(best, log10)
+    shaped["entropy_weighted_log10_p_value"] = best
+    shaped["entropy_weighted_p_value"] = None if best is None else 10.0**best
+    return shaped
+
+
 def _one_torch_thread() -> None:
     import torch  # the pool's threads only; the CLI's use of this module needs no torch
 
@@ -294,9 +344,15 @@ class DetectionPool:
         return record
 
     def detect(
-        self, records: Sequence[KeyRecord], item: DetectInput, options: DetectOptions
+        self,
+        records: Sequence[KeyRecord],
+        item: DetectInput,
+        options: DetectOptions,
+        model: Any = None,
     ) -> dict[str, Any]:
-        """One text against ``records``: the ``DetectResponse`` wire shape."""
+        """One text against ``records``: the ``DetectResponse`` wire shape; with
+        ``options.entropy_weighting``, the weighted test too (``add_entropy_weighting`` with
+        ``model``, the served target)."""
         wanted = DetectorOptions(
             alpha=options.alpha,
             scores=options.scores,
@@ -311,7 +367,11 @@ class DetectionPool:
             token_ids=item.token_ids,
             detailed=options.max_results,
         )
-        return multi_key_json(found, tokens=options.evidence)
+        shaped = multi_key_json(found, tokens=options.evidence)
+        if options.entropy_weighting:
+            assert model is not None, "the route passes the served model"
+            shaped = add_entropy_weighting(shaped, found, model, entropy_processing(options))
+        return shaped
 
     def detect_all(
         self,
@@ -320,7 +380,20 @@ class DetectionPool:
         items: Sequence[DetectInput],
         options: DetectOptions,
         max_keys: int,
+        model: Any = None,
     ) -> list[dict[str, Any]]:
-        """Every item against the request's keys (looked up once)."""
+        """Every item against the request's keys (looked up once); ``model``: the served
+        target, for ``entropy_weighting``."""
         records = self.candidate_keys(store, tenant, options, max_keys)
-        return [self.detect(records, item, options) for item in items]
+        return [self.detect(records, item, options, model) for item in items]
+
+
+def entropy_processing(options: DetectOptions) -> Any:
+    """The ``sampler.processing.Processing`` of a request's ``processing`` (its defaults when
+    omitted)."""
+    from sampler.processing_config import Processing  # no torch
+
+    given = options.processing
+    if given is None:
+        return Processing()
+    return Processing(given.temperature, given.top_k, given.top_p)

@@ -124,6 +124,24 @@ def detect(
             help="Also run the edit-tolerant re-aligned test (reported beside the verdict).",
         ),
     ] = False,
+    entropy_weighting: Annotated[
+        bool,
+        typer.Option(
+            "--entropy-weighting",
+            help="Also run the entropy-weighted test (loads the model: one forward over the "
+            "text; reported beside the verdict). Give the generation's --temperature, --top-k "
+            "and --top-p.",
+        ),
+    ] = False,
+    temperature: Annotated[
+        float, typer.Option("--temperature", help="With --entropy-weighting: T > 0.")
+    ] = 1.0,
+    top_k: Annotated[
+        int, typer.Option("--top-k", help="With --entropy-weighting: top-k (0 = off).")
+    ] = 50,
+    top_p: Annotated[
+        float, typer.Option("--top-p", help="With --entropy-weighting: top-p in (0, 1].")
+    ] = 1.0,
     jsonl: Annotated[
         Path | None,
         typer.Option(
@@ -200,6 +218,7 @@ def detect(
         if jsonl is None and (output is not None or workers != 1):
             raise ValueError("--output and --workers go with --jsonl")
         _check_corpus_options(jsonl, output, engine, address, q_values)
+        processing = _entropy_processing(entropy_weighting, jsonl, temperature, top_k, top_p)
         if jsonl is not None and key is None:
             raise ValueError("--jsonl needs --key (corpus mode tests one key)")
         families = score_families(score or [], li_delta, lattimore_epsilon)
@@ -228,12 +247,55 @@ def detect(
             _corpus(tok, records[0], jsonl, output, options, run)
             return
         found = detect_keys(tok, records, options, text=text, token_ids=ids)
+        shaped = multi_key_json(found, tokens=not no_tokens)
+        if processing is not None:
+            from service.cli.common import load
+            from service.detection import add_entropy_weighting
+
+            loaded = load(settings, model, None, as_json)
+            shaped = add_entropy_weighting(shaped, found, loaded.model, processing)
     if as_json:
-        emit_json(multi_key_json(found, tokens=not no_tokens))
-    elif key is None:
+        emit_json(shaped)
+        return
+    if key is None:
         show_multi_key(found, tenant)
     else:
         show(found.best)
+    if processing is not None:
+        _show_entropy_weighted(shaped)
+
+
+def _entropy_processing(
+    wanted: bool, jsonl: Path | None, temperature: float, top_k: int, top_p: float
+) -> Any:
+    """``--entropy-weighting``'s processing (None without it); ValueError naming the option."""
+    if not wanted:
+        if (temperature, top_k, top_p) != (1.0, 50, 1.0):
+            raise ValueError("--temperature, --top-k and --top-p go with --entropy-weighting")
+        return None
+    if jsonl is not None:
+        raise ValueError("--entropy-weighting: not in corpus mode (--jsonl)")
+    if not (math.isfinite(temperature) and 0.0 < temperature <= 100.0):
+        raise ValueError(f"--temperature: expected a number in (0, 100], got {temperature}")
+    if top_k < 0:
+        raise ValueError(f"--top-k: expected an int >= 0 (0 = off), got {top_k}")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"--top-p: expected a number in (0, 1], got {top_p}")
+    from sampler.processing_config import Processing
+
+    return Processing(temperature, top_k, top_p)
+
+
+def _show_entropy_weighted(shaped: dict[str, Any]) -> None:
+    """The entropy-weighted test's line (the best detailed key, corrected for the keys)."""
+    log10 = shaped["entropy_weighted_log10_p_value"]
+    test = shaped["results"][0]["entropy_weighted"]
+    out.print(
+        f"entropy-weighted test: log10 p {log10:.2f} ({test['method']}), "
+        f"{test['num_weighted']} of {test['num_scored']} scored positions weighted, "
+        f"corrected for {shaped['num_keys']} key(s)",
+        highlight=False,
+    )
 
 
 def _utf8(raw: bytes, where: str) -> str:

@@ -38,8 +38,9 @@ async def detect(
     """Test one text against one key, or against every key of your tenant."""
     check_detect_input(body, settings, resources.vocab_size)
     await limiter.spend(principal.token_id)
+    model = resources.loaded.model if body.entropy_weighting else None
     (result,) = await pool.run(
-        pool.detect_all, store, principal.tenant, [body], body, settings.max_keys_per_detect
+        pool.detect_all, store, principal.tenant, [body], body, settings.max_keys_per_detect, model
     )
     metrics.detections.labels(result["verdict"]).inc()
     return DetectResponse.model_validate(result)
@@ -59,8 +60,15 @@ async def detect_batch(
     """Test several texts with the same options (each counts against the rate limit)."""
     check_batch(body.items, settings, resources.vocab_size)
     await limiter.spend(principal.token_id, len(body.items))
+    model = resources.loaded.model if body.entropy_weighting else None
     results = await pool.run(
-        pool.detect_all, store, principal.tenant, body.items, body, settings.max_keys_per_detect
+        pool.detect_all,
+        store,
+        principal.tenant,
+        body.items,
+        body,
+        settings.max_keys_per_detect,
+        model,
     )
     for result in results:
         metrics.detections.labels(result["verdict"]).inc()

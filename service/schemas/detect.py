@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.config import JsonDict
 
 from detector.scores import SCORE_NAMES
@@ -29,6 +36,15 @@ TokenId = Annotated[int, Field(ge=0, le=2**31 - 1), INTEGRAL]
 def _given(name: str, kind: str) -> JsonDict:
     """The JSON Schema of "the property ``name`` is present and of type ``kind`` (not null)"."""
     return {"required": [name], "properties": {name: {"type": kind}}}
+
+
+class EntropyProcessing(RequestModel):
+    """The processing the text was generated with (entropy weighting reads the target's law
+    under it): temperature -> top-k -> top-p, as ``POST /v1/generate``."""
+
+    temperature: float = Field(default=1.0, gt=0.0, le=100.0, description="T > 0.")
+    top_k: int = Field(default=50, ge=0, le=2**31 - 1, description="0 = off.")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
 
 
 class DetectOptions(RequestModel):
@@ -57,6 +73,19 @@ class DetectOptions(RequestModel):
         "skipped; exact p; about 5x the per-token key cost): `edit_tolerant` in each result. "
         "Reported beside the verdict, not used by it.",
     )
+    entropy_weighting: bool = Field(
+        default=False,
+        description="Also run the entropy-weighted Aaronson test: each scored position weighed "
+        "by the target model's entropy there under `processing` (key-independent weights, exact "
+        "null); one forward of the served model over the text (CPU cost: "
+        "`bench/results/detector_entropy.json`). `entropy_weighted` in each result, reported "
+        "beside the verdict, not used by it.",
+    )
+    processing: EntropyProcessing | None = Field(
+        default=None,
+        description="With `entropy_weighting`: the generation's temperature, top-k and top-p "
+        "(default the generate defaults: 1.0, 50, 1.0).",
+    )
     max_results: int = Field(
         default=10,
         ge=1,
@@ -64,6 +93,15 @@ class DetectOptions(RequestModel):
         description="Multi-key: how many keys' own results `results` holds, best (smallest "
         "p-value) first. Every key is tested and counted in the correction either way.",
     )
+
+    @field_validator("processing")
+    @classmethod
+    def _processing_needs_weighting(
+        cls, processing: EntropyProcessing | None, info: ValidationInfo
+    ) -> EntropyProcessing | None:
+        if processing is not None and not info.data.get("entropy_weighting", False):
+            raise ValueError("expected processing only with entropy_weighting: true")
+        return processing
 
     @field_validator("scores")
     @classmethod
@@ -201,6 +239,31 @@ class EditTolerantOut(BaseModel):
     keys_corrected_log10_p_value: float | None = None
 
 
+class EntropyWeightedOut(BaseModel):
+    """The entropy-weighted test (with `entropy_weighting: true`): S_w = Σ w_t·(−ln(1 − r_t))
+    with key-independent weights from the target's entropy; under H0 an exact weighted sum
+    of Exp(1)."""
+
+    name: Literal["entropy_weighted"]
+    score: float
+    p_value: float
+    log10_p_value: float
+    method: Literal["exact", "chernoff_bound"] = Field(
+        description="`exact`: the mixture series (exact to ~1e-10 relative, a valid upper "
+        "bound); `chernoff_bound`: a valid upper bound (very long texts, p < 1e-282)."
+    )
+    num_scored: int
+    num_weighted: int = Field(description="Scored positions with a weight above 0.")
+    weight_sum: float = Field(description="Σ w_t, the score's mean under H0.")
+    weighting: dict[str, float | int | str] | None = Field(
+        description="The weight rule (`detector.weighted.ENTROPY_WEIGHTING`)."
+    )
+    keys_corrected_p_value: float | None = Field(
+        default=None, description="min(1, K·p) for the `num_keys` keys tested."
+    )
+    keys_corrected_log10_p_value: float | None = None
+
+
 class SpanSearchOut(BaseModel):
     windows_scanned: int
     lengths: list[int]
@@ -221,6 +284,9 @@ class KeyDetectionOut(BaseModel):
     test: VerdictTestOut
     power: PowerOut
     edit_tolerant: EditTolerantOut | None = Field(description="With `realign: true`.")
+    entropy_weighted: EntropyWeightedOut | None = Field(
+        default=None, description="With `entropy_weighting: true`."
+    )
     scores: dict[str, ScoreOut]
     skipped: dict[str, int]
     retokenization_matches: bool | None
@@ -251,6 +317,13 @@ class DetectResponse(BaseModel):
     )
     span_log10_p_value: float | None
     power: PowerOut
+    entropy_weighted_p_value: float | None = Field(
+        default=None,
+        description="With `entropy_weighting: true`: min(1, num_keys · the smallest "
+        "entropy-weighted p of the keys in `results`), valid for 'one of the keys' (beside the "
+        "verdict, not used by it).",
+    )
+    entropy_weighted_log10_p_value: float | None = None
     min_scored_tokens: int = Field(
         description="Scored tokens a typical watermarked text needs to reach alpha / num_keys "
         "(below it, a result that is not significant is `insufficient_evidence`)."

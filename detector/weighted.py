@@ -1,0 +1,371 @@
+"""The entropy-weighted Aaronson test (issue 15 item 5): key-independent weights per position.
+
+Glossary (M scored tokens, Aaronson terms x_t = −ln(1 − r_t), i.i.d. Exp(1) under H0):
+
+- weights: w_t >= 0 per scored position, fixed by the caller *without the key* (here: a
+  function of the target's entropy H_t at that context, ``sampler.entropy``). Under H0 the
+  text is independent of the key, so the pivots stay i.i.d. U(0, 1) *given* the weights, and
+  S_w = Σ w_t x_t is an exact weighted sum of i.i.d. Exp(1) whatever the weights are.
+- why: in low-entropy positions the race has nothing to choose (a one-token support gives
+  x_t ~ Exp(1) watermarked or not) and only adds noise. In Aaronson's race the chosen token
+  i's pivot is Beta(1/p_i, 1), so E_H1[x_t] = Σ_i p_i (ψ(1 + 1/p_i) + γ), which grows with
+  the entropy; on the design generations at T = 0.7 / top-p 0.95 the mean term rises from
+  1.12 (H < 0.05 nats, 18 % of the scored positions) to 2.0 (1-2 nats) and 2.6 (> 3 nats).
+  If x_t were Exp with mean μ_t under H1, the likelihood ratio would be linear in x_t with
+  weight 1 − 1/μ_t (Neyman–Pearson), so the best weights grow from 0 at zero entropy and
+  level off; ``ENTROPY_WEIGHTING`` is the rule chosen on the design set.
+
+p-value, P(S_w >= s) under H0 (natural logs; never underflows):
+
+1. *Mixture series* (exact to float rounding, every term positive). Let c = min w_t > 0 and
+   group the positive weights into J distinct levels v_j (n_j positions, ρ_j = v_j / c >= 1).
+   An Exp(1) scaled by ρ is a geometric number of Exp(1): ρE =_d Σ_{i=1}^{1+N} E_i with
+   N ~ Geometric(1/ρ) on {0, 1, …} (so ρ_j G_j =_d Gamma(n_j + NB_j), NB_j ~ NegBin(n_j,
+   1/ρ_j)), hence with n = Σ n_j and K = Σ_j NB_j (Moschopoulos 1985, the same mixture):
+
+       P(S_w >= s) = Σ_{k>=0} P(K = k) Q(n + k, s/c).
+
+   Truncated at k <= K0, the rest is bounded by P(K > K0) (Q <= 1), itself bounded by the
+   Chernoff bound of K's negative-binomial MGF; K0 grows until that rest is below
+   ``SERIES_REL_TOL`` of the sum. Float rounding and underflow of the pmf convolution are
+   covered by a relative margin and an absolute allowance (``_series_log_sf``), so the value is
+   a valid upper bound equal to the exact tail to ~1e-10 relative: ``method`` ``"exact"``.
+   Cost O(J·K0²) with K0 ≈ Σ n_j (ρ_j − 1) + a few standard deviations: the weights are
+   quantised to multiples of 1/``ENTROPY_WEIGHTING.levels`` (ρ <= levels), so a 128-token
+   text costs well under a millisecond of convolution.
+2. *Chernoff bound* (Markov on e^{θ S_w}), ln p <= inf_{θ ∈ [0, 1/max w)} (−θ s − Σ ln(1 −
+   θ w_t)), convex in θ, solved by bisection on its derivative; any θ is a valid bound. Used
+   when the series would need more than ``MAX_SERIES_TERMS`` terms or more than
+   ``MAX_SERIES_LEVELS`` distinct weights, and below ln p = ``SERIES_MIN_LOG_P`` (``method``
+   ``"chernoff_bound"``). The reported p is the smaller of the two valid bounds.
+
+With all weights 1 the series is the single term Q(M, S): the plain Aaronson p (tested).
+
+Sources: Aaronson & Kirchner (2023) for the score; Moschopoulos (1985), "The distribution of
+the sum of independent gamma random variables", Ann. Inst. Stat. Math. 37, for the positive
+mixture; the geometric-sum identity of the exponential law (e.g. Feller II, §I.3).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+from scipy.special import gammaln
+
+from detector.stats import LN10, PValue, PValueMethod, aaronson_log_sf
+from keyed import SKIP_CODES
+
+MAX_SERIES_TERMS: Final = 8_192
+"""Largest K0 the mixture series may use (then the Chernoff bound alone): a few tenths of a
+second of convolution per level; about 2,000 scored tokens at ρ <= 4."""
+SERIES_MIN_LOG_P: Final = -650.0
+"""Below this ln p (p < 1e-282) the series' underflow allowance would dominate it: the
+Chernoff bound is reported instead (such a text is watermarked at any level anyway)."""
+MAX_SERIES_LEVELS: Final = 16
+"""Most distinct positive weights the series handles (one NB convolution each)."""
+SERIES_REL_TOL: Final = 1e-12
+"""The truncated rest P(K > K0) must be below this fraction of the series' sum."""
+_ROUNDING_MARGIN: Final = 1e-10  # relative: O(K0·eps) rounding of the positive sums
+_TINY: Final = 2.3e-308  # above the largest float64 product lost to underflow, per product
+_SCORED: Final = SKIP_CODES.index(None)
+
+
+@dataclass(frozen=True)
+class EntropyWeighting:
+    """The weight of a scored position as a function of the target's entropy there.
+
+    w(H) = round(L · H / (H + h)) / L (``shape`` ``"ratio"``, the Exp-likelihood-ratio weight
+    1 − 1/μ with μ = 1 + H/h) or round(L · min(1, H/h)) / L (``shape`` ``"clip"``), quantised
+    to multiples of 1/L (L = ``levels``), so that the exact series stays cheap (ρ <= L).
+    H in nats (natural-log entropy of the *processed* target law: temperature, top-k, top-p).
+
+    Attributes:
+        shape: ``"ratio"`` or ``"clip"``. scale: h > 0, nats. levels: L in [1, 64].
+    Raises:
+        ValueError: naming the field (unknown shape, scale not finite > 0, levels out of
+            range).
+    """
+
+    shape: str = "ratio"
+    scale: float = 1.0
+    levels: int = 4
+
+    def __post_init__(self) -> None:
+        if self.shape not in ("ratio", "clip"):
+            raise ValueError(f"expected shape 'ratio' or 'clip', got {self.shape!r}")
+        if not (isinstance(self.scale, float | int) and math.isfinite(self.scale)):
+            raise ValueError(f"expected scale a finite number > 0, got {self.scale!r}")
+        if self.scale <= 0:
+            raise ValueError(f"expected scale > 0, got {self.scale!r}")
+        if isinstance(self.levels, bool) or not isinstance(self.levels, int):
+            raise ValueError(f"expected levels an int in [1, 64], got {self.levels!r}")
+        if not 1 <= self.levels <= 64:
+            raise ValueError(f"expected levels in [1, 64], got {self.levels}")
+
+    def weights(self, entropy: ArrayLike) -> NDArray[np.float64]:
+        """(T,) float64 entropies in nats (>= 0, finite) -> (T,) float64 weights in [0, 1].
+
+        Raises:
+            ValueError: entropies not 1-D, negative (beyond −1e-9, rounding) or not finite.
+        """
+        h = np.asarray(entropy, dtype=np.float64)
+        if h.ndim != 1:
+            raise ValueError(f"expected entropy of shape (T,), got {h.shape}")
+        if not np.all(np.isfinite(h)) or np.any(h < -1e-9):
+            raise ValueError("expected finite entropies >= 0 (nats)")
+        h = np.maximum(h, 0.0)
+        raw = h / (h + self.scale) if self.shape == "ratio" else np.minimum(1.0, h / self.scale)
+        return np.asarray(np.rint(raw * self.levels) / self.levels, dtype=np.float64)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"shape": self.shape, "scale": self.scale, "levels": self.levels}
+
+
+ENTROPY_WEIGHTING: Final = EntropyWeighting("ratio", 0.25, 4)
+"""The weighting the service and CLI use: w = round(4 H / (H + 0.25)) / 4, i.e. 0 below
+H ≈ 0.036 nats, 1/4 to H ≈ 0.15, 1/2 to 0.42, 3/4 to 1.75, then 1. Chosen on the design
+prompts only (ranks 0-9 of each task; ``bench/results/detector_entropy_design.json``) among
+15 candidates (``bench.detector_entropy.CANDIDATES``): at T = 0.7 / top-p 0.95 nine tie on
+the median tokens to α (9.0 against 9.5 plain); the tie-break — the median tokens after which
+p stays below α (9.5, the others 10-14; plain 15), and no loss at T = 1 (3 = plain) — picks
+this one. Frozen before the held-out run."""
+
+
+@dataclass(frozen=True)
+class WeightedTest:
+    """The entropy-weighted Aaronson test of one text (natural logs inside, log10 on the wire).
+
+    Attributes:
+        score: S_w = Σ w_t x_t (nats). log_p: ln p, <= 0, finite. method: ``"exact"`` (the
+        mixture series) or ``"chernoff_bound"``. num_scored: M. num_weighted: positions with
+        w_t > 0. weight_sum: Σ w_t (the H0 mean of S_w). weighting: the rule, or None when the
+        caller gave the weights.
+    """
+
+    score: float
+    log_p: float
+    method: PValueMethod
+    num_scored: int
+    num_weighted: int
+    weight_sum: float
+    weighting: EntropyWeighting | None = None
+
+    @property
+    def p_value(self) -> PValue:
+        return PValue.from_log(self.score, self.log_p, self.method)
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"name", "score", "p_value", "log10_p_value", "method", "num_scored",
+        "num_weighted", "weight_sum", "weighting"}``."""
+        return {
+            "name": "entropy_weighted",
+            "score": self.score,
+            "p_value": math.exp(self.log_p),
+            "log10_p_value": self.log_p / LN10,
+            "method": self.method,
+            "num_scored": self.num_scored,
+            "num_weighted": self.num_weighted,
+            "weight_sum": self.weight_sum,
+            "weighting": None if self.weighting is None else self.weighting.to_json(),
+        }
+
+
+def weighted_log_sf(weights: ArrayLike, s: float) -> tuple[float, PValueMethod]:
+    """ln P(Σ_t w_t E_t >= s) for i.i.d. E_t ~ Exp(1): the weighted Aaronson log p-value.
+
+    Args:
+        weights: (M,) float64 w_t >= 0, finite (zeros drop out; all zero: p = 1).
+        s: the observed S_w, finite (S_w <= 0 gives p = 1).
+    Returns:
+        (ln p in (−inf, 0], finite; method ``"exact"`` or ``"chernoff_bound"``): a valid
+        upper bound on the tail (module docstring), the exact tail to ~1e-10 relative when
+        ``"exact"``.
+    Raises:
+        ValueError: weights not 1-D, negative or not finite; s not finite.
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    if w.ndim != 1:
+        raise ValueError(f"expected weights of shape (M,), got {w.shape}")
+    if not np.all(np.isfinite(w)) or np.any(w < 0.0):
+        raise ValueError("expected finite weights >= 0")
+    if not math.isfinite(s):
+        raise ValueError(f"expected a finite weighted score, got {s!r}")
+    levels, counts = np.unique(w[w > 0.0], return_counts=True)  # (J,), (J,)
+    if levels.size == 0 or s <= 0.0:
+        return 0.0, "exact"
+    if levels.size == 1:  # one level: S_w / v ~ Gamma(n, 1) exactly
+        return aaronson_log_sf(int(counts[0]), s / float(levels[0])), "exact"
+    chernoff = chernoff_log_sf(levels, counts, s)
+    if levels.size > MAX_SERIES_LEVELS or chernoff < SERIES_MIN_LOG_P:
+        return chernoff, "chernoff_bound"
+    series = _series_log_sf(levels, counts, s)
+    if series is None or series > chernoff:
+        return chernoff, "chernoff_bound"
+    return series, "exact"
+
+
+def chernoff_log_sf(levels: NDArray[np.float64], counts: NDArray[np.int64], s: float) -> float:
+    """inf_θ (−θ s − Σ_j n_j ln(1 − θ v_j)) over θ ∈ [0, 1/max v), capped at 0.
+
+    Args:
+        levels: (J,) float64 distinct weights v_j > 0. counts: (J,) int64 n_j >= 1. s: S_w.
+    Returns:
+        a valid upper bound on ln P(S_w >= s) (finite, <= 0): every θ in range gives one; the
+        θ is the root of the derivative found by 200 bisection steps.
+    """
+    v = np.asarray(levels, dtype=np.float64)
+    n = np.asarray(counts, dtype=np.float64)
+    if float(np.dot(n, v)) >= s:  # the mean is at or above s: θ = 0, p <= 1
+        return 0.0
+    low, high = 0.0, 1.0 / float(v.max())
+    for _ in range(200):  # g(θ) = −s + Σ n v / (1 − θ v), increasing
+        mid = 0.5 * (low + high)
+        if mid in (low, high):
+            break
+        if float(np.dot(n, v / (1.0 - mid * v))) < s:
+            low = mid
+        else:
+            high = mid
+    theta = low
+    bound = -theta * s - float(np.dot(n, np.log1p(-theta * v)))
+    return min(0.0, bound)
+
+
+def _nb_log_pmf(k: NDArray[np.float64], n: int, q: float) -> NDArray[np.float64]:
+    """ln P(NB = k) for NB ~ NegBin(n, q) (failures before the n-th success, success prob q)."""
+    if q >= 1.0:
+        return np.where(k == 0, 0.0, -np.inf)
+    out = gammaln(k + n) - gammaln(n) - gammaln(k + 1.0) + n * math.log(q) + k * math.log1p(-q)
+    return np.asarray(out, dtype=np.float64)
+
+
+def _nb_tail_log_bound(n: NDArray[np.float64], q: NDArray[np.float64], k0: int) -> float:
+    """A Chernoff bound on ln P(K > k0) for K = Σ_j NegBin(n_j, q_j) (ln 0 -> −inf if K
+    cannot exceed k0): ln E[z^K] − (k0 + 1) ln z at the best z of a grid in (1, 1/(1 − q_min))."""
+    live = q < 1.0
+    if not np.any(live):
+        return -math.inf
+    n, q = n[live], q[live]
+    u_max = -math.log1p(-float(q.min()))  # ln z < −ln(1 − q_min)
+    u = u_max * np.linspace(1e-4, 1.0 - 1e-6, 400)[:, None]  # (G, 1)
+    log_mgf = np.sum(n * (np.log(q) - np.log1p(-(1.0 - q) * np.exp(u))), axis=1)  # (G,)
+    return float(np.min(log_mgf - (k0 + 1) * u[:, 0]))
+
+
+def _series_log_sf(
+    levels: NDArray[np.float64], counts: NDArray[np.int64], s: float
+) -> float | None:
+    """ln of the mixture series (module docstring) with its truncation, rounding and underflow
+    allowances, or None when more than ``MAX_SERIES_TERMS`` terms would be needed."""
+    c = float(levels.min())
+    rho = levels / c  # (J,) >= 1
+    q = 1.0 / rho
+    n_j = counts.astype(np.float64)
+    n = int(counts.sum())
+    x = s / c
+    mean = float(np.sum(n_j * (rho - 1.0)))
+    sd = math.sqrt(float(np.sum(n_j * (1.0 - q) / q**2)))
+    k0 = int(mean + 12.0 * sd + 64.0)
+    while True:
+        if k0 > MAX_SERIES_TERMS:
+            return None
+        log_sum, log_scale = _series_partial(rho, counts, n, x, k0)
+        rest = _nb_tail_log_bound(n_j, q, k0)
+        if rest - log_sum <= math.log(SERIES_REL_TOL):
+            break
+        k0 *= 2
+    allowance = 2.0 * math.log(k0 + 1.0) + math.log(2.0 * len(levels) * _TINY)
+    total = np.logaddexp(np.logaddexp(log_sum + _ROUNDING_MARGIN, rest), allowance + log_scale)
+    return min(0.0, float(total))
+
+
+def _series_partial(
+    rho: NDArray[np.float64], counts: NDArray[np.int64], n: int, x: float, k0: int
+) -> tuple[float, float]:
+    """(ln Σ_{k<=k0} P(K = k) Q(n + k, x), ln of the scale the pmf of K was kept at).
+
+    The pmf of K by direct convolution of the NB pmfs, each scaled to max 1 (positive terms
+    only: relative rounding O(k0·eps); a product lost to underflow is below ``_TINY`` times
+    the scale, at most 2·J·(k0 + 1)² of them); Q(n + k, x) by the upward recurrence
+    Q(m + 1, x) = Q(m, x) + e^{−x} x^m / m! in log space (positive terms)."""
+    k = np.arange(k0 + 1, dtype=np.float64)  # (K0 + 1,)
+    pmf = np.zeros(k0 + 1)
+    pmf[0] = 1.0
+    log_scale = 0.0
+    for r, m in zip(rho.tolist(), counts.tolist(), strict=True):
+        if r == 1.0:
+            continue
+        log_pmf = _nb_log_pmf(k, int(m), 1.0 / r)  # (K0 + 1,)
+        top = float(log_pmf.max())
+        pmf = np.convolve(pmf, np.exp(log_pmf - top))[: k0 + 1]
+        peak = float(pmf.max())
+        pmf /= peak
+        log_scale += top + math.log(peak)
+    # ln Q(n + k, x) for k = 0..K0: ln Q(n, x), then add e^{−x} x^{n+k} / (n + k)!
+    steps = -x + (n + k[:-1]) * math.log(x) - gammaln(n + k[:-1] + 1.0)  # (K0,)
+    log_q = np.logaddexp.accumulate(np.concatenate(([aaronson_log_sf(n, x)], steps)))
+    log_q = np.minimum(log_q, 0.0)
+    with np.errstate(divide="ignore"):
+        terms = np.log(pmf) + log_q  # (K0 + 1,), −inf where the pmf underflowed
+    top = float(terms.max())
+    return top + math.log(float(np.sum(np.exp(terms - top)))) + log_scale, log_scale
+
+
+def weighted_test(
+    weights: ArrayLike, terms: ArrayLike, weighting: EntropyWeighting | None = None
+) -> WeightedTest:
+    """The weighted test of one text from its scored positions' weights and Aaronson terms.
+
+    Args:
+        weights: (M,) float64 w_t >= 0, key-independent. terms: (M,) float64 Aaronson terms
+            x_t = −ln(1 − r_t) >= 0. weighting: the rule the weights came from (reported).
+    Raises:
+        ValueError: shapes differ or are not 1-D; weights as ``weighted_log_sf``.
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    x = np.asarray(terms, dtype=np.float64)
+    if w.ndim != 1 or w.shape != x.shape:
+        raise ValueError(f"expected weights and terms of one shape (M,), got {w.shape}, {x.shape}")
+    s = float(np.dot(w, x))
+    log_p, method = weighted_log_sf(w, s)
+    return WeightedTest(
+        score=s,
+        log_p=log_p,
+        method=method,
+        num_scored=int(w.size),
+        num_weighted=int(np.count_nonzero(w)),
+        weight_sum=float(w.sum()),
+        weighting=weighting,
+    )
+
+
+def entropy_weighted_test(
+    skip: Sequence[int] | NDArray[np.int8],
+    aaronson_terms: ArrayLike,
+    entropy: ArrayLike,
+    weighting: EntropyWeighting = ENTROPY_WEIGHTING,
+) -> WeightedTest:
+    """The weighted test of a detection: per-position entropies, weights on the scored ones.
+
+    Args:
+        skip: (T,) int8 skip codes of the text (``Detection.evidence.skip``: 0 scored).
+        aaronson_terms: (M,) float64 the scored positions' Aaronson terms, in text order
+            (``Detection.evidence.terms["aaronson"]``).
+        entropy: (T,) float64 the processed target law's entropy (nats) at every position of
+            the text (``sampler.entropy.processed_entropy`` on the same ids).
+        weighting: the weight function (default ``ENTROPY_WEIGHTING``).
+    Raises:
+        ValueError: lengths that do not match (naming them), entropies as
+            ``EntropyWeighting.weights``.
+    """
+    codes = np.asarray(skip)
+    h = np.asarray(entropy, dtype=np.float64)
+    if h.shape != codes.shape:
+        raise ValueError(f"expected entropy of shape ({codes.size},), one per token, got {h.shape}")
+    weights = weighting.weights(h)[codes == _SCORED]  # (M,)
+    return weighted_test(weights, aaronson_terms, weighting)

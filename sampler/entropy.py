@@ -1,0 +1,103 @@
+"""The target's entropy at every position of a text, under the generation's processing.
+
+For entropy-aware detection (issue 15 item 5, ``detector.weighted``): the detector weighs each
+scored position by a function of H_t, the Shannon entropy (nats) of the *processed* target law
+(temperature -> top-k -> top-p, ``sampler.processing.process``, the law the keyed race samples)
+of token t given the tokens before it. The weights must not depend on the key; these do not
+(a model forward over the text only), so the weighted null stays exact.
+
+The detector sees the text, not the prompt: position t is conditioned on ``prefix`` (e.g. the
+tokenizer's BOS, or nothing) and ids[:t]. Without a prefix position 0 has no context and its
+entropy is reported as 0.0 (no weight). Shapes: T tokens, V vocabulary, C rows per chunk.
+
+Cost (measured in ``bench/results/detector_entropy.json``, ``entropy_cpu``): one causal forward
+of the model over the text plus the processing of T rows of V logits in float64.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from sampler.processing import Processing, process
+
+DEFAULT_CHUNK: Final = 128
+"""Tokens per forward: the KV cache carries the context from chunk to chunk (one causal pass)."""
+
+
+def support_entropy(logp: torch.Tensor) -> torch.Tensor:
+    """Shannon entropy of each row of log-probabilities.
+
+    Args:
+        logp: (N, K) float64 log-probabilities, -inf outside the support (``Support.logp``).
+    Returns:
+        (N,) float64 nats, >= 0; 0.0 for a row with one token or none.
+    """
+    p = logp.exp()
+    terms = torch.where(p > 0.0, -p * logp, torch.zeros_like(p))
+    return terms.sum(dim=-1).clamp_min(0.0)
+
+
+@torch.inference_mode()
+def processed_entropy(
+    model: PreTrainedModel,
+    ids: Sequence[int],
+    processing: Processing,
+    *,
+    prefix: Sequence[int] = (),
+    chunk: int = DEFAULT_CHUNK,
+) -> torch.Tensor:
+    """The entropy of the processed target law at every position of ``ids``.
+
+    Args:
+        model: the target causal LM (eval mode, any device and dtype; logits are processed in
+            float64).
+        ids: (T,) token ids of the text, as the detector tokenized it.
+        processing: the generation's temperature, top-k, top-p; T = 0 (greedy) gives 0.0
+            everywhere.
+        prefix: ids conditioned on before the text (not reported), e.g. ``[bos]``; may be
+            empty.
+        chunk: tokens per forward, >= 1; longer texts run in chunks over the KV cache (the
+            same causal pass). Texts longer than the model's ``max_position_embeddings`` (with
+            the prefix) are refused.
+    Returns:
+        (T,) float64 nats on the CPU: entry t is H(processed law of token t | prefix, ids[:t]);
+        entry 0 is 0.0 when ``prefix`` is empty.
+    Raises:
+        ValueError: chunk < 1; an id outside the model's vocabulary; the text too long for the
+            model's positions.
+    """
+    if chunk < 1:
+        raise ValueError(f"expected chunk >= 1, got {chunk}")
+    vocab = int(model.config.vocab_size)
+    tokens = [int(t) for t in prefix] + [int(t) for t in ids]
+    for i, t in enumerate(tokens):
+        if not 0 <= t < vocab:
+            raise ValueError(f"expected ids in [0, {vocab}), got {t} at position {i}")
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if isinstance(limit, int) and len(tokens) > limit:
+        raise ValueError(
+            f"expected at most {limit} tokens (prefix and text) for this model, got {len(tokens)}"
+        )
+    out = torch.zeros(len(ids), dtype=torch.float64)
+    if not ids or processing.greedy:
+        return out
+    device = next(model.parameters()).device
+    cache = DynamicCache(config=model.config)
+    # The logits after token j predict token j + 1: text position t comes from tokens index
+    # len(prefix) + t - 1. Only the text's last token needs no forward.
+    inputs = tokens[:-1]
+    first = len(prefix) - 1  # index in ``inputs`` whose logits predict text position 0
+    for start in range(0, len(inputs), chunk):
+        piece = torch.tensor([inputs[start : start + chunk]], dtype=torch.long, device=device)
+        logits = model(input_ids=piece, cache=cache, use_cache=True).logits[0]  # (C, V)
+        rows = torch.arange(start, start + piece.shape[1])  # (C,) indices into inputs
+        keep = rows >= first
+        if not bool(keep.any()):
+            continue
+        entropy = support_entropy(process(logits[keep.to(device)], processing).logp)  # (C',)
+        out[(rows[keep] - first).tolist()] = entropy.cpu()
+    return out
