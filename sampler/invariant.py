@@ -30,7 +30,6 @@ import heapq
 import math
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -41,7 +40,6 @@ __all__ = [
     "InvariantLlama",
     "RowInvarianceError",
     "attach_runner",
-    "bf16_hardware",
     "runner_of",
 ]
 
@@ -415,19 +413,6 @@ def probe_row_invariance(weight: torch.Tensor, rows: int = ROWS_PER_CALL) -> Non
                     f"packed bfloat16 linear is not row-invariant here (call of {size} rows at "
                     f"offset {offset}); use precision float32"
                 )
-
-
-def bf16_hardware() -> bool:
-    """Whether this CPU computes bfloat16 in hardware (AMX-BF16 or AVX512-BF16, read from
-    ``/proc/cpuinfo`` at run time); without it oneDNN emulates bfloat16 and is slower than
-    float32."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines()
-                  if line.startswith("flags")), [])  # fmt: skip
-    return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
 def attach_runner(model: PreTrainedModel, runner: InvariantLlama) -> None:

@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from sampler.invariant import InvariantLlama, RowInvarianceError, attach_runner, bf16_hardware
+from sampler.invariant import InvariantLlama, attach_runner
 from sampler.model_files import (
     ALIASES,
     DEFAULT_MODEL,
@@ -42,8 +42,10 @@ __all__ = [
 PRECISIONS = ("auto", "float32", "bfloat16")
 """Target precisions: ``float32`` (transformers, strict), ``bfloat16`` (on the CPU the
 row-invariant runner of ``sampler.invariant``; on CUDA transformers' bfloat16 weights),
-``auto`` (bfloat16 on CUDA; on the CPU the bfloat16 runner where the CPU has bfloat16 hardware
-and passes the runner's row-invariance probe, else float32)."""
+``auto`` (bfloat16 on CUDA, float32 on the CPU). On the CPU ``auto`` stays float32 although the
+runner is faster on an idle AMX machine: with the default OpenMP wait policy, two threads and
+other processes on the cores, one runner forward took 1.2 s against 0.13 s in float32 (README,
+Known limits)."""
 
 
 @dataclass(frozen=True)
@@ -86,18 +88,14 @@ def load_model(
         dtype: transformers weights dtype (overrides ``precision``; race math stays float32+).
         precision: one of ``PRECISIONS``; ``LoadedModel.dtype`` says which one ``auto`` chose.
     Raises:
-        ValueError: an unknown precision.
+        ValueError: an unknown precision, or bfloat16 on the CPU for a non-Llama model.
         RowInvarianceError: bfloat16 on a CPU whose bfloat16 kernels are not row-invariant.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     path = materialise(name, data_dir, on_progress)
     dev = resolve_device(device)
-    invariant = (
-        dtype is None
-        and dev.type == "cpu"
-        and (precision == "bfloat16" or (precision == "auto" and bf16_hardware()))
-    )
+    invariant = dtype is None and dev.type == "cpu" and precision == "bfloat16"
     if dtype is None:
         cuda_bf16 = dev.type == "cuda" and precision != "float32"
         dtype = torch.bfloat16 if cuda_bf16 else torch.float32
@@ -106,12 +104,6 @@ def load_model(
     model = model.to(dev)  # type: ignore[arg-type]  # transformers' wrapped .to hides self
     model.eval()
     if invariant:
-        try:
-            attach_runner(model, InvariantLlama(model, torch.bfloat16))
-            dtype = torch.bfloat16
-        except (RowInvarianceError, ValueError):
-            if precision == "bfloat16":  # asked for by name: say why it cannot be had
-                raise
-            # auto: this CPU's kernels (or this architecture) cannot keep rows identical,
-            # so the target stays transformers' float32
+        attach_runner(model, InvariantLlama(model, torch.bfloat16))
+        dtype = torch.bfloat16
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, device=dev, dtype=dtype)
