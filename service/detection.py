@@ -157,6 +157,7 @@ def multi_key_json(found: MultiKeyDetection, *, tokens: bool) -> dict[str, Any]:
             log10 = min(0.0, edit["log10_p_value"] + keys)
             edit["keys_corrected_log10_p_value"] = log10
             edit["keys_corrected_p_value"] = 10.0**log10
+        shaped["entropy_weighted"] = None  # with entropy_weighting: add_entropy_weighting
         results.append(shaped)
     mu = found.min_detectable_mean_score
     span = found.span_log10_p_value
@@ -171,6 +172,8 @@ def multi_key_json(found: MultiKeyDetection, *, tokens: bool) -> dict[str, Any]:
         "whole_text_log10_p_value": found.whole_text_log10_p_value,
         "span_p_value": None if span is None else 10.0**span,
         "span_log10_p_value": span,
+        "entropy_weighted_p_value": None,
+        "entropy_weighted_log10_p_value": None,
         "min_scored_tokens": found.min_scored_tokens,
         "power": {
             "min_detectable_mean_score": mu,
