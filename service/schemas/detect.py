@@ -14,7 +14,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -84,7 +83,8 @@ class DetectOptions(RequestModel):
     processing: EntropyProcessing | None = Field(
         default=None,
         description="With `entropy_weighting`: the generation's temperature, top-k and top-p "
-        "(default the generate defaults: 1.0, 50, 1.0).",
+        "(default the generate defaults: 1.0, 50, 1.0). Ignored without it (a schema-valid "
+        "request is never refused for it).",
     )
     max_results: int = Field(
         default=10,
@@ -93,15 +93,6 @@ class DetectOptions(RequestModel):
         description="Multi-key: how many keys' own results `results` holds, best (smallest "
         "p-value) first. Every key is tested and counted in the correction either way.",
     )
-
-    @field_validator("processing")
-    @classmethod
-    def _processing_needs_weighting(
-        cls, processing: EntropyProcessing | None, info: ValidationInfo
-    ) -> EntropyProcessing | None:
-        if processing is not None and not info.data.get("entropy_weighting", False):
-            raise ValueError("expected processing only with entropy_weighting: true")
-        return processing
 
     @field_validator("scores")
     @classmethod

@@ -81,7 +81,6 @@ def test_multi_key_and_batch(svc: Service) -> None:
 @pytest.mark.parametrize(
     ("body", "field"),
     [
-        pytest.param({"processing": {"temperature": 0.7}}, "body.processing", id="no_weighting"),
         pytest.param(
             {"entropy_weighting": True, "processing": {"top_p": 0.0}},
             "body.processing.top_p",
@@ -111,3 +110,14 @@ def test_a_text_longer_than_the_model_is_422(svc: Service) -> None:
         svc.client.post("/v1/detect", json=body, headers=svc.admin), 422, "invalid-request"
     )
     assert found["field"] == "entropy_weighting"
+
+
+def test_processing_without_weighting_is_ignored(svc: Service) -> None:
+    """A schema-valid body is never refused: ``processing`` alone changes nothing."""
+    key_id = svc.create_key()
+    plain = svc.client.post("/v1/detect", json={"key_id": key_id, "text": TEXT}, headers=svc.admin)
+    body = {"key_id": key_id, "text": TEXT, "processing": {"temperature": 0.7}}
+    with_processing = svc.client.post("/v1/detect", json=body, headers=svc.admin)
+    assert with_processing.status_code == plain.status_code == 200
+    assert with_processing.json() == plain.json()
+    assert with_processing.json()["entropy_weighted_p_value"] is None
