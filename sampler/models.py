@@ -43,9 +43,9 @@ PRECISIONS = ("auto", "float32", "bfloat16")
 """Target precisions: ``float32`` (transformers, strict), ``bfloat16`` (on the CPU the
 row-invariant runner of ``sampler.invariant``; on CUDA transformers' bfloat16 weights),
 ``auto`` (bfloat16 on CUDA, float32 on the CPU). On the CPU ``auto`` stays float32 although the
-runner is faster on an idle AMX machine: with the default OpenMP wait policy, two threads and
-other processes on the cores, one runner forward took 1.2 s against 0.13 s in float32 (README,
-Known limits)."""
+runner is faster for trees and batches on an idle AMX machine: beside other multi-threaded
+torch processes one runner forward was once seen at 1.2 s against 0.13 s in float32 with the
+default OpenMP wait policy (README, Known limits; ``bench/results/omp_contention.json``)."""
 
 
 @dataclass(frozen=True)

@@ -46,8 +46,8 @@ class Settings(BaseSettings):
     precision: Literal["auto", "float32", "bfloat16"] = "auto"
     """Target precision (``sampler.models.PRECISIONS``): ``bfloat16`` on the CPU is the
     row-invariant runner (outputs stay identical across drafters and batches; 1.9x the float32
-    throughput at 8 clients here, but set ``OMP_WAIT_POLICY=PASSIVE`` when other processes share
-    the cores); ``auto`` is float32 on the CPU and bfloat16 on CUDA."""
+    throughput at 8 clients here; set ``OMP_WAIT_POLICY=PASSIVE`` when other multi-threaded
+    processes share the cores); ``auto`` is float32 on the CPU and bfloat16 on CUDA."""
 
     # HTTP service
     host: str = "127.0.0.1"
