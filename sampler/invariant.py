@@ -7,9 +7,11 @@ float32 and not at all in bfloat16 (1 of 6 prompts identical, issue 18). This ru
 the same Llama forward with kernels whose row results do not depend on the batch:
 
 - **linears**: bfloat16 weights packed once at load for oneDNN (``mkldnn._reorder_linear_weight``,
-  AMX where the CPU has it), called on at most ``rows_per_call`` rows at a time. On the CPUs
-  measured here a row of such a call is bit-identical for every call size up to 32
-  (``probe_row_invariance`` checks it at load and refuses the precision where it fails).
+  AMX where the CPU has it), called on at most ``ROWS_PER_CALL`` rows at a time. On the Xeon
+  measured here a row of such a call is bit-identical for every call size up to 32 for the
+  real model's shapes (``probe_row_invariance`` checks the LM head at load and refuses the
+  precision where it fails). Measured, not proven: a tiny model's 32x32 weight fails the probe
+  (8 rows at offset 3), so the property depends on shapes and values (README, Known limits).
 - **residual stream and norms** in float32 (elementwise; RMSNorm reduces each row alone);
 - **attention** in float64 (RoPE, scores, softmax and the weighted sum), one fused call per
   layer over the whole batch (each sequence a slot of one padded KV pool): its reductions run
