@@ -11,7 +11,7 @@
 3.-4. walk, KV keep, drafter finish per request (``loop.finish_step``), exactly as ``step``.
 
 Each request keeps its own key, nonce, method, processing, B, L and stop condition; requests
-join (``Batch.add``: a solo prefill) and leave (``Batch.remove``, or when done) between steps.
+join (``Batch.add_many``: the joiners' prefills in one forward) and leave (``Batch.remove``, or when done) between steps.
 A request's emitted ids are those it gets served alone (up to the floating-point rounding of a
 batched forward, which in float64 never changed a token in the tests): its tokens are its own
 keyed race winners at its own contexts.
@@ -39,7 +39,7 @@ from sampler.loop import (
     grow_level,
     new_tree,
     result,
-    start,
+    start_many,
     tree_inputs,
 )
 from sampler.methods import SamplerConfig
@@ -131,6 +131,21 @@ class Batch:
     def __len__(self) -> int:
         return len(self.members)
 
+    def check(self, prompt: list[int], config: SamplerConfig, drafter: Drafter | None) -> None:
+        """Whether a request may join: raises ``ValueError`` as ``decoder.generate`` does for
+        an empty prompt, ids outside the vocabulary or a missing drafter, and for a drafter
+        instance another member already uses (``drafters.fresh_drafter`` gives each its own).
+        """
+        vocab = self.target.config.vocab_size
+        if not prompt:
+            raise ValueError("prompt must contain at least one token")
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise ValueError(f"prompt ids must be in [0, {vocab})")
+        if config.speculative and drafter is None:
+            raise ValueError(f"method {config.method!r} needs a drafter")
+        if drafter is not None and any(m.seq.drafter is drafter for m in self.members):
+            raise ValueError("each request of a batch needs its own drafter instance")
+
     def add(
         self,
         prompt: list[int],
@@ -140,28 +155,39 @@ class Batch:
         eos_ids: frozenset[int],
         tag: object = None,
     ) -> Member:
-        """Prefill a new request (``loop.start``, one forward of its own) and add it.
-
-        ``drafter`` must be this request's own instance (``drafters.fresh_drafter``).
+        """Prefill a new request and add it: ``add_many`` of one.
 
         Raises:
-            ValueError: as ``decoder.generate`` does for an empty prompt, ids outside the
-                vocabulary or a missing drafter.
+            ValueError: as ``check``.
         """
-        vocab = self.target.config.vocab_size
-        if not prompt:
-            raise ValueError("prompt must contain at least one token")
-        if min(prompt) < 0 or max(prompt) >= vocab:
-            raise ValueError(f"prompt ids must be in [0, {vocab})")
-        if config.speculative and drafter is None:
-            raise ValueError(f"method {config.method!r} needs a drafter")
-        if any(m.seq.drafter is drafter for m in self.members if drafter is not None):
+        return self.add_many([(prompt, config, source, drafter, tag)], eos_ids)[0]
+
+    def add_many(
+        self,
+        requests: list[tuple[list[int], SamplerConfig, KeyedSource, Drafter | None, object]],
+        eos_ids: frozenset[int],
+    ) -> list[Member]:
+        """Prefill new requests in ONE target forward (``loop.start_many``) and add them.
+
+        Args:
+            requests: (prompt ids, config, keyed source, own drafter or None, tag) per request.
+        Returns:
+            Their members, in order.
+        Raises:
+            ValueError: as ``check``, for the first request that may not join (none joins).
+        """
+        drafters = [d for _, _, _, d, _ in requests if d is not None]
+        if len({id(d) for d in drafters}) < len(drafters):
             raise ValueError("each request of a batch needs its own drafter instance")
-        member = Member(
-            start(self.target, prompt, config, source, drafter, eos_ids), tag, len(prompt)
-        )
-        self.members.append(member)
-        return member
+        for prompt, config, _, drafter, _ in requests:
+            self.check(prompt, config, drafter)
+        seqs = start_many(self.target, [(p, c, s, d) for p, c, s, d, _ in requests], eos_ids)
+        members = [
+            Member(seq, tag, len(prompt))
+            for seq, (prompt, _, _, _, tag) in zip(seqs, requests, strict=True)
+        ]
+        self.members.extend(members)
+        return members
 
     def remove(self, member: Member) -> None:
         """Drop a request (cancelled, or done); its KV cache goes with it."""
@@ -195,7 +221,8 @@ def generate_many(
     on_tokens: Callable[[int, list[int]], None] | None = None,
 ) -> list[GenerationResult]:
     """``decoder.generate`` for many requests, continuously batched: at most ``max_batch``
-    active at once (None: all), the next waiting one joins as soon as one finishes.
+    active at once (None: all); waiting ones join as soon as slots are free, those joining
+    together in one prefill forward.
 
     Args:
         requests: (prompt ids, config, keyed source, own drafter or None) per request; each
@@ -211,12 +238,15 @@ def generate_many(
     results: list[GenerationResult | None] = [None] * len(requests)
     waiting = list(enumerate(requests))[::-1]
     while waiting or batch.members:
-        while waiting and (max_batch is None or len(batch) < max_batch):
+        joining = []
+        while waiting and (max_batch is None or len(batch) + len(joining) < max_batch):
             index, (prompt, config, source, drafter) = waiting.pop()
-            member = batch.add(prompt, config, source, drafter, eos_ids, tag=index)
+            joining.append((prompt, config, source, drafter, index))
+        for member in batch.add_many(joining, eos_ids) if joining else []:
             if member.seq.done:  # nothing to generate (cannot happen for N >= 1)
+                assert isinstance(member.tag, int)
                 batch.remove(member)
-                results[index] = Batch.result(member)
+                results[member.tag] = Batch.result(member)
         for member, ids in batch.step():
             tag = member.tag
             assert isinstance(tag, int)

@@ -26,7 +26,7 @@ import torch
 from transformers import PreTrainedModel
 
 from keyed import KeyedSource
-from sampler.cached_lm import TargetLM, open_cache
+from sampler.cached_lm import TargetLM, forward_many, open_cache
 from sampler.drafters import Drafter, feed_target_hidden, wants_target_hidden
 from sampler.methods import SamplerConfig
 from sampler.policies import History, Policy
@@ -77,25 +77,68 @@ def start(
     drafter: Drafter | None,
     eos_ids: frozenset[int],
 ) -> SequenceState:
-    """Prefill: the target's KV cache over ``prompt[:-1]`` (the last token is the first
-    root); the drafter starts on the prompt (a method that does not draft drops it)."""
-    drafter = drafter if config.speculative else None
-    policy = config.spec.policy_for(source, target.config.vocab_size)
+    """Prefill one request: ``start_many`` of one."""
+    return start_many(target, [(prompt, config, source, drafter)], eos_ids)[0]
+
+
+def start_many(
+    target: PreTrainedModel,
+    requests: list[tuple[list[int], SamplerConfig, KeyedSource, Drafter | None]],
+    eos_ids: frozenset[int],
+) -> list[SequenceState]:
+    """Prefill R requests: each target KV cache over its ``prompt[:-1]`` (the last token is
+    the first root), all in ONE target forward (``cached_lm.forward_many``: each prompt a
+    causal chain on its own cache); each drafter starts on its prompt (a method that does not
+    draft drops it).
+
+    Args:
+        requests: (prompt ids, config, keyed source, own drafter or None) per request.
+    Returns:
+        R sequences, in order; ``prefill_seconds`` is the shared prefill's time.
+    """
     started = time.perf_counter()
-    lm = open_cache(target)
-    lm.keep_hidden = wants_target_hidden(drafter)
-    if drafter is not None:
-        drafter.start(prompt)
-    if len(prompt) > 1:
-        lm.extend(prompt[:-1])
-        feed_target_hidden(drafter, lm, -1)
-    history = History(list(prompt), len(prompt), source.context_width)
-    return SequenceState(
-        config, history, policy, lm, drafter, eos_ids, started,
-        prefill_seconds=time.perf_counter() - started,
-        target_calls_before=lm.forward_calls,
-        drafter_calls_before=drafter.calls if drafter is not None else 0,
-    )  # fmt: skip
+    lms, drafters = [], []
+    for prompt, config, _, drafter in requests:
+        drafter = drafter if config.speculative else None
+        lm = open_cache(target)
+        lm.keep_hidden = wants_target_hidden(drafter)
+        if drafter is not None:
+            drafter.start(prompt)
+        lms.append(lm)
+        drafters.append(drafter)
+    chains = [(lm, prompt[:-1]) for lm, (prompt, *_) in zip(lms, requests, strict=True)]
+    chains = [(lm, chain) for lm, chain in chains if chain]
+    if chains:
+        forward_many(
+            [lm for lm, _ in chains],
+            [chain for _, chain in chains],
+            [list(range(len(chain))) for _, chain in chains],
+            [causal_visible(len(chain)) for _, chain in chains],
+            [0] * len(chains),
+        )
+    prefill = time.perf_counter() - started
+    seqs = []
+    for lm, drafter, (prompt, config, source, _) in zip(lms, drafters, requests, strict=True):
+        if len(prompt) > 1:
+            feed_target_hidden(drafter, lm, -1)
+        seqs.append(
+            SequenceState(
+                config,
+                History(list(prompt), len(prompt), source.context_width),
+                config.spec.policy_for(source, target.config.vocab_size),
+                lm, drafter, eos_ids, started,
+                prefill_seconds=prefill,
+                target_calls_before=lm.forward_calls,
+                drafter_calls_before=drafter.calls if drafter is not None else 0,
+            )
+        )  # fmt: skip
+    return seqs
+
+
+def causal_visible(q: int) -> torch.Tensor:
+    """(q, q) bool: a chain of q new tokens on an empty cache, each seeing itself and those
+    before it."""
+    return torch.tril(torch.ones((q, q), dtype=torch.bool))
 
 
 def step(seq: SequenceState) -> list[int]:

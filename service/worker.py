@@ -9,8 +9,9 @@ Glossary:
 - **queue**: jobs waiting for a slot, at most ``queue_size``; one more is refused at once
   with ``QueueFull`` (the route answers 503 + Retry-After) instead of piling up latency.
 - **batch**: the active jobs, at most ``max_batch``; every step advances all of them with ONE
-  target forward over all their draft trees (``sampler.batch``). A waiting job joins (its
-  prefill) between steps as soon as a slot is free; a finished one leaves.
+  target forward over all their draft trees (``sampler.batch``). Waiting jobs join between
+  steps as soon as slots are free (those joining together prefill in one forward); a finished
+  one leaves.
 - **cancel**: a job's flag, set when its client disconnects (or the service stops). The worker
   checks it before and after every step: a cancelled job leaves the batch (its slot is free for
   the next step) and gets ``GenerationCancelled``; a job cancelled while queued never starts.
@@ -264,13 +265,17 @@ class GenerationWorker:
                     self._end(Finished(result, drafter.name if drafter else None), [member])
 
     def _admit(self) -> bool:
-        """Move waiting jobs into free slots (block while nothing is active); False at stop."""
-        while len(self._batch.members) < self.max_batch:
+        """Move waiting jobs into free slots (block while nothing is active), their prefills
+        in one forward; False at stop."""
+        joining: list[tuple[Job, Drafter | None]] = []
+        while len(self._batch.members) + len(joining) < self.max_batch:
             try:
-                job = self._queue.get(block=not self._batch.members)
+                job = self._queue.get(block=not (self._batch.members or joining))
             except queue.Empty:
-                return True
+                break
             if job is _STOP:
+                for waiting, _ in joining:
+                    waiting._post(Failed(GenerationCancelled()))
                 return False
             assert isinstance(job, Job)
             self._waiting_changed()
@@ -278,19 +283,34 @@ class GenerationWorker:
                 job._post(Failed(GenerationCancelled()))
                 continue
             try:
-                self._generate(job)
+                drafter = self._drafter(job.drafter) if job.config.speculative else None
+                self._batch.check(job.prompt, job.config, drafter)
             except Exception as exc:  # every failure goes back to its caller
-                if problem_for(exc) is INTERNAL:
-                    log.error("generation failed: %s", type(exc).__name__, exc_info=exc)
-                job._post(Failed(exc))
+                self._fail(job, exc)
                 continue
-            self._active.append(job)
+            joining.append((job, drafter))
+        self._join(joining)
         return True
 
-    def _generate(self, job: Job) -> Member:
-        """Start generating ``job``: its own drafter, its prefill; it joins the batch."""
-        drafter = self._drafter(job.drafter) if job.config.speculative else None
-        return self._batch.add(job.prompt, job.config, job.source, drafter, self._eos, job)
+    def _join(self, joining: list[tuple[Job, Drafter | None]]) -> None:
+        """Prefill the checked jobs together and add them to the batch; a failed prefill fails
+        each of them."""
+        if not joining:
+            return
+        requests = [(j.prompt, j.config, j.source, d, j) for j, d in joining]
+        try:
+            self._batch.add_many(requests, self._eos)
+        except Exception as exc:
+            for job, _ in joining:
+                self._fail(job, exc)
+            return
+        self._active.extend(job for job, _ in joining)
+
+    @staticmethod
+    def _fail(job: Job, exc: Exception) -> None:
+        if problem_for(exc) is INTERNAL:  # a bug: the traceback is for the log only
+            log.error("generation failed: %s", type(exc).__name__, exc_info=exc)
+        job._post(Failed(exc))
 
     def _drop_cancelled(self) -> None:
         gone = [

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import sampler.batch
+import sampler.loop
 from keyed import KeyedSource, Secret
 from sampler.batch import Batch, generate_many, step_many
 from sampler.cached_lm import CachedLM, forward_many
@@ -113,6 +114,26 @@ def test_batched_equals_solo_mixed(target, other_drafter_model, max_batch, monke
         assert b.stats.drafted_per_level == s.stats.drafted_per_level
     assert sum(sum(r.stats.accepted_per_level) for r in solo) > 0  # speculation happened
     assert len({len(r.token_ids) for r in solo}) > 3  # the requests leave at different steps
+
+
+def test_joiners_prefill_in_one_forward(target, other_drafter_model, monkeypatch):
+    """The requests that join together prefill in ONE target forward (``loop.start_many``),
+    prompts of 1 token (nothing to prefill) left out, heads drafters fed their own rows of
+    its hidden states; the outputs still equal the solo runs."""
+    requests = _mixed_requests(target, other_drafter_model)
+    solo = _solo(target, requests)
+    prefills: list[list[int]] = []
+
+    def counting(lms, tokens, *args):
+        prefills.append([len(t) for t in tokens])
+        return forward_many(lms, tokens, *args)
+
+    monkeypatch.setattr(sampler.loop, "forward_many", counting)
+    batched = _batched(target, requests)
+    assert prefills == [[len(p) - 1 for p, *_ in requests if len(p) > 1]]
+    assert len(set(prefills[0])) > 1  # mixed prompt lengths in the one forward
+    assert any(isinstance(d, HeadsDrafter) for *_, d in requests)
+    assert [r.token_ids for r in batched] == [r.token_ids for r in solo]
 
 
 def test_eos_and_stops_per_request(target):
