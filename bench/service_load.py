@@ -18,7 +18,8 @@ The goal on a 2-core machine: zero errors, ``/v1/detect`` p99 <= 50 ms at 8 clie
 ``--sweep`` (issue 19, continuous batching) instead sweeps ``POST /v1/generate`` over
 ``--sweep-clients`` (1, 2, 4, 8, 16, 32) concurrent clients: mpfr, ngram, B = L = 4,
 ``--sweep-tokens`` (128) new tokens, 8 held-out ELI5 prompts each with a fixed nonce, at least
-``--sweep-requests`` (8) requests per level. A 503 with Retry-After (the bounded queue is full)
+``--sweep-requests`` (8) requests per level, the levels repeated ``--sweep-repeats`` times
+interleaved (ratios from each level's median). A 503 with Retry-After (the bounded queue is full)
 is retried after the pause it names and counted; any other non-2xx is an error. Every output
 is checked against the one-client level's (solo) output for the same prompt and nonce. Writes
 aggregate generated tokens/s, latency p50/p99, errors, 503s and mismatches per level (JSON)
@@ -216,7 +217,7 @@ def run_sweep(
     asyncio.run(sweep_level(url, headers, [warm], 2, 2))  # first forwards, pool threads
     solo: dict[int, list[int]] = {}
     levels = []
-    for clients in args.sweep_clients:
+    for clients in [c for _ in range(args.sweep_repeats) for c in args.sweep_clients]:
         level, outputs = asyncio.run(
             sweep_level(url, headers, bodies, clients, args.sweep_requests)
         )
@@ -232,8 +233,36 @@ def run_sweep(
     return levels
 
 
+def summarise(levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per concurrency (increasing): how many interleaved runs, the median, min and max of
+    aggregate tokens/s, and the median p50/p99 latency and total errors over those runs."""
+    rows = []
+    for clients in sorted({lv["clients"] for lv in levels}):
+        runs = [lv for lv in levels if lv["clients"] == clients]
+        rate = [lv["tokens_per_second"] for lv in runs]
+        p50 = [lv["p50_ms"] for lv in runs if lv["p50_ms"] is not None]
+        p99 = [lv["p99_ms"] for lv in runs if lv["p99_ms"] is not None]
+        rows.append(
+            {
+                "clients": clients,
+                "runs": len(runs),
+                "tokens_per_second": round(float(np.median(rate)), 2),
+                "tokens_per_second_min": min(rate),
+                "tokens_per_second_max": max(rate),
+                "p50_ms": round(float(np.median(p50)), 1) if p50 else None,
+                "p99_ms": round(float(np.median(p99)), 1) if p99 else None,
+                "errors": sum(lv["errors"] for lv in runs),
+                "outputs_differing_from_solo": sum(
+                    lv.get("outputs_differing_from_solo", 0) for lv in runs
+                ),
+            }
+        )
+    return rows
+
+
 def plot_sweep(levels: list[dict[str, Any]], path: Path, title: str) -> None:
-    """Throughput and p50/p99 latency against concurrency (PNG)."""
+    """Throughput (median, min-max bars) and median p50/p99 latency against concurrency
+    (PNG), from ``summarise``'s rows."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -241,7 +270,12 @@ def plot_sweep(levels: list[dict[str, Any]], path: Path, title: str) -> None:
 
     clients = [lv["clients"] for lv in levels]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    left.plot(clients, [lv["tokens_per_second"] for lv in levels], "o-")
+    rate = [lv["tokens_per_second"] for lv in levels]
+    spread = [
+        [r - lv["tokens_per_second_min"] for r, lv in zip(rate, levels, strict=True)],
+        [lv["tokens_per_second_max"] - r for r, lv in zip(rate, levels, strict=True)],
+    ]
+    left.errorbar(clients, rate, yerr=spread, fmt="o-", capsize=3)
     left.set(xscale="log", xlabel="concurrent clients", ylabel="generated tokens/s (aggregate)")
     left.set_xticks(clients, [str(c) for c in clients])
     right.plot(clients, [lv["p50_ms"] / 1000 for lv in levels], "o-", label="p50")
@@ -372,6 +406,13 @@ def main() -> None:
     parser.add_argument("--sweep-tokens", type=int, default=128)
     parser.add_argument("--sweep-prompts", type=int, default=8)
     parser.add_argument("--sweep-requests", type=int, default=8)
+    parser.add_argument(
+        "--sweep-repeats",
+        type=int,
+        default=1,
+        help="run the --sweep-clients levels this many times, interleaved (1, 2, ..., 1, 2, ...);"
+        " the summary and ratios use each level's median",
+    )
     parser.add_argument("--machine-load", default="", help="a note on other load, for the JSON")
     args = parser.parse_args()
 
@@ -455,16 +496,19 @@ def write_sweep(
     load_at_start: tuple[float, float, float],
 ) -> None:
     """The sweep's JSON (with the ratios the issue asks about) and its plot."""
-    lone = levels[0] if levels and levels[0]["clients"] == 1 else None
+    summary = summarise(levels)
+    lone = next((row for row in summary if row["clients"] == 1), None)
     ratios = {}
     if lone is not None:
-        for level in levels[1:]:
-            ratios[str(level["clients"])] = {
+        for row in summary:
+            if row is lone:
+                continue
+            ratios[str(row["clients"])] = {
                 "throughput_vs_one_client": round(
-                    level["tokens_per_second"] / lone["tokens_per_second"], 2
+                    row["tokens_per_second"] / lone["tokens_per_second"], 2
                 ),
-                "p50_vs_lone": round(level["p50_ms"] / lone["p50_ms"], 2)
-                if level["p50_ms"] and lone["p50_ms"]
+                "p50_vs_lone": round(row["p50_ms"] / lone["p50_ms"], 2)
+                if row["p50_ms"] and lone["p50_ms"]
                 else None,
             }
     report = {
@@ -483,13 +527,15 @@ def write_sweep(
             "prompts": f"data/prompts-eli5.jsonl[:{args.sweep_prompts}], nonce 1000+i",
         },
         "levels": levels,
+        "summary": summary,
         "ratios": ratios,
+        "ratios_from": "each concurrency's median over its interleaved repeats (summary)",
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     batch = server_settings.get("generation_batch", "8 (default)")
     plot_sweep(
-        levels,
+        summary,
         args.out.with_suffix(".png"),
         f"POST /v1/generate, mpfr/ngram B=L=4, {args.sweep_tokens} tokens, generation_batch="
         f"{batch}; {report['machine']['cpu_model']}, {os.cpu_count()} cores, load "

@@ -11,7 +11,8 @@
 3.-4. walk, KV keep, drafter finish per request (``loop.finish_step``), exactly as ``step``.
 
 Each request keeps its own key, nonce, method, processing, B, L and stop condition; requests
-join (``Batch.add_many``: the joiners' prefills in one forward) and leave (``Batch.remove``, or when done) between steps.
+join (``Batch.add_many``: the joiners' prefills in one forward) and leave (``Batch.remove``,
+or when done) between steps.
 A request's emitted ids are those it gets served alone (up to the floating-point rounding of a
 batched forward, which in float64 never changed a token in the tests): its tokens are its own
 keyed race winners at its own contexts.
@@ -24,7 +25,7 @@ whose output depends on the tree (``vsps``, ``gls``) are never capped.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from transformers import PreTrainedModel
@@ -164,7 +165,7 @@ class Batch:
 
     def add_many(
         self,
-        requests: list[tuple[list[int], SamplerConfig, KeyedSource, Drafter | None, object]],
+        requests: Sequence[tuple[list[int], SamplerConfig, KeyedSource, Drafter | None, object]],
         eos_ids: frozenset[int],
     ) -> list[Member]:
         """Prefill new requests in ONE target forward (``loop.start_many``) and add them.
@@ -238,7 +239,7 @@ def generate_many(
     results: list[GenerationResult | None] = [None] * len(requests)
     waiting = list(enumerate(requests))[::-1]
     while waiting or batch.members:
-        joining = []
+        joining: list[tuple[list[int], SamplerConfig, KeyedSource, Drafter | None, int]] = []
         while waiting and (max_batch is None or len(batch) + len(joining) < max_batch):
             index, (prompt, config, source, drafter) = waiting.pop()
             joining.append((prompt, config, source, drafter, index))

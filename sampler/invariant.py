@@ -155,6 +155,23 @@ class InvariantLlama:
         if weights == torch.bfloat16:
             probe_row_invariance(self.head)
 
+    def probe_every_shape(self) -> None:
+        """``probe_row_invariance`` on one weight of each distinct linear shape (the first
+        layer's and the LM head): the check ``auto`` precision makes before choosing bfloat16
+        (the LM head alone, checked at construction, let a tiny model's 32x32 o_proj through).
+
+        Raises:
+            RowInvarianceError: some shape's calls change some row (float64 weights: never).
+        """
+        if self.weights != torch.bfloat16:
+            return
+        first = self.layers[0]
+        seen: set[tuple[int, ...]] = set()
+        for weight in (first.qkv, first.out, first.gate_up, first.down, self.head):
+            if tuple(weight.shape) not in seen:
+                seen.add(tuple(weight.shape))
+                probe_row_invariance(weight)
+
     def _linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """(n, K) float32 or float64 -> (n, N) in the residual dtype, through the weights'
         precision."""

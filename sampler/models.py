@@ -7,6 +7,7 @@ this module loads the weights. Nothing here downloads: there is no hub access at
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,8 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from sampler.invariant import InvariantLlama, attach_runner
+from sampler.cpu_features import native_bfloat16
+from sampler.invariant import InvariantLlama, RowInvarianceError, attach_runner
 from sampler.model_files import (
     ALIASES,
     DEFAULT_MODEL,
@@ -24,6 +26,8 @@ from sampler.model_files import (
     materialise,
     tokenizer_fingerprint,
 )
+
+log = logging.getLogger("poissonmark.models")
 
 __all__ = [
     "ALIASES",
@@ -42,10 +46,12 @@ __all__ = [
 PRECISIONS = ("auto", "float32", "bfloat16")
 """Target precisions: ``float32`` (transformers, strict), ``bfloat16`` (on the CPU the
 row-invariant runner of ``sampler.invariant``; on CUDA transformers' bfloat16 weights),
-``auto`` (bfloat16 on CUDA, float32 on the CPU). On the CPU ``auto`` stays float32 although the
-runner is faster for trees and batches on an idle AMX machine: beside other multi-threaded
-torch processes one runner forward was once seen at 1.2 s against 0.13 s in float32 with the
-default OpenMP wait policy (README, Known limits; ``bench/results/omp_contention.json``)."""
+``auto``: bfloat16 on CUDA; on the CPU the bfloat16 runner where the CPU has AMX bfloat16
+(``sampler.cpu_features.native_bfloat16``), the model is a Llama and every one of its linear
+shapes passes the row-invariance probe, else float32. Measured on such a CPU: one stream at
+parity with float32, eight batched requests 4.4x one against 2.6x in float32
+(``bench/results/service_load_batching_bf16*.json``); the OpenMP wait policy that keeps it
+fast beside other busy processes is set by ``sampler.cpu_features``."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,18 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase
     device: torch.device
     dtype: torch.dtype
+
+
+def auto_runner(model: PreTrainedModel) -> InvariantLlama | None:
+    """``auto``'s bfloat16 runner for ``model``, or None (float32) when the model is not a
+    Llama the runner supports or some linear shape of it fails the row-invariance probe."""
+    try:
+        runner = InvariantLlama(model, torch.bfloat16)
+        runner.probe_every_shape()
+    except (ValueError, RowInvarianceError) as exc:
+        log.info("precision auto: float32 (%s)", exc)
+        return None
+    return runner
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -96,6 +114,7 @@ def load_model(
     path = materialise(name, data_dir, on_progress)
     dev = resolve_device(device)
     invariant = dtype is None and dev.type == "cpu" and precision == "bfloat16"
+    maybe_invariant = dtype is None and dev.type == "cpu" and precision == "auto"
     if dtype is None:
         cuda_bf16 = dev.type == "cuda" and precision != "float32"
         dtype = torch.bfloat16 if cuda_bf16 else torch.float32
@@ -106,4 +125,9 @@ def load_model(
     if invariant:
         attach_runner(model, InvariantLlama(model, torch.bfloat16))
         dtype = torch.bfloat16
+    elif maybe_invariant and native_bfloat16():
+        runner = auto_runner(model)
+        if runner is not None:
+            attach_runner(model, runner)
+            dtype = torch.bfloat16
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, device=dev, dtype=dtype)

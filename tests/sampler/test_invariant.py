@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -198,3 +200,42 @@ def test_runner_refuses_what_it_cannot_run(target):
 def test_load_model_rejects_an_unknown_precision(tmp_path):
     with pytest.raises(ValueError, match="precision must be one of auto, float32, bfloat16"):
         load_model("smollm2-135m-instruct", tmp_path, device="cpu", precision="fp8")
+
+
+def test_auto_falls_back_to_float32_where_a_shape_fails_the_probe(monkeypatch):
+    """``auto`` checks every linear shape (the LM head alone let a tiny 32x32 o_proj through
+    once): one failing shape means float32, a non-Llama too; all passing means bfloat16."""
+    import sampler.invariant as invariant
+    from sampler.models import auto_runner
+
+    real_probe = invariant.probe_row_invariance
+    shapes: list[tuple[int, ...]] = []
+
+    def failing_on_second(weight: torch.Tensor, rows: int = invariant.ROWS_PER_CALL) -> None:
+        shapes.append(tuple(weight.shape))  # the LM head's (construction), then qkv's
+        if len(shapes) == 2:
+            raise invariant.RowInvarianceError("qkv")
+        real_probe(weight, rows)
+
+    model = _tied_llama()
+    monkeypatch.setattr(invariant, "probe_row_invariance", failing_on_second)
+    assert auto_runner(model) is None
+    monkeypatch.setattr(invariant, "probe_row_invariance", real_probe)
+    runner = auto_runner(model)
+    if runner is not None:  # this CPU's kernels passed every shape of the tiny model
+        assert runner.weights == torch.bfloat16
+    non_llama = copy.copy(model)
+    non_llama.config = copy.copy(model.config)
+    non_llama.config.model_type = "mistral"
+    assert auto_runner(non_llama) is None
+
+
+def test_real_model_auto_precision_follows_the_cpu(real_model):
+    """The shared real model is loaded with ``auto``: the bfloat16 runner exactly where the
+    CPU has AMX bfloat16 (and its shapes pass the probe), float32 elsewhere."""
+    from sampler.cpu_features import native_bfloat16
+    from sampler.invariant import runner_of
+
+    expected = torch.bfloat16 if native_bfloat16() else torch.float32
+    assert real_model.dtype == expected
+    assert (runner_of(real_model.model) is not None) == (expected == torch.bfloat16)

@@ -1,0 +1,55 @@
+"""What this CPU offers the target backends, read at run time (no torch import here).
+
+Machines of this kind differ (Intel Xeon with AMX, AMD EPYC without): the choices that depend
+on the hardware read ``/proc/cpuinfo`` here instead of assuming one.
+
+- ``native_bfloat16()``: the CPU multiplies bfloat16 in hardware with AMX (``amx_bf16``), the
+  only kind on which the bfloat16 runner (``sampler.invariant``) was measured faster and
+  row-invariant (``bench/results/speed_cpu_bf16.json``, ``service_load_batching_bf16.json``).
+- ``prefer_passive_omp_wait()``: OpenMP's wait policy, read once when torch loads its OpenMP
+  runtime. With the default (threads spin between parallel regions) one bfloat16 runner
+  forward beside another busy multi-threaded process was seen at 1.2 s against 47 ms with
+  ``OMP_WAIT_POLICY=PASSIVE``; quiet, PASSIVE measured 33.3 against 36.4 ms per one-token
+  forward (``bench/results/omp_contention.json``). It is set only where the runner is the
+  default (``native_bfloat16``), only when the user has not set it, and only before torch is
+  imported (afterwards it would have no effect). transformers' float32 path is slower under
+  PASSIVE (44.9 against 34.8 ms quiet): whoever runs float32 on such a machine can set
+  ``OMP_WAIT_POLICY=ACTIVE``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from pathlib import Path
+
+__all__ = ["cpu_flags", "native_bfloat16", "prefer_passive_omp_wait"]
+
+
+@functools.cache
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """The first CPU's feature flags (empty where ``/proc/cpuinfo`` is missing: not Linux)."""
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() == "flags":
+            return frozenset(value.split())
+    return frozenset()
+
+
+def native_bfloat16() -> bool:
+    """Whether the CPU has AMX bfloat16 tiles (``amx_bf16``)."""
+    return "amx_bf16" in cpu_flags()
+
+
+def prefer_passive_omp_wait() -> bool:
+    """Set ``OMP_WAIT_POLICY=PASSIVE`` (module docstring) if unset, the CPU has
+    ``native_bfloat16`` and torch is not imported yet; returns whether it set it."""
+    if "OMP_WAIT_POLICY" in os.environ or "torch" in sys.modules or not native_bfloat16():
+        return False
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    return True
