@@ -53,6 +53,7 @@ from keyed import KeyedSource, Secret
 from sampler.completion import complete, eos_ids, prompt_ids
 from sampler.decoder import SamplerConfig
 from sampler.drafters import Drafter, make_drafter
+from sampler.methods import TreeMode
 from sampler.model_files import ALIASES, gguf_path
 from sampler.models import DEFAULT_MODEL, LoadedModel, load_model
 
@@ -85,14 +86,16 @@ def cpu_flags() -> dict[str, bool]:
 
 
 def ours(loaded: LoadedModel, name: str, tokens: int) -> Callable[[list[int], int], Run]:
-    """A row of ours: ``basic-uwm`` or ``mpfr/<drafter>/B<b>L<l>``."""
+    """A row of ours: ``basic-uwm`` or ``mpfr/<drafter>/B<b>L<l>[/auto]`` (``/auto``: tree
+    ``auto`` with B and L as caps)."""
     drafter: Drafter | None = None
     if name == "basic-uwm":
         config = SamplerConfig("basic-uwm", max_new_tokens=tokens)
     else:
-        _, spec, shape = name.split("/")
+        _, spec, shape, *mode = name.split("/")
         drafts, lookahead = shape[1:].split("L")
-        config = SamplerConfig("mpfr", int(drafts), int(lookahead), tokens)
+        tree: TreeMode = "auto" if mode == ["auto"] else "fixed"
+        config = SamplerConfig("mpfr", int(drafts), int(lookahead), tokens, tree=tree)
         drafter = make_drafter(spec, loaded.model)
 
     def run(ids: list[int], seed: int) -> Run:

@@ -25,6 +25,7 @@ whose output depends on the tree (``vsps``, ``gls``) are never capped.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -83,11 +84,18 @@ def step_many(seqs: list[SequenceState], node_budget: int | None = None) -> list
     ]
     if len(heads) > 1:
         prime_heads([h for h, _ in heads], [root for _, root in heads])
+    drafting = [0.0] * len(seqs)  # per request: its drafter calls' seconds (its chooser's c)
     growing = [i for i, d in enumerate(depths) if d > 0]
     for level in range(1, max(depths, default=0) + 1):
-        growing = [
-            i for i in growing if depths[i] >= level and grow_level(seqs[i], trees[i], level)
-        ]
+        still = []
+        for i in growing:
+            if depths[i] < level:
+                continue
+            began = time.perf_counter()
+            if grow_level(seqs[i], trees[i], level):
+                still.append(i)
+            drafting[i] += time.perf_counter() - began
+        growing = still
         if not growing:
             break
     # 2. one target forward over every request's tree
@@ -102,8 +110,8 @@ def step_many(seqs: list[SequenceState], node_budget: int | None = None) -> list
     )
     # 3.-4. walk, KV keep and drafter finish, per request
     return [
-        finish_step(s, tree, rows, depth)
-        for s, tree, rows, depth in zip(seqs, trees, logits, depths, strict=True)
+        finish_step(s, tree, rows, depth, seconds)
+        for s, tree, rows, depth, seconds in zip(seqs, trees, logits, depths, drafting, strict=True)
     ]
 
 

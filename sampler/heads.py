@@ -35,6 +35,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import PreTrainedModel
 
+from sampler.invariant import runner_of
 from sampler.tree import DraftTree
 
 FORMAT = "poissonmark-heads/2"
@@ -134,10 +135,17 @@ class ParallelHeads(nn.Module):
     def logits(
         self, target: PreTrainedModel, hidden: torch.Tensor, tokens: torch.Tensor
     ) -> torch.Tensor:
-        """(n, L, V) drafter logits for (n, d) hidden states h_{t−1} and (n,) root tokens x_t."""
+        """(n, L, V) drafter logits for (n, d) hidden states h_{t−1} and (n,) root tokens x_t:
+        without gradients (decoding) through the packed bfloat16 LM head of the target's
+        runner where one is attached (``sampler.invariant``; as the target's own logits are),
+        else (training, or no runner) through transformers' head in the target's dtype."""
         dtype = self.fuse.weight.dtype  # the heads' own (float32 while training on bf16 targets)
         embedding = target.get_input_embeddings()(tokens).to(dtype)
-        z = self.features(hidden.to(dtype), embedding)
+        z = self.features(hidden.to(dtype), embedding)  # (n, L, d)
+        runner = runner_of(target)
+        if runner is not None and not torch.is_grad_enabled():  # decoding, not training
+            n, lookahead, d = z.shape
+            return runner.project(z.reshape(n * lookahead, d)).view(n, lookahead, -1)
         head = output_head(target)
         out: torch.Tensor = head(target.model.norm(z.to(head.weight.dtype)))
         return out

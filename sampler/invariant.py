@@ -183,6 +183,18 @@ class InvariantLlama:
         """Llama RMSNorm of (n, d) rows in the residual dtype (transformers' order)."""
         return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
 
+    @torch.inference_mode()
+    def project(self, features: torch.Tensor) -> torch.Tensor:
+        """The target's final norm and LM head on (n, d) features (a drafter's, e.g. parallel
+        heads; MDraft paper §3): (n, V) logits, float32 (float64 with float64 weights),
+        through the packed head like the target's own logits (a row's bits do not depend on
+        n up to ``ROWS_PER_CALL`` rows per call)."""
+        if features.ndim != 2 or features.shape[1] != self.norm.shape[0]:
+            raise ValueError(
+                f"expected features of shape (n, {self.norm.shape[0]}), got {tuple(features.shape)}"
+            )
+        return self._linear(self._rms(features.to(self.work), self.norm), self.head)
+
     def new_cache(self) -> InvariantCache:
         """An empty KV cache for one sequence."""
         return InvariantCache(self)

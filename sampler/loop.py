@@ -26,10 +26,11 @@ import torch
 from transformers import PreTrainedModel
 
 from keyed import KeyedSource
+from sampler.autotree import TreeChooser, profile_for
 from sampler.cached_lm import TargetLM, forward_many, open_cache
 from sampler.drafters import Drafter, feed_target_hidden, wants_target_hidden
 from sampler.methods import SamplerConfig
-from sampler.policies import History, Policy
+from sampler.policies import History, KeyedRace, Policy
 from sampler.processing import process
 from sampler.stats import FinishReason, GenerationResult, GenerationStats, count_at
 from sampler.tree import DraftTree
@@ -47,6 +48,8 @@ class SequenceState:
         drafter: None for a method that does not draft (one-token steps).
         eos_ids: tokens that end the sequence.
         finish: set once EOS is drawn.
+        chooser: with ``config.tree == "auto"`` on a keyed-race method, the per-step choice
+            of B and ℓ (``sampler.autotree``; the output does not depend on it, Thm. 5.1).
         started, prefill_seconds, target_calls_before, drafter_calls_before: for the stats.
     """
 
@@ -63,6 +66,7 @@ class SequenceState:
     accepted: list[int] = field(default_factory=list)  # per level
     drafted: list[int] = field(default_factory=list)  # per level
     finish: FinishReason | None = None
+    chooser: TreeChooser | None = None  # tree "auto": B and ℓ per step (sampler.autotree)
 
     @property
     def done(self) -> bool:
@@ -96,6 +100,8 @@ def start_many(
     Returns:
         R sequences, in order; ``prefill_seconds`` is the shared prefill's time.
     """
+    if any(c.tree == "auto" and c.speculative for _, c, _, _ in requests):
+        profile_for(target)  # measured once per machine (~2 s), before the clock starts
     started = time.perf_counter()
     lms, drafters = [], []
     for prompt, config, _, drafter in requests:
@@ -121,15 +127,21 @@ def start_many(
     for lm, drafter, (prompt, config, source, _) in zip(lms, drafters, requests, strict=True):
         if len(prompt) > 1:
             feed_target_hidden(drafter, lm, -1)
+        policy = config.spec.policy_for(source, target.config.vocab_size)
+        chooser = None
+        if config.tree == "auto" and drafter is not None and isinstance(policy, KeyedRace):
+            chooser = TreeChooser(
+                profile_for(target), config.effective_drafts, config.effective_lookahead
+            )
         seqs.append(
             SequenceState(
                 config,
                 History(list(prompt), len(prompt), source.context_width),
-                config.spec.policy_for(source, target.config.vocab_size),
-                lm, drafter, eos_ids, started,
+                policy, lm, drafter, eos_ids, started,
                 prefill_seconds=prefill,
                 target_calls_before=lm.forward_calls,
                 drafter_calls_before=drafter.calls if drafter is not None else 0,
+                chooser=chooser,
             )
         )  # fmt: skip
     return seqs
@@ -145,16 +157,21 @@ def step(seq: SequenceState) -> list[int]:
     """One speculative step (module docstring); returns the ids it emitted (EOS excluded)."""
     tree, depth = new_tree(seq)
     # 1. draft tree: one drafter call per level
+    began = time.perf_counter()
     grow_tree(seq, tree, depth)
+    drafting = time.perf_counter() - began
     # 2. verification: one target forward over root + every node, tree-attention mask
     logits = verify_tree(seq.lm, tree, len(seq.history.committed) - 1)
     # 3.-4. walk, KV keep, drafter finish
-    return finish_step(seq, tree, logits, depth)
+    return finish_step(seq, tree, logits, depth, drafting)
 
 
 def new_tree(seq: SequenceState, nodes: int | None = None) -> tuple[DraftTree, int]:
     """The step's empty draft tree (root = the last committed token) and its depth
     ℓ = min(L, N − n).
+
+    With a ``chooser`` (tree ``auto``) B and ℓ are its choice for this step (ℓ may be 0: a
+    one-token step).
 
     Args:
         nodes: a cap on the tree's size (root included; ``None``: none). A draft tree of B
@@ -166,8 +183,12 @@ def new_tree(seq: SequenceState, nodes: int | None = None) -> tuple[DraftTree, i
         (tree, depth).
     """
     config = seq.config
-    depth = min(config.effective_lookahead, config.max_new_tokens - seq.history.emitted)
-    drafts = config.effective_drafts
+    remaining = config.max_new_tokens - seq.history.emitted
+    if seq.chooser is not None:
+        drafts, depth = seq.chooser.choose(remaining)
+    else:
+        depth = min(config.effective_lookahead, remaining)
+        drafts = config.effective_drafts
     if nodes is not None and depth > 0 and 1 + drafts * depth > nodes:
         room = max(nodes - 1, 1)
         drafts = max(1, min(drafts, room // depth))  # B first: depth carries long accepts
@@ -175,9 +196,17 @@ def new_tree(seq: SequenceState, nodes: int | None = None) -> tuple[DraftTree, i
     return DraftTree(seq.history.committed[-1], drafts), depth
 
 
-def finish_step(seq: SequenceState, tree: DraftTree, logits: torch.Tensor, depth: int) -> list[int]:
+def finish_step(
+    seq: SequenceState,
+    tree: DraftTree,
+    logits: torch.Tensor,
+    depth: int,
+    draft_seconds: float = 0.0,
+) -> list[int]:
     """Steps 3-4 after the verification forward's (len(tree), V) ``logits``: the walk, the KV
-    keep, the drafter's finish; returns the ids the step emitted (EOS excluded)."""
+    keep, the drafter's finish; returns the ids the step emitted (EOS excluded). A
+    ``chooser`` is told the step's outcome (``draft_seconds``: the step's drafting time)."""
+    began = time.perf_counter()
     committed, config = seq.history.committed, seq.config
     base = len(committed) - 1
     p = process(logits, config.processing)  # (n, K)
@@ -191,6 +220,11 @@ def finish_step(seq: SequenceState, tree: DraftTree, logits: torch.Tensor, depth
     if seq.drafter is not None:
         seq.drafter.finish_step(tree, visited, committed)
         feed_target_hidden(seq.drafter, seq.lm, visited[-1])
+    if seq.chooser is not None:
+        seq.chooser.observe(
+            tree.nodes[0].multiplicity, depth, len(tree) - 1, len(visited) - 1, seq.done,
+            draft_seconds, time.perf_counter() - began,
+        )  # fmt: skip
     return committed[emitted_before:]
 
 
@@ -279,4 +313,7 @@ def stats(seq: SequenceState) -> GenerationStats:
         drafted_per_level=tuple(seq.drafted),
         prefill_seconds=seq.prefill_seconds,
         seconds=time.perf_counter() - seq.started - seq.prefill_seconds,
+        tree_choices=tuple(sorted((b, depth, n) for (b, depth), n in seq.chooser.choices.items()))
+        if seq.chooser is not None
+        else (),
     )

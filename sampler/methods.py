@@ -132,6 +132,13 @@ def parse_method(name: str) -> Method:
     raise ValueError(f"method must be one of {', '.join(METHODS)}; got {name!r}")
 
 
+TreeMode = Literal["fixed", "auto"]
+TREE_MODES: tuple[TreeMode, ...] = ("fixed", "auto")
+DEFAULT_TREE: TreeMode = "auto"
+"""The CLI's and HTTP API's default ``tree`` (``SamplerConfig`` itself defaults to "fixed":
+the same tokens, trees that tests can count)."""
+
+
 @dataclass(frozen=True)
 class SamplerConfig:
     """What to sample and how.
@@ -142,6 +149,10 @@ class SamplerConfig:
         lookahead: L >= 1 (ignored by non-speculative methods).
         max_new_tokens: N >= 1.
         processing: temperature, top-k, top-p.
+        tree: ``"fixed"``: every step drafts B drafts of depth L; ``"auto"``: a keyed-race
+            method (mpfr, pfr) picks B <= drafts and ℓ <= lookahead (ℓ = 0: a one-token step)
+            per step by the cost model of ``sampler.autotree`` — the same tokens (MPFR paper
+            Thm. 5.1), faster where trees do not pay; other methods draft as ``"fixed"``.
     Raises:
         ValueError: at construction, naming the field and the limit.
     """
@@ -151,9 +162,12 @@ class SamplerConfig:
     lookahead: int = 4
     max_new_tokens: int = 128
     processing: Processing = field(default_factory=Processing)
+    tree: TreeMode = "fixed"
 
     def __post_init__(self) -> None:
         parse_method(self.method)
+        if self.tree not in TREE_MODES:
+            raise ValueError(f"tree must be one of {', '.join(TREE_MODES)}, got {self.tree!r}")
         if not 1 <= self.drafts <= MAX_DRAFTS:
             raise ValueError(f"drafts must be in [1, {MAX_DRAFTS}], got {self.drafts}")
         if not 1 <= self.lookahead <= MAX_LOOKAHEAD:

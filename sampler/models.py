@@ -16,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
+from sampler.autotree import set_profile_dir
 from sampler.cpu_features import native_bfloat16
 from sampler.invariant import InvariantLlama, RowInvarianceError, attach_runner
 from sampler.model_files import (
@@ -130,4 +131,5 @@ def load_model(
         if runner is not None:
             attach_runner(model, runner)
             dtype = torch.bfloat16
+    set_profile_dir(model, data_dir / "profiles")  # tree "auto"'s forward costs
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, device=dev, dtype=dtype)

@@ -21,6 +21,8 @@ class GenerationStats:
     drafted_per_level: tuple[int, ...]
     prefill_seconds: float
     seconds: float
+    tree_choices: tuple[tuple[int, int, int], ...] = ()
+    """With tree ``auto``: (B, ℓ, steps) per tree size chosen, ℓ = 0 a one-token step."""
 
     @property
     def aatps(self) -> float:

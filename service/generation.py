@@ -26,7 +26,7 @@ from typing import Any
 from detector.tokens import check_tokenizer
 from keyed import KeyedSource
 from sampler.completion import complete
-from sampler.methods import SamplerConfig, parse_method
+from sampler.methods import DEFAULT_TREE, TREE_MODES, SamplerConfig, parse_method
 from sampler.models import LoadedModel
 from sampler.processing import Processing
 from sampler.stats import GenerationResult, GenerationStats
@@ -62,15 +62,22 @@ def generation_request(
     top_p: float,
     drafter: str | None,
     nonce: int | None = None,
+    tree: str = DEFAULT_TREE,
 ) -> GenerationRequest:
-    """A checked request (a speculative method keeps ``drafter``, the others drop it).
+    """A checked request (a speculative method keeps ``drafter``, the others drop it);
+    ``tree``: ``SamplerConfig.tree`` (``auto``: B and L are caps, the tree per step is the
+    cost model's, ``sampler.autotree``).
 
     Raises:
         ValueError: an unknown method, or from ``SamplerConfig`` or ``Processing``, naming the
             field and the limit.
     """
     processing = Processing(temperature, top_k, top_p)
-    config = SamplerConfig(parse_method(method), drafts, lookahead, max_new_tokens, processing)
+    if tree not in TREE_MODES:
+        raise ValueError(f"tree must be one of {', '.join(TREE_MODES)}, got {tree!r}")
+    config = SamplerConfig(
+        parse_method(method), drafts, lookahead, max_new_tokens, processing, tree
+    )
     return GenerationRequest(config, drafter if config.speculative else None, nonce)
 
 
@@ -86,6 +93,7 @@ def from_body(body: GenerateRequest) -> GenerationRequest:
         body.top_p,
         body.drafter,
         body.nonce,
+        body.tree,
     )
 
 
@@ -128,6 +136,9 @@ def stats_json(stats: GenerationStats) -> dict[str, Any]:
         "prefill_seconds": stats.prefill_seconds,
         "seconds": stats.seconds,
         "tokens_per_second": stats.tokens_per_second,
+        "tree_choices": [
+            {"drafts": b, "lookahead": depth, "steps": n} for b, depth, n in stats.tree_choices
+        ],
     }
 
 

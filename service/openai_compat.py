@@ -120,6 +120,7 @@ def generate_request(
         "top_p": body.top_p,
         "nonce": body.seed,
         "stream": body.stream,
+        "tree": body.tree,
     }
     for name in ("drafts", "lookahead"):  # omitted: /v1/generate's default, capped there too
         if name in body.model_fields_set:

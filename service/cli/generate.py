@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from sampler.methods import METHODS
+from sampler.methods import DEFAULT_TREE, METHODS
 from service.cli.common import (
     DeviceOpt,
     Json,
@@ -60,6 +60,13 @@ def generate(
     drafter: Annotated[str, typer.Option(help="ngram, self:N, heads:PATH or model:PATH")] = "ngram",
     drafts: Annotated[int, typer.Option("--drafts", "-B", help="Drafts B.")] = 4,
     lookahead: Annotated[int, typer.Option("--lookahead", "-L", help="Lookahead L.")] = 4,
+    tree: Annotated[
+        str,
+        typer.Option(
+            help="auto: B and L are caps, each step's tree is the cost model's (mpfr, pfr; "
+            "the same tokens); fixed: B drafts of depth L every step."
+        ),
+    ] = DEFAULT_TREE,
     max_new_tokens: Annotated[int, typer.Option(help="At most this many new tokens.")] = 128,
     temperature: float = 1.0,
     top_k: Annotated[int, typer.Option(help="0 = off.")] = 50,
@@ -83,7 +90,16 @@ def generate(
             raise ValueError("give exactly one of --prompt or --messages-file")
         messages = None if messages_file is None else read_messages(messages_file)
         wanted = generation_request(
-            method, drafts, lookahead, max_new_tokens, temperature, top_k, top_p, drafter, nonce
+            method,
+            drafts,
+            lookahead,
+            max_new_tokens,
+            temperature,
+            top_k,
+            top_p,
+            drafter,
+            nonce,
+            tree,
         )
         with key_store(settings) as store:
             record = store.get_active(key)
@@ -104,5 +120,13 @@ def show(done: Generated) -> None:
         f"\n[dim]{s.emitted_tokens} tokens · {s.target_forward_passes} target passes · "
         f"AATPS {s.aatps:.2f} · {s.tokens_per_second:.1f} tok/s · {r.method}"
         f"{' + ' + done.drafter if done.drafter else ''} · watermark "
-        f"{'on' if r.watermark_applied else 'off'} · nonce {done.generation.nonce}[/]"
+        f"{'on' if r.watermark_applied else 'off'} · nonce {done.generation.nonce}"
+        f"{tree_summary(s.tree_choices)}[/]"
     )
+
+
+def tree_summary(choices: tuple[tuple[int, int, int], ...]) -> str:
+    """`` · trees 30×1-token, 12×B2L3`` (the most used first, at most three), or ``""``."""
+    ranked = sorted(choices, key=lambda c: -c[2])[:3]
+    named = [f"{n}×{'1-token' if d == 0 else f'B{b}L{d}'}" for b, d, n in ranked]
+    return f" · trees {', '.join(named)}" if named else ""

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sampler.decoder import MAX_DRAFTS, MAX_LOOKAHEAD
-from sampler.methods import HTTP_METHODS
+from sampler.methods import DEFAULT_TREE, HTTP_METHODS, TreeMode
 from service.schemas.common import KeyId, RequestModel, Text
 
 if TYPE_CHECKING:
@@ -54,6 +54,12 @@ class GenerateRequest(RequestModel):
     )
     drafts: int = Field(default=4, ge=1, le=MAX_DRAFTS, description="B, drafts per step.")
     lookahead: int = Field(default=4, ge=1, le=MAX_LOOKAHEAD, description="L, draft length.")
+    tree: TreeMode = Field(
+        default=DEFAULT_TREE,
+        description="`auto`: for mpfr and pfr, B and L are caps and each step's tree is the "
+        "one a cost model of this machine expects fastest (none where trees do not pay); the "
+        "tokens are the same as with `fixed` (B drafts of depth L every step).",
+    )
     max_new_tokens: int = Field(default=128, ge=1)
     temperature: float = Field(
         default=1.0,
@@ -84,6 +90,12 @@ class GenerateRequest(RequestModel):
         return self
 
 
+class TreeChoiceOut(BaseModel):
+    drafts: int
+    lookahead: int = Field(description="The depth chosen; 0 = a one-token step.")
+    steps: int
+
+
 class GenerationStatsOut(BaseModel):
     emitted_tokens: int = Field(description="Tokens emitted, EOS included.")
     target_forward_passes: int
@@ -93,6 +105,9 @@ class GenerationStatsOut(BaseModel):
     prefill_seconds: float
     seconds: float
     tokens_per_second: float
+    tree_choices: list[TreeChoiceOut] = Field(
+        default_factory=list, description="With tree `auto`: the trees chosen, per size."
+    )
 
 
 class GenerateResponse(BaseModel):

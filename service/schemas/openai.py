@@ -35,6 +35,7 @@ from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import PydanticCustomError, core_schema
 
 from sampler.decoder import MAX_DRAFTS, MAX_LOOKAHEAD
+from sampler.methods import DEFAULT_TREE, TreeMode
 from service.schemas.common import KeyId, RequestModel, Text
 from service.schemas.generate import MIN_TEMPERATURE
 
@@ -192,6 +193,9 @@ class OpenAIRequest(RequestModel):
     )
     drafts: Int = Field(default=4, alias="B", ge=1, le=MAX_DRAFTS, description="B, drafts.")
     lookahead: Int = Field(default=4, alias="L", ge=1, le=MAX_LOOKAHEAD, description="L.")
+    tree: TreeMode = Field(
+        default=DEFAULT_TREE, description="poissonmark: as in `POST /v1/generate`."
+    )
     top_k: Int = Field(default=50, ge=0, le=2**31 - 1, description="poissonmark: 0 = off.")
 
 

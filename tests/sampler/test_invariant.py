@@ -239,3 +239,33 @@ def test_real_model_auto_precision_follows_the_cpu(real_model):
     expected = torch.bfloat16 if native_bfloat16() else torch.float32
     assert real_model.dtype == expected
     assert (runner_of(real_model.model) is not None) == (expected == torch.bfloat16)
+
+
+def test_heads_decode_through_the_runners_head_and_train_through_transformers(bf16_target):
+    """Parallel heads on a runner target: while decoding (no gradients) their logits go
+    through the runner's packed bfloat16 head, so a request's row is the same bits in a
+    batched heads pass as alone; with gradients (distillation) they go through transformers'
+    float32 head and the heads learn. Both agree to bfloat16 rounding."""
+    from sampler.heads import new_heads
+
+    heads = new_heads(bf16_target, 3)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.copy_(0.3 * torch.randn(p.shape, generator=g))
+    d = bf16_target.config.hidden_size
+    hidden = torch.randn((5, d), generator=g)
+    tokens = torch.tensor([3, 9, 1, 4, 7])
+    with torch.inference_mode():
+        batched = heads.logits(bf16_target, hidden, tokens)  # (5, 3, V)
+        alone = torch.stack(
+            [heads.logits(bf16_target, hidden[i : i + 1], tokens[i : i + 1])[0] for i in range(5)]
+        )
+    assert batched.shape == (5, 3, VOCAB) and torch.equal(batched, alone)
+    trained = heads.logits(bf16_target, hidden, tokens)
+    assert trained.requires_grad
+    trained.square().mean().backward()
+    assert heads.up[0].weight.grad is not None and heads.up[0].weight.grad.abs().sum() > 0
+    scale = trained.detach().abs().max()
+    assert (trained.detach() - batched).abs().max() <= 0.02 * scale  # bf16: ~3 digits
+    assert not torch.equal(trained.detach(), batched)  # the two heads are not the same path

@@ -35,7 +35,7 @@ from tests.service.test_api_keys import problem
 
 CHAT = [{"role": "user", "content": "Write a poem."}]
 # mpfr with the 1-layer self drafter: speculation runs (its output is basic-uwm's, tests/sampler)
-EXTRA = {"method": "mpfr", "drafter": "self:1"}
+EXTRA = {"method": "mpfr", "drafter": "self:1", "tree": "fixed"}  # auto: timing picks trees
 KEYLESS = "pmk_0000000000000000"
 
 

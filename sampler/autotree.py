@@ -1,0 +1,310 @@
+"""Draft trees sized for the hardware (issue 18, item 2): each step, the number of drafts B and
+the depth ℓ that maximise the expected emitted tokens per second.
+
+The keyed race's output does not depend on B or L (MPFR paper Thm. 5.1), so a keyed-race
+request may change its tree every step without changing a token: only the speed moves. The
+choice is a cost model in the spirit of Sequoia (Chen et al. 2024):
+
+    tokens(B, ℓ) = 1 + Σ_{s=1..ℓ} Π_{j=1..s} a_j(B)          (the bonus token included)
+    seconds(B, ℓ) = t(1 + f·B·ℓ) + ℓ·c + o                    (ℓ = 0: t(1) + o)
+    choice        = argmax tokens / seconds
+
+- t(n): the target's forward seconds over n new tokens after a cached context, measured once
+  per machine and target (``ForwardProfile``; cached as JSON in the data dir, keyed by the
+  CPU, threads, torch version, precision and model).
+- a_j(B): the request's own acceptance rate at level j given level j−1 accepted, with B drafts
+  (Beta(1, 1) prior; counted from its steps; a larger B never estimated below a smaller one).
+- f: the share of the planned B·ℓ nodes the drafter actually proposes (an n-gram drafter with
+  no match proposes none), c: drafting seconds per level, o: the step's other seconds (walk,
+  race, KV keep); running means of this request's steps.
+- ℓ = 0 (a one-token step, no drafting) is a candidate: where no tree pays the request steps
+  as ``basic-uwm`` does, and every ``EXPLORE_EVERY``-th such step tries the best tree once so
+  that a drafter that starts to match (repeated text) is noticed.
+
+Shapes: n tree nodes (root included); B drafts; ℓ depth.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import statistics
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+import torch
+from transformers import PreTrainedModel
+
+from sampler.cached_lm import open_cache
+from sampler.cpu_features import cpu_flags
+from sampler.invariant import runner_of
+
+log = logging.getLogger("poissonmark.autotree")
+
+PROFILE_NODES: Final = (1, 2, 3, 5, 9, 17, 33)
+PROFILE_CONTEXT: Final = 128
+PROFILE_REPEATS: Final = 3
+CANDIDATE_DRAFTS: Final = (1, 2, 4, 8, 16)
+EXPLORE_EVERY: Final = 8
+_PROFILE_ATTR: Final = "_poissonmark_forward_profile"
+_PROFILE_DIR_ATTR: Final = "_poissonmark_profile_dir"
+
+
+@dataclass(frozen=True)
+class ForwardProfile:
+    """Target forward seconds per number of new tokens.
+
+    Attributes:
+        nodes: increasing node counts n >= 1 (``PROFILE_NODES``).
+        seconds: the median forward seconds at each, after ``PROFILE_CONTEXT`` cached tokens.
+    """
+
+    nodes: tuple[int, ...]
+    seconds: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.nodes) < 2 or len(self.nodes) != len(self.seconds):
+            raise ValueError(f"expected >= 2 nodes with a time each, got {self}")
+        if list(self.nodes) != sorted(set(self.nodes)) or self.nodes[0] != 1:
+            raise ValueError(f"expected increasing node counts from 1, got {self.nodes}")
+        if min(self.seconds) <= 0:
+            raise ValueError(f"expected positive seconds, got {self.seconds}")
+
+    def cost(self, n: float) -> float:
+        """t(n) in seconds: piecewise linear between the measured counts, the last segment's
+        slope beyond them (n >= 1)."""
+        xs, ys = self.nodes, self.seconds
+        for i in range(1, len(xs)):
+            if n <= xs[i] or i == len(xs) - 1:
+                slope = (ys[i] - ys[i - 1]) / (xs[i] - xs[i - 1])
+                return max(ys[i - 1] + slope * (n - xs[i - 1]), min(ys))
+        raise AssertionError("unreachable")
+
+
+def measure_profile(target: PreTrainedModel, repeats: int = PROFILE_REPEATS) -> ForwardProfile:
+    """Time the target's forward over chains of ``PROFILE_NODES`` new tokens after
+    ``PROFILE_CONTEXT`` cached ones (its own backend: ``cached_lm.open_cache``); medians of
+    ``repeats`` after one warm-up. Token ids are fixed (nothing keyed); ~2 s on the real model
+    on 2 CPU cores."""
+    vocab = int(target.config.vocab_size)
+    lm = open_cache(target)
+    lm.extend([(17 * i + 1) % vocab for i in range(PROFILE_CONTEXT)])
+    base = lm.cached
+    seconds = []
+    for n in PROFILE_NODES:
+        visible = torch.ones((n, base + n), dtype=torch.bool)
+        visible[:, base:] = torch.tril(torch.ones((n, n), dtype=torch.bool))
+        times = []
+        for attempt in range(repeats + 1):
+            began = time.perf_counter()
+            lm.forward([(5 * i + 3) % vocab for i in range(n)], list(range(n)), visible, base)
+            if attempt:  # the first is a warm-up
+                times.append(time.perf_counter() - began)
+            lm.keep(base, [])
+        seconds.append(statistics.median(times))
+    return ForwardProfile(PROFILE_NODES, tuple(seconds))
+
+
+def set_profile_dir(target: PreTrainedModel, directory: Path) -> None:
+    """Where ``profile_for`` keeps ``target``'s profile on disk (``models.load_model`` sets
+    ``<data dir>/profiles``)."""
+    target.__dict__[_PROFILE_DIR_ATTR] = directory
+
+
+def machine_fingerprint(target: PreTrainedModel) -> dict[str, str]:
+    """What a forward profile depends on: CPU model and flags, threads, torch, the backend
+    (runner or transformers, dtype) and the model."""
+    runner = runner_of(target)
+    backend = f"runner:{runner.weights}" if runner is not None else f"hf:{target.dtype}"
+    params = sum(p.numel() for p in target.parameters())
+    return {
+        "cpu": _cpu_model(),
+        "cpu_flags": hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:16],
+        "machine": platform.machine(),
+        "threads": str(torch.get_num_threads()),
+        "torch": torch.__version__,
+        "backend": backend,
+        "device": str(next(target.parameters()).device),
+        "model": f"{getattr(target.config, 'model_type', '?')}:{params}",
+    }
+
+
+def profile_for(target: PreTrainedModel) -> ForwardProfile:
+    """``target``'s forward profile: from memory, else from the profile dir's JSON for this
+    machine fingerprint, else measured (and written there)."""
+    cached = target.__dict__.get(_PROFILE_ATTR)
+    if isinstance(cached, ForwardProfile):
+        return cached
+    fingerprint = machine_fingerprint(target)
+    directory = target.__dict__.get(_PROFILE_DIR_ATTR)
+    name = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:24]
+    path = Path(directory) / f"forward-{name}.json" if directory is not None else None
+    profile = _read_profile(path) if path is not None else None
+    if profile is None:
+        profile = measure_profile(target)
+        log.info("forward profile measured: %s s per node count", profile)
+        if path is not None:
+            _write_profile(path, profile, fingerprint)
+    target.__dict__[_PROFILE_ATTR] = profile
+    return profile
+
+
+def _read_profile(path: Path) -> ForwardProfile | None:
+    try:
+        data = json.loads(path.read_text())
+        return ForwardProfile(tuple(data["nodes"]), tuple(data["seconds"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write_profile(path: Path, profile: ForwardProfile, fingerprint: dict[str, str]) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        body = {"nodes": profile.nodes, "seconds": profile.seconds, "fingerprint": fingerprint}
+        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(body, indent=1) + "\n")
+        temporary.replace(path)
+    except OSError as exc:  # a read-only data dir: the profile stays in memory
+        log.warning("forward profile not saved: %s", exc)
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+@dataclass
+class _Mean:
+    """A running mean (``None`` until the first value)."""
+
+    total: float = 0.0
+    count: int = 0
+
+    def add(self, value: float) -> None:
+        self.total += value
+        self.count += 1
+
+    def get(self, default: float) -> float:
+        return self.total / self.count if self.count else default
+
+
+@dataclass
+class TreeChooser:
+    """One request's tree sizing (module docstring).
+
+    Args:
+        profile: the target's ``ForwardProfile``.
+        max_drafts: B's cap (the request's ``drafts``).
+        max_depth: ℓ's cap (the request's ``lookahead``).
+    Attributes:
+        choices: (B, ℓ) -> steps it was chosen.
+    """
+
+    profile: ForwardProfile
+    max_drafts: int
+    max_depth: int
+    choices: Counter[tuple[int, int]] = field(default_factory=Counter)
+    _reached: dict[int, list[int]] = field(default_factory=dict)
+    _accepted: dict[int, list[int]] = field(default_factory=dict)
+    _draft_level: _Mean = field(default_factory=_Mean)  # seconds per drafted level
+    _fill: _Mean = field(default_factory=_Mean)  # proposed nodes / planned B·ℓ
+    _other: _Mean = field(default_factory=_Mean)  # seconds of a step besides forward + drafts
+    _since_tree: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_drafts < 1 or self.max_depth < 1:
+            raise ValueError(f"expected caps >= 1, got B {self.max_drafts}, L {self.max_depth}")
+        smaller = [b for b in CANDIDATE_DRAFTS if b < self.max_drafts]
+        self.drafts_options = (*smaller, self.max_drafts)
+
+    def acceptance(self, drafts: int, level: int) -> float:
+        """a_level(B): the posterior mean acceptance at ``level`` (1-based) given the level
+        before accepted, with ``drafts`` drafts; never below a smaller B's."""
+        best = 0.0
+        for b in self.drafts_options:
+            if b > drafts:
+                break
+            reached = self._reached.get(b, [])
+            accepted = self._accepted.get(b, [])
+            r = reached[level - 1] if level <= len(reached) else 0
+            a = accepted[level - 1] if level <= len(accepted) else 0
+            best = max(best, (a + 1) / (r + 2))
+        return best
+
+    def expected_tokens(self, drafts: int, depth: int) -> float:
+        """1 + Σ_{s<=ℓ} Π_{j<=s} a_j(B): emitted tokens of a step, the bonus included."""
+        total, survive = 1.0, 1.0
+        for level in range(1, depth + 1):
+            survive *= self.acceptance(drafts, level)
+            total += survive
+        return total
+
+    def expected_seconds(self, drafts: int, depth: int) -> float:
+        """t(1 + f·B·ℓ) + ℓ·c + o (module docstring)."""
+        other = self._other.get(0.0)
+        if depth == 0:
+            return self.profile.cost(1) + other
+        nodes = 1 + self._fill.get(1.0) * drafts * depth
+        return self.profile.cost(nodes) + depth * self._draft_level.get(0.0) + other
+
+    def choose(self, remaining: int) -> tuple[int, int]:
+        """(B, ℓ) for the next step, ℓ <= ``remaining`` tokens to go; (1, 0): no tree."""
+        depth_cap = min(self.max_depth, max(remaining, 0))
+        best, best_rate = (1, 0), self.expected_tokens(1, 0) / self.expected_seconds(1, 0)
+        best_tree, best_tree_rate = None, 0.0
+        for drafts in self.drafts_options:
+            for depth in range(1, depth_cap + 1):
+                rate = self.expected_tokens(drafts, depth) / self.expected_seconds(drafts, depth)
+                if rate > best_tree_rate:
+                    best_tree, best_tree_rate = (drafts, depth), rate
+        if best_tree is not None and best_tree_rate > best_rate:
+            best = best_tree
+        elif best_tree is not None and self._since_tree + 1 >= EXPLORE_EVERY:
+            best = best_tree  # explore: a drafter may start to match
+        self._since_tree = 0 if best[1] > 0 else self._since_tree + 1
+        self.choices[best] += 1
+        return best
+
+    def observe(
+        self,
+        drafts: int,
+        depth: int,
+        proposed: int,
+        accepted: int,
+        stopped: bool,
+        draft_seconds: float,
+        other_seconds: float,
+    ) -> None:
+        """One step's outcome.
+
+        Args:
+            drafts, depth: the tree the step planned (B, ℓ).
+            proposed: nodes the drafter proposed (the tree's size less the root).
+            accepted: levels the target accepted (0..ℓ).
+            stopped: the step ended at EOS or the token budget (the level after the last
+                accepted one was not rejected: it is not counted).
+            draft_seconds: the step's drafting time; other_seconds: its time besides the
+                target forward and the drafting.
+        """
+        self._other.add(other_seconds)
+        if depth == 0:
+            return
+        self._draft_level.add(draft_seconds / depth)
+        self._fill.add(proposed / (drafts * depth))
+        reached = self._reached.setdefault(drafts, [0] * self.max_depth)
+        hits = self._accepted.setdefault(drafts, [0] * self.max_depth)
+        for level in range(1, min(accepted + (0 if stopped else 1), depth) + 1):
+            reached[level - 1] += 1
+            if level <= accepted:
+                hits[level - 1] += 1

@@ -1,0 +1,133 @@
+"""Trees sized by cost (``sampler.autotree``, issue 18 item 2): the choice follows the forward
+profile and the request's acceptance, falls back to one-token steps where no tree pays and
+keeps exploring; whatever it chooses, keyed-race output equals basic-uwm (Thm. 5.1), solo and
+batched, on float64 tiny models."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from keyed import KeyedSource, Secret
+from sampler.autotree import (
+    EXPLORE_EVERY,
+    ForwardProfile,
+    TreeChooser,
+    measure_profile,
+    profile_for,
+    set_profile_dir,
+)
+from sampler.batch import generate_many
+from sampler.decoder import SamplerConfig, generate
+from sampler.drafters import NgramDrafter, fresh_drafter, self_drafter
+from tests.sampler.conftest import VOCAB, tiny_llama
+
+FLAT = ForwardProfile((1, 2, 3, 5, 9, 17, 33), (0.010,) * 7)  # trees cost what a step costs
+STEEP = ForwardProfile((1, 2, 3, 5, 9, 17, 33), (0.010, 0.020, 0.030, 0.050, 0.09, 0.17, 0.33))
+
+
+def test_profile_interpolates_and_refuses_nonsense():
+    p = ForwardProfile((1, 3, 5), (1.0, 2.0, 4.0))
+    assert p.cost(1) == 1.0 and p.cost(2) == 1.5 and p.cost(4) == 3.0
+    assert p.cost(7) == 6.0  # the last segment's slope beyond the last count
+    with pytest.raises(ValueError, match="increasing node counts from 1"):
+        ForwardProfile((2, 3), (1.0, 2.0))
+    with pytest.raises(ValueError, match="positive seconds"):
+        ForwardProfile((1, 3), (1.0, 0.0))
+
+
+def _train(chooser: TreeChooser, accepted: int, steps: int = 40) -> None:
+    for _ in range(steps):
+        drafts, depth = chooser.choose(100)
+        chooser.observe(drafts, depth, drafts * depth, min(accepted, depth), False, 0.0, 0.0)
+
+
+def test_free_trees_that_are_accepted_grow_deep():
+    chooser = TreeChooser(FLAT, 4, 4)
+    _train(chooser, accepted=4)
+    assert chooser.choose(100)[1] == 4
+    assert chooser.expected_tokens(4, 4) > 4.0
+
+
+def test_costly_trees_that_are_rejected_give_one_token_steps_and_exploration():
+    chooser = TreeChooser(STEEP, 4, 4)
+    _train(chooser, accepted=0, steps=80)
+    picks = [chooser.choose(100) for _ in range(EXPLORE_EVERY * 3)]
+    one_token = [p for p in picks if p[1] == 0]
+    assert len(one_token) >= len(picks) - 3  # at most one tree per EXPLORE_EVERY steps
+    assert len(one_token) < len(picks)  # but it keeps trying
+
+
+def test_depth_never_passes_the_tokens_left_or_the_caps():
+    chooser = TreeChooser(FLAT, 2, 3)
+    _train(chooser, accepted=3)
+    assert chooser.choose(2) in {(1, 2), (2, 2), (1, 1), (2, 1), (1, 0)}
+    assert all(b <= 2 and d <= 3 for (b, d) in chooser.choices)
+
+
+def test_acceptance_counts_only_what_was_decided():
+    chooser = TreeChooser(FLAT, 2, 4)
+    chooser.observe(2, 4, 8, 1, False, 0.0, 0.0)  # level 1 accepted, level 2 rejected
+    chooser.observe(2, 4, 8, 2, True, 0.0, 0.0)  # stopped (EOS/budget) after level 2
+    assert chooser.acceptance(2, 1) == (2 + 1) / (2 + 2)
+    assert chooser.acceptance(2, 2) == (1 + 1) / (2 + 2)
+    assert chooser.acceptance(2, 3) == 0.5  # never reached: the prior
+    assert chooser.acceptance(1, 1) == 0.5 and chooser.acceptance(2, 1) >= chooser.acceptance(1, 1)
+
+
+def test_profile_is_cached_per_machine_on_disk(tmp_path):
+    target = tiny_llama(0, layers=1)
+    set_profile_dir(target, tmp_path)
+    first = profile_for(target)
+    files = list(tmp_path.glob("forward-*.json"))
+    assert len(files) == 1
+    saved = json.loads(files[0].read_text())
+    assert tuple(saved["seconds"]) == first.seconds and "cpu" in saved["fingerprint"]
+    again = tiny_llama(0, layers=1)  # a new model object: read back, not measured
+    set_profile_dir(again, tmp_path)
+    assert profile_for(again) == first
+    assert measure_profile(target, repeats=1).nodes == first.nodes
+
+
+def _source(i: int) -> KeyedSource:
+    return KeyedSource(Secret((900 + i).to_bytes(32, "little")), 4, True, i)
+
+
+@pytest.mark.parametrize("profile", [FLAT, STEEP], ids=["flat", "steep"])
+def test_auto_trees_keep_the_keyed_output(profile):
+    """mpfr and pfr with tree auto equal basic-uwm token for token, solo and batched with
+    fixed-tree requests, whatever the profile makes the chooser pick (flat: deep trees;
+    steep: mostly one-token steps)."""
+    target = tiny_llama(2, layers=2)
+    target.__dict__["_poissonmark_forward_profile"] = profile
+    prompts = [[(7 * i + j) % VOCAB for j in range(2 + i % 5)] for i in range(6)]
+    drafters = [NgramDrafter(VOCAB), self_drafter(target, 1)]
+    requests = []
+    for i, prompt in enumerate(prompts):
+        method = "pfr" if i % 3 == 2 else "mpfr"
+        tree = "fixed" if i == 4 else "auto"
+        config = SamplerConfig(method, 4, 4, 24, tree=tree)  # type: ignore[arg-type]
+        requests.append((prompt, config, _source(i), drafters[i % 2]))
+    reference = [
+        generate(target, p, SamplerConfig("basic-uwm", 1, 1, 24), s).token_ids
+        for p, _, s, _ in requests
+    ]
+    solo = [generate(target, p, c, s, fresh_drafter(d)) for p, c, s, d in requests]
+    batched = generate_many(target, [(p, c, s, fresh_drafter(d)) for p, c, s, d in requests])
+    assert [r.token_ids for r in solo] == reference
+    assert [r.token_ids for r in batched] == reference
+    chosen = [dict(((b, d), n) for b, d, n in r.stats.tree_choices) for r in solo]
+    assert chosen[4] == {}  # the fixed-tree request has no chooser
+    depths = {d for choice in chosen for (_, d) in choice}
+    if profile is FLAT:
+        assert max(depths) >= 3
+    else:
+        assert 0 in depths
+    steps = [sum(c.values()) for c in chosen]
+    assert all(n == r.stats.target_forward_passes for n, r in zip(steps, solo, strict=True) if n)
+
+
+def test_tree_mode_is_checked():
+    with pytest.raises(ValueError, match="tree must be one of fixed, auto"):
+        SamplerConfig("mpfr", tree="deep")  # type: ignore[arg-type]
