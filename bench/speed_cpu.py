@@ -307,6 +307,7 @@ def main() -> None:
         if bf16 is not None
         else None,
         "threads": threads,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset: libgomp's default)"),
         "cpu_flags": cpu_flags(),
         "config": {
             "prompts": len(prompts),

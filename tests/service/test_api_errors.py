@@ -13,11 +13,12 @@ from collections.abc import Iterator
 import pytest
 
 from sampler.decoder import SamplerConfig
+from sampler.drafters import Drafter
 from service.deps import get_limiter, get_worker
 from service.detection import DetectionPool
 from service.errors import PROBLEM_BASE, PROBLEMS, problem_for
 from service.ratelimit import RateLimiter
-from service.worker import Finished, GenerationWorker, Job
+from service.worker import GenerationWorker, Job
 from tests.service.conftest import Service, ServiceFactory
 from tests.service.test_api_keys import GEN, problem
 
@@ -225,10 +226,11 @@ class BlockingWorker(GenerationWorker):
         self.running = threading.Event()
         super().__init__(*args, **kwargs)
 
-    def _generate(self, job: Job) -> Finished:
-        self.running.set()
-        self.release.wait(30)
-        return super()._generate(job)
+    def _join(self, joining: list[tuple[Job, Drafter | None]]) -> None:
+        if joining:
+            self.running.set()
+            self.release.wait(30)
+        super()._join(joining)
 
 
 def test_full_queue_is_503_with_retry_after(embedded_services: ServiceFactory) -> None:

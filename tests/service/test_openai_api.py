@@ -25,10 +25,11 @@ import openai
 import pytest
 
 from sampler.completion import chat_prompt_ids
+from sampler.drafters import Drafter
 from sampler.models import LoadedModel
 from service.deps import get_worker
 from service.errors import InvalidInput
-from service.worker import Finished, GenerationWorker, Job
+from service.worker import GenerationWorker, Job
 from tests.service.conftest import LiveServer, Service, ServiceFactory, make_settings
 from tests.service.test_api_errors import BlockingWorker
 from tests.service.test_api_keys import problem
@@ -283,8 +284,9 @@ def test_auth_and_key_errors(tiny: Service) -> None:
 class FailingWorker(GenerationWorker):
     """A worker whose every job fails on the worker thread (after the stream started)."""
 
-    def _generate(self, job: Job) -> Finished:
-        raise InvalidInput("drafter", "failed on the worker (test)")
+    def _join(self, joining: list[tuple[Job, Drafter | None]]) -> None:
+        for job, _ in joining:
+            self._fail(job, InvalidInput("drafter", "failed on the worker (test)"))
 
 
 def test_error_after_the_stream_started(tiny: Service) -> None:
