@@ -106,7 +106,25 @@ def test_keys_generate_detect_round_trip(cli_env):
     assert set(k["tokens"][0]) >= {"id", "text", "start", "end", "status", "pivot", "score"}
 
     piped = run(cli_env, "detect", "--key", key["key_id"], "--json", stdin=g["text"])
-    assert json.loads(piped.stdout)["verdict"] == "watermarked"
+    by_text = json.loads(piped.stdout)
+    assert by_text["verdict"] == "watermarked"
+
+    # --entropy-weighting (issue 15 item 5): the weighted test beside the plain verdict, which
+    # it does not change; the generation's own processing (T = 1, top-k 50 by default)
+    weighted = run(
+        cli_env, "detect", "--key", key["key_id"], "--json", "--text", g["text"],
+        "--entropy-weighting", "--top-k", "50",
+    )  # fmt: skip
+    assert weighted.returncode == 0, weighted.stderr
+    w = json.loads(weighted.stdout)
+    assert DetectResponse.model_validate(w).model_dump() == w
+    assert w["verdict"] == by_text["verdict"]
+    assert w["log10_p_value"] == by_text["log10_p_value"]
+    (wk,) = w["results"]
+    assert wk["entropy_weighted"]["name"] == "entropy_weighted"
+    assert wk["entropy_weighted"]["num_scored"] == by_text["results"][0]["num_scored"]
+    assert w["entropy_weighted_log10_p_value"] < -2  # a 96-token generation at T = 1
+    assert by_text["entropy_weighted_log10_p_value"] is None  # off unless asked
 
     human = run(
         cli_env,
