@@ -17,6 +17,8 @@ choice is a cost model in the spirit of Sequoia (Chen et al. 2024):
 - f: the share of the planned B·ℓ nodes the drafter actually proposes (an n-gram drafter with
   no match proposes none), c: drafting seconds per level, o: the step's other seconds (walk,
   race, KV keep); running means of this request's steps.
+- only where the target's logits do not depend on the tree (``tree_invariant``: the bfloat16
+  runner, or float64); on transformers' float32 ``auto`` drafts as ``fixed``.
 - ℓ = 0 (a one-token step, no drafting) is a candidate: where no tree pays the request steps
   as ``basic-uwm`` does, and every ``EXPLORE_EVERY``-th such step tries the best tree once so
   that a drafter that starts to match (repeated text) is noticed.
@@ -29,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import platform
 import statistics
@@ -73,8 +76,8 @@ class ForwardProfile:
             raise ValueError(f"expected >= 2 nodes with a time each, got {self}")
         if list(self.nodes) != sorted(set(self.nodes)) or self.nodes[0] != 1:
             raise ValueError(f"expected increasing node counts from 1, got {self.nodes}")
-        if min(self.seconds) <= 0:
-            raise ValueError(f"expected positive seconds, got {self.seconds}")
+        if not all(math.isfinite(s) and s > 0 for s in self.seconds):
+            raise ValueError(f"expected positive finite seconds, got {self.seconds}")
 
     def cost(self, n: float) -> float:
         """t(n) in seconds: piecewise linear between the measured counts, the last segment's
@@ -93,6 +96,7 @@ def measure_profile(target: PreTrainedModel, repeats: int = PROFILE_REPEATS) -> 
     ``repeats`` after one warm-up. Token ids are fixed (nothing keyed); ~2 s on the real model
     on 2 CPU cores."""
     vocab = int(target.config.vocab_size)
+    cuda = next(target.parameters()).device.type == "cuda"
     lm = open_cache(target)
     lm.extend([(17 * i + 1) % vocab for i in range(PROFILE_CONTEXT)])
     base = lm.cached
@@ -104,11 +108,23 @@ def measure_profile(target: PreTrainedModel, repeats: int = PROFILE_REPEATS) -> 
         for attempt in range(repeats + 1):
             began = time.perf_counter()
             lm.forward([(5 * i + 3) % vocab for i in range(n)], list(range(n)), visible, base)
+            if cuda:
+                torch.cuda.synchronize()
             if attempt:  # the first is a warm-up
                 times.append(time.perf_counter() - began)
             lm.keep(base, [])
         seconds.append(statistics.median(times))
     return ForwardProfile(PROFILE_NODES, tuple(seconds))
+
+
+def tree_invariant(target: PreTrainedModel) -> bool:
+    """Whether ``target``'s logits at a context are the same bits whatever the tree or batch
+    around it: the row-invariant runner (``sampler.invariant``) or float64 weights. Only there
+    does tree ``auto`` choose trees: on transformers' float32 a timing-driven tree could flip
+    a near-tie between runs of the same request, so ``auto`` drafts as ``fixed`` there."""
+    if runner_of(target) is not None:
+        return True
+    return next(target.parameters()).dtype == torch.float64
 
 
 def set_profile_dir(target: PreTrainedModel, directory: Path) -> None:
@@ -259,13 +275,17 @@ class TreeChooser:
         return self.profile.cost(nodes) + depth * self._draft_level.get(0.0) + other
 
     def choose(self, remaining: int) -> tuple[int, int]:
-        """(B, ℓ) for the next step, ℓ <= ``remaining`` tokens to go; (1, 0): no tree."""
+        """(B, ℓ) for the next step, ℓ <= ``remaining`` tokens to go; (1, 0): no tree. The
+        caller ``record``s what it runs (a node cap may shrink it)."""
         depth_cap = min(self.max_depth, max(remaining, 0))
-        best, best_rate = (1, 0), self.expected_tokens(1, 0) / self.expected_seconds(1, 0)
+        best, best_rate = (1, 0), 1.0 / self.expected_seconds(1, 0)
         best_tree, best_tree_rate = None, 0.0
         for drafts in self.drafts_options:
-            for depth in range(1, depth_cap + 1):
-                rate = self.expected_tokens(drafts, depth) / self.expected_seconds(drafts, depth)
+            tokens, survive = 1.0, 1.0
+            for depth in range(1, depth_cap + 1):  # the sum of expected_tokens, incrementally
+                survive *= self.acceptance(drafts, depth)
+                tokens += survive
+                rate = tokens / self.expected_seconds(drafts, depth)
                 if rate > best_tree_rate:
                     best_tree, best_tree_rate = (drafts, depth), rate
         if best_tree is not None and best_tree_rate > best_rate:
@@ -273,8 +293,15 @@ class TreeChooser:
         elif best_tree is not None and self._since_tree + 1 >= EXPLORE_EVERY:
             best = best_tree  # explore: a drafter may start to match
         self._since_tree = 0 if best[1] > 0 else self._since_tree + 1
-        self.choices[best] += 1
         return best
+
+    def record(self, drafts: int, depth: int) -> tuple[int, int]:
+        """Count the tree a step runs (after any node cap); B rounded down to a candidate so
+        that its outcome is counted where ``acceptance`` reads it. Returns (B, ℓ)."""
+        options = [b for b in self.drafts_options if b <= max(drafts, 1)]
+        drafts = max(options) if depth > 0 else 1
+        self.choices[(drafts, depth)] += 1
+        return drafts, depth
 
     def observe(
         self,

@@ -26,7 +26,7 @@ import torch
 from transformers import PreTrainedModel
 
 from keyed import KeyedSource
-from sampler.autotree import TreeChooser, profile_for
+from sampler.autotree import TreeChooser, profile_for, tree_invariant
 from sampler.cached_lm import TargetLM, forward_many, open_cache
 from sampler.drafters import Drafter, feed_target_hidden, wants_target_hidden
 from sampler.methods import SamplerConfig
@@ -91,16 +91,17 @@ def start_many(
     eos_ids: frozenset[int],
 ) -> list[SequenceState]:
     """Prefill R requests: each target KV cache over its ``prompt[:-1]`` (the last token is
-    the first root), all in ONE target forward (``cached_lm.forward_many``: each prompt a
-    causal chain on its own cache); each drafter starts on its prompt (a method that does not
-    draft drops it).
+    the first root), together in one target forward (``cached_lm.forward_many``: each prompt a
+    causal chain on its own cache; groups split at ``PREFILL_PADDED_TOKENS``); each drafter
+    starts on its prompt (a method that does not draft drops it).
 
     Args:
         requests: (prompt ids, config, keyed source, own drafter or None) per request.
     Returns:
         R sequences, in order; ``prefill_seconds`` is the shared prefill's time.
     """
-    if any(c.tree == "auto" and c.speculative for _, c, _, _ in requests):
+    auto = tree_invariant(target)  # else tree "auto" drafts as "fixed" (autotree)
+    if auto and any(c.tree == "auto" and c.speculative for _, c, _, _ in requests):
         profile_for(target)  # measured once per machine (~2 s), before the clock starts
     started = time.perf_counter()
     lms, drafters = [], []
@@ -113,14 +114,13 @@ def start_many(
         lms.append(lm)
         drafters.append(drafter)
     chains = [(lm, prompt[:-1]) for lm, (prompt, *_) in zip(lms, requests, strict=True)]
-    chains = [(lm, chain) for lm, chain in chains if chain]
-    if chains:
+    for group in prefill_groups([(lm, chain) for lm, chain in chains if chain]):
         forward_many(
-            [lm for lm, _ in chains],
-            [chain for _, chain in chains],
-            [list(range(len(chain))) for _, chain in chains],
-            [causal_visible(len(chain)) for _, chain in chains],
-            [0] * len(chains),
+            [lm for lm, _ in group],
+            [chain for _, chain in group],
+            [list(range(len(chain))) for _, chain in group],
+            [causal_visible(len(chain)) for _, chain in group],
+            [0] * len(group),
         )
     prefill = time.perf_counter() - started
     seqs = []
@@ -129,7 +129,7 @@ def start_many(
             feed_target_hidden(drafter, lm, -1)
         policy = config.spec.policy_for(source, target.config.vocab_size)
         chooser = None
-        if config.tree == "auto" and drafter is not None and isinstance(policy, KeyedRace):
+        if auto and config.tree == "auto" and drafter is not None and isinstance(policy, KeyedRace):
             chooser = TreeChooser(
                 profile_for(target), config.effective_drafts, config.effective_lookahead
             )
@@ -145,6 +145,28 @@ def start_many(
             )
         )  # fmt: skip
     return seqs
+
+
+PREFILL_PADDED_TOKENS = 2048
+"""A joint prefill's bound on rows × its longest chain (the padded size the batched forward's
+logits and attention scale with): longer groups split, a longer chain runs alone."""
+
+
+def prefill_groups(
+    chains: list[tuple[TargetLM, list[int]]], padded: int = PREFILL_PADDED_TOKENS
+) -> list[list[tuple[TargetLM, list[int]]]]:
+    """Consecutive groups of ``chains`` with len(group) × longest chain <= ``padded`` (a chain
+    longer than that alone), in order."""
+    groups: list[list[tuple[TargetLM, list[int]]]] = []
+    for item in chains:
+        if groups:
+            group = groups[-1]
+            longest = max(len(item[1]), *(len(c) for _, c in group))
+            if (len(group) + 1) * longest <= padded:
+                group.append(item)
+                continue
+        groups.append([item])
+    return groups
 
 
 def causal_visible(q: int) -> torch.Tensor:
@@ -193,6 +215,8 @@ def new_tree(seq: SequenceState, nodes: int | None = None) -> tuple[DraftTree, i
         room = max(nodes - 1, 1)
         drafts = max(1, min(drafts, room // depth))  # B first: depth carries long accepts
         depth = max(1, min(depth, room // drafts))
+    if seq.chooser is not None:
+        drafts, depth = seq.chooser.record(drafts, depth)
     return DraftTree(seq.history.committed[-1], drafts), depth
 
 

@@ -23,7 +23,6 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 import keyed
-from sampler.autotree import profile_for
 from sampler.models import LoadedModel, load_model, tokenizer_fingerprint
 from service.contract import served_drafters
 from service.detection import DetectionPool
@@ -45,12 +44,11 @@ _BACKOFF = ExponentialBackoff(cap=0.2, base=0.02)
 
 def load_served_model(settings: Settings) -> LoadedModel:
     """The model named by the settings (``POISSONMARK_MODEL`` on ``POISSONMARK_DEVICE`` in
-    ``POISSONMARK_PRECISION``), its forward profile ready for tree ``auto`` (measured once
-    per machine, ~2 s, then read from the data dir)."""
+    ``POISSONMARK_PRECISION``). Tree ``auto``'s forward profile is measured by the worker
+    thread at its first such request, at the worker's thread count (~2 s once per machine,
+    then read from the data dir)."""
     precision = settings.precision
-    loaded = load_model(settings.model, settings.home, settings.device, precision=precision)
-    profile_for(loaded.model)
-    return loaded
+    return load_model(settings.model, settings.home, settings.device, precision=precision)
 
 
 @dataclass

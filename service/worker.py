@@ -293,16 +293,22 @@ class GenerationWorker:
         return True
 
     def _join(self, joining: list[tuple[Job, Drafter | None]]) -> None:
-        """Prefill the checked jobs together and add them to the batch; a failed prefill fails
-        each of them."""
+        """Prefill the checked jobs together and add them to the batch; where that fails, each
+        is tried alone, and only those whose own prefill fails get the error."""
         if not joining:
             return
         requests = [(j.prompt, j.config, j.source, d, j) for j, d in joining]
+        failed = False
         try:
             self._batch.add_many(requests, self._eos)
         except Exception as exc:
-            for job, _ in joining:
-                self._fail(job, exc)
+            if len(joining) == 1:
+                self._fail(joining[0][0], exc)
+                return
+            failed = True  # retried below, once the traceback (the caches it holds) is gone
+        if failed:
+            for one in joining:  # one job's failure must not fail the others
+                self._join([one])
             return
         self._active.extend(job for job, _ in joining)
 

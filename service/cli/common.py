@@ -37,8 +37,8 @@ PrecisionOpt = Annotated[
     str | None,
     typer.Option(
         "--precision",
-        help="Target precision: auto (float32 on the CPU), float32, or bfloat16 (on the CPU "
-        "the row-invariant runner).",
+        help="Target precision: auto (on the CPU the row-invariant bfloat16 runner where the "
+        "CPU has AMX bfloat16, else float32), float32, or bfloat16.",
     ),
 ]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from keyed import KeyedSource, Secret
 from sampler.autotree import (
@@ -33,13 +34,14 @@ def test_profile_interpolates_and_refuses_nonsense():
     assert p.cost(7) == 6.0  # the last segment's slope beyond the last count
     with pytest.raises(ValueError, match="increasing node counts from 1"):
         ForwardProfile((2, 3), (1.0, 2.0))
-    with pytest.raises(ValueError, match="positive seconds"):
-        ForwardProfile((1, 3), (1.0, 0.0))
+    for bad in (0.0, float("nan"), float("inf")):  # a NaN file once switched trees off for good
+        with pytest.raises(ValueError, match="positive finite seconds"):
+            ForwardProfile((1, 3), (1.0, bad))
 
 
 def _train(chooser: TreeChooser, accepted: int, steps: int = 40) -> None:
     for _ in range(steps):
-        drafts, depth = chooser.choose(100)
+        drafts, depth = chooser.record(*chooser.choose(100))
         chooser.observe(drafts, depth, drafts * depth, min(accepted, depth), False, 0.0, 0.0)
 
 
@@ -53,7 +55,7 @@ def test_free_trees_that_are_accepted_grow_deep():
 def test_costly_trees_that_are_rejected_give_one_token_steps_and_exploration():
     chooser = TreeChooser(STEEP, 4, 4)
     _train(chooser, accepted=0, steps=80)
-    picks = [chooser.choose(100) for _ in range(EXPLORE_EVERY * 3)]
+    picks = [chooser.record(*chooser.choose(100)) for _ in range(EXPLORE_EVERY * 3)]
     one_token = [p for p in picks if p[1] == 0]
     assert len(one_token) >= len(picks) - 3  # at most one tree per EXPLORE_EVERY steps
     assert len(one_token) < len(picks)  # but it keeps trying
@@ -74,6 +76,59 @@ def test_acceptance_counts_only_what_was_decided():
     assert chooser.acceptance(2, 2) == (1 + 1) / (2 + 2)
     assert chooser.acceptance(2, 3) == 0.5  # never reached: the prior
     assert chooser.acceptance(1, 1) == 0.5 and chooser.acceptance(2, 1) >= chooser.acceptance(1, 1)
+
+
+def test_a_capped_tree_is_recorded_as_run():
+    """A node cap's B (e.g. 3) rounds down to a candidate (2), and that is what is counted."""
+    chooser = TreeChooser(FLAT, 4, 4)
+    assert chooser.record(3, 2) == (2, 2) and chooser.record(4, 0) == (1, 0)
+    assert chooser.choices == {(2, 2): 1, (1, 0): 1}
+
+
+def test_a_corrupt_profile_file_is_measured_again(tmp_path):
+    target = tiny_llama(0, layers=1)
+    set_profile_dir(target, tmp_path)
+    first = profile_for(target)
+    (path,) = tmp_path.glob("forward-*.json")
+    path.write_text('{"nodes": [1, 2], "seconds": [NaN, 1.0]}')
+    again = tiny_llama(0, layers=1)
+    set_profile_dir(again, tmp_path)
+    remeasured = profile_for(again)
+    assert all(s > 0 for s in remeasured.seconds) and remeasured.nodes == first.nodes
+    assert "NaN" not in path.read_text()
+
+
+def test_float32_targets_draft_as_fixed():
+    """On transformers' float32 a tree's logits can differ in the last bits from a one-token
+    step's, so a timing-driven tree could flip a near-tie between runs: auto is fixed there."""
+    target = tiny_llama(2, layers=2, dtype=torch.float32)
+    prompt = [3, 1, 4, 1, 5]
+    auto = generate(target, prompt, SamplerConfig("mpfr", 4, 4, 16, tree="auto"), _source(1),
+                    NgramDrafter(VOCAB))  # fmt: skip
+    fixed = generate(target, prompt, SamplerConfig("mpfr", 4, 4, 16), _source(1),
+                     NgramDrafter(VOCAB))  # fmt: skip
+    assert auto.stats.tree_choices == () and auto.token_ids == fixed.token_ids
+    assert auto.stats.target_forward_passes == fixed.stats.target_forward_passes
+
+
+@pytest.mark.parametrize("method", ["vsps", "gls"])
+def test_tree_dependent_methods_ignore_auto(method):
+    """vsps and gls draw from the tree itself: auto leaves them at B drafts of depth L."""
+    target = tiny_llama(2, layers=2)
+    prompt = [2, 7, 1, 8]
+    drafter = self_drafter(target, 1)
+    runs = [
+        generate(
+            target,
+            prompt,
+            SamplerConfig(method, 2, 3, 14, tree=tree),
+            _source(3),
+            fresh_drafter(drafter),
+        )
+        for tree in ("auto", "fixed")
+    ]
+    assert runs[0].token_ids == runs[1].token_ids and runs[0].stats.tree_choices == ()
+    assert runs[0].stats.drafted_per_level == runs[1].stats.drafted_per_level
 
 
 def test_profile_is_cached_per_machine_on_disk(tmp_path):

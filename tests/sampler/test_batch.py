@@ -136,6 +136,19 @@ def test_joiners_prefill_in_one_forward(target, other_drafter_model, monkeypatch
     assert [r.token_ids for r in batched] == [r.token_ids for r in solo]
 
 
+def test_prefill_groups_bound_the_padded_size():
+    """Joint prefills split so that rows x longest chain stays within the bound (the batched
+    forward's logits and attention grow with it); a chain over the bound runs alone."""
+    from sampler.loop import prefill_groups
+
+    chains = [(None, [0] * n) for n in (3, 5, 2, 9, 1, 4)]
+    groups = prefill_groups(chains, padded=12)  # type: ignore[arg-type]
+    assert [[len(c) for _, c in g] for g in groups] == [[3, 5, 2], [9], [1, 4]]
+    assert [len(c) for g in groups for _, c in g] == [3, 5, 2, 9, 1, 4]  # order kept
+    assert all(len(g) * max(len(c) for _, c in g) <= 12 for g in groups)
+    assert prefill_groups([(None, [0] * 20)], padded=12) == [[(None, [0] * 20)]]  # type: ignore[list-item]
+
+
 def test_eos_and_stops_per_request(target):
     """Each request stops at its own EOS / budget: an EOS that is only one request's ends
     that one alone."""

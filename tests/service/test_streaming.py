@@ -194,8 +194,9 @@ def test_worker_reports_generation_errors(tiny_loaded) -> None:  # type: ignore[
 
 def test_tree_auto_is_the_default_and_changes_no_token(embedded_services: ServiceFactory) -> None:
     """``tree`` (default ``auto``): the same tokens as ``fixed`` and as basic-uwm for the same
-    key and nonce (Thm. 5.1), the trees chosen reported per size (steps = target passes);
-    ``fixed`` reports none; another value is a 422 naming the field."""
+    key and nonce (Thm. 5.1). The served tiny model is float32, where ``auto`` drafts as
+    ``fixed`` (no timing-driven trees: ``sampler.autotree.tree_invariant``), so no tree
+    choices are reported; another value is a 422 naming the field."""
     svc = embedded_services()
     key_id = svc.create_key()
     body = {"key_id": key_id, "prompt": "Write a poem.", "max_new_tokens": 30, "nonce": 99}
@@ -210,10 +211,7 @@ def test_tree_auto_is_the_default_and_changes_no_token(embedded_services: Servic
         answers[name] = r.json()
     assert answers["default"]["token_ids"] == answers["fixed"]["token_ids"]
     assert answers["default"]["token_ids"] == answers["basic"]["token_ids"]
-    chosen = answers["default"]["stats"]["tree_choices"]
-    assert chosen and all(c["drafts"] <= 4 and c["lookahead"] <= 4 for c in chosen)
-    steps = sum(c["steps"] for c in chosen)
-    assert steps == answers["default"]["stats"]["target_forward_passes"]
+    assert answers["default"]["stats"]["tree_choices"] == []
     assert answers["fixed"]["stats"]["tree_choices"] == []
     bad = svc.client.post("/v1/generate", json=body | {"tree": "deep"}, headers=svc.admin)
     assert bad.status_code == 422 and "tree" in bad.text

@@ -19,7 +19,7 @@ from sampler.decoder import SamplerConfig, generate
 from sampler.drafters import make_drafter
 from sampler.processing import Processing
 from service.detection import _one_torch_thread
-from service.errors import GenerationCancelled, QueueFull
+from service.errors import GenerationCancelled, InvalidInput, QueueFull
 from service.worker import Failed, Finished, GenerationWorker, Job, Tokens
 
 
@@ -109,14 +109,14 @@ def test_cancelled_job_frees_its_slot(tiny_loaded) -> None:  # type: ignore[no-u
 def test_queue_stays_bounded_while_batching(tiny_loaded) -> None:  # type: ignore[no-untyped-def]
     """Two jobs active and one waiting fill max_batch = 2 and queue_size = 1: the next is
     refused with QueueFull (the route's 503 + Retry-After)."""
-    gate = threading.Event()
+    gate, gated = threading.Event(), threading.Event()
 
     class Gated(GenerationWorker):
-        def _generate(self, job):  # type: ignore[no-untyped-def]
-            member = super()._generate(job)
-            if self.active == 1:  # the second admitted job holds the thread at its prefill
+        def _join(self, joining):  # type: ignore[no-untyped-def]
+            super()._join(joining)
+            if self.active == 2:  # the second admitted job holds the thread after its prefill
+                gated.set()
                 gate.wait(30)
-            return member
 
     long = SamplerConfig("basic-uwm", max_new_tokens=10_000)
 
@@ -128,7 +128,9 @@ def test_queue_stays_bounded_while_batching(tiny_loaded) -> None:  # type: ignor
                 jobs.append(worker.submit([1 + i, 2], long, _source(i), None))
                 while worker.waiting:  # taken from the queue into the batch
                     await asyncio.sleep(0.01)
+            assert gated.wait(30)  # the worker thread is held: nothing more is admitted
             jobs.append(worker.submit([5, 6], long, _source(2), None))
+            assert worker.waiting == 1 and worker.active == 2
             with pytest.raises(QueueFull) as refused:
                 worker.submit([7, 8], long, _source(3), None)
             assert refused.value.retry_after_s == 3
@@ -235,3 +237,49 @@ def test_concurrent_streams_over_http_each_get_their_own_tokens(live, tiny_loade
         assert ids == plain["token_ids"], i
         assert events[-1][0] == "done" and events[-1][1]["token_ids"] == plain["token_ids"]
     assert "poissonmark_generation_batch_size 0.0" in svc.client.get("/metrics").text
+
+
+def test_a_failed_joint_prefill_fails_only_its_culprit(tiny_loaded) -> None:  # type: ignore[no-untyped-def]
+    """Three jobs join together and their joint prefill fails because of one of them: each is
+    tried alone, so only that one gets the error and the other two finish."""
+    gate, gated = threading.Event(), threading.Event()
+    poison = [6, 6, 6]
+
+    class Held(GenerationWorker):
+        def _join(self, joining):  # type: ignore[no-untyped-def]
+            if any(job.prompt == [1, 2] for job, _ in joining):  # the first job holds the thread
+                gated.set()
+                gate.wait(30)
+            super()._join(joining)
+
+    async def scenario() -> None:
+        worker = Held(tiny_loaded, 4, 1, max_batch=4)
+        real = worker._batch.add_many
+        sizes: list[int] = []
+
+        def add_many(requests, eos):  # type: ignore[no-untyped-def]
+            sizes.append(len(requests))
+            if any(prompt == poison for prompt, *_ in requests):
+                raise InvalidInput("prompt", "refused by the test")
+            return real(requests, eos)
+
+        worker._batch.add_many = add_many  # type: ignore[method-assign]
+        short = SamplerConfig("basic-uwm", max_new_tokens=3)
+        try:
+            first = worker.submit([1, 2], short, _source(0), None)
+            assert await asyncio.to_thread(gated.wait, 30)
+            jobs = [worker.submit(p, short, _source(i), None)
+                    for i, p in enumerate(([3, 4], poison, [5, 7]), 1)]  # fmt: skip
+            assert worker.waiting == 3
+            gate.set()
+            outcomes = [await _collect(job) for job in (first, *jobs)]
+        finally:
+            gate.set()
+            worker.close()
+        kinds = [type(event).__name__ for _, event in outcomes]
+        assert sizes == [1, 3, 1, 1, 1], sizes  # together, then each alone
+        assert kinds == ["Finished", "Finished", "Failed", "Finished"], kinds
+        failed = outcomes[2][1]
+        assert isinstance(failed, Failed) and "refused by the test" in str(failed.error)
+
+    asyncio.run(scenario())
