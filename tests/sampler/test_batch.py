@@ -143,7 +143,7 @@ def test_prefill_groups_bound_the_padded_size():
 
     chains = [(None, [0] * n) for n in (3, 5, 2, 9, 1, 4)]
     groups = prefill_groups(chains, padded=12)  # type: ignore[arg-type]
-    assert [[len(c) for _, c in g] for g in groups] == [[3, 5, 2], [9], [1, 4]]
+    assert [[len(c) for _, c in g] for g in groups] == [[3, 5], [2], [9], [1, 4]]  # greedy
     assert [len(c) for g in groups for _, c in g] == [3, 5, 2, 9, 1, 4]  # order kept
     assert all(len(g) * max(len(c) for _, c in g) <= 12 for g in groups)
     assert prefill_groups([(None, [0] * 20)], padded=12) == [[(None, [0] * 20)]]  # type: ignore[list-item]
