@@ -45,7 +45,7 @@ import torch
 from transformers import PreTrainedModel
 
 from sampler.cached_lm import open_cache
-from sampler.cpu_features import cpu_flags
+from sampler.cpu_features import cpu_flags, cpu_model
 from sampler.invariant import runner_of
 
 log = logging.getLogger("poissonmark.autotree")
@@ -140,7 +140,7 @@ def machine_fingerprint(target: PreTrainedModel) -> dict[str, str]:
     backend = f"runner:{runner.weights}" if runner is not None else f"hf:{target.dtype}"
     params = sum(p.numel() for p in target.parameters())
     return {
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu_flags": hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:16],
         "machine": platform.machine(),
         "threads": str(torch.get_num_threads()),
@@ -188,16 +188,6 @@ def _write_profile(path: Path, profile: ForwardProfile, fingerprint: dict[str, s
         temporary.replace(path)
     except OSError as exc:  # a read-only data dir: the profile stays in memory
         log.warning("forward profile not saved: %s", exc)
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 @dataclass

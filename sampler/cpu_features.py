@@ -21,24 +21,39 @@ from __future__ import annotations
 
 import functools
 import os
+import platform
 import sys
 from pathlib import Path
 
-__all__ = ["cpu_flags", "native_bfloat16", "prefer_passive_omp_wait"]
+__all__ = ["cpu_flags", "cpu_model", "native_bfloat16", "prefer_passive_omp_wait"]
 
 
 @functools.cache
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
-    """The first CPU's feature flags (empty where ``/proc/cpuinfo`` is missing: not Linux)."""
+def _first_cpu(cpuinfo: Path) -> dict[str, str]:
+    """The first CPU's ``name: value`` lines of ``/proc/cpuinfo`` (empty where it is missing:
+    not Linux)."""
     try:
         text = cpuinfo.read_text(errors="replace")
     except OSError:
-        return frozenset()
+        return {}
+    fields: dict[str, str] = {}
     for line in text.splitlines():
+        if not line.strip():
+            break
         name, _, value = line.partition(":")
-        if name.strip() == "flags":
-            return frozenset(value.split())
-    return frozenset()
+        fields.setdefault(name.strip(), value.strip())
+    return fields
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """The first CPU's feature flags (empty where ``/proc/cpuinfo`` is missing: not Linux)."""
+    return frozenset(_first_cpu(cpuinfo).get("flags", "").split())
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The first CPU's model name (``platform.processor()`` where ``/proc/cpuinfo`` is
+    missing)."""
+    return _first_cpu(cpuinfo).get("model name") or platform.processor() or "unknown"
 
 
 def native_bfloat16() -> bool:

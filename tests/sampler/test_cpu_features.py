@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sampler.cpu_features import cpu_flags, native_bfloat16
+from sampler.cpu_features import cpu_flags, cpu_model, native_bfloat16
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,6 +23,7 @@ def test_flags_come_from_the_first_cpu(tmp_path):
         "processor\t: 1\nflags\t\t: fpu\n"
     )
     assert cpu_flags(info) == frozenset({"fpu", "avx512f", "amx_bf16", "amx_tile"})
+    assert cpu_model(info) == "X"
     assert cpu_flags(tmp_path / "missing") == frozenset()
 
 
