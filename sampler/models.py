@@ -50,7 +50,7 @@ row-invariant runner of ``sampler.invariant``; on CUDA transformers' bfloat16 we
 ``auto``: bfloat16 on CUDA; on the CPU the bfloat16 runner where the CPU has AMX bfloat16
 (``sampler.cpu_features.native_bfloat16``), the model is a Llama and every one of its linear
 shapes passes the row-invariance probe, else float32. Measured on such a CPU: one stream at
-parity with float32, eight batched requests 4.1-4.7x one against 2.6x in float32
+parity with float32, eight batched requests 4.1-5.3x one against 2.6x in float32
 (``bench/results/service_load_batching_bf16*.json``); the OpenMP wait policy that keeps it
 fast beside other busy processes is set by ``sampler.cpu_features``."""
 
