@@ -18,7 +18,8 @@ choice is a cost model in the spirit of Sequoia (Chen et al. 2024):
   no match proposes none), c: drafting seconds per level, o: the step's other seconds (walk,
   race, KV keep); running means of this request's steps.
 - only where the target's logits do not depend on the tree (``tree_invariant``: the bfloat16
-  runner, or float64); on transformers' float32 ``auto`` drafts as ``fixed``.
+  runner, llama.cpp (precision gguf) or float64); on transformers' float32 ``auto`` drafts
+  as ``fixed``.
 - ℓ = 0 (a one-token step, no drafting) is a candidate: where no tree pays the request steps
   as ``basic-uwm`` does, and every ``EXPLORE_EVERY``-th such step tries the best tree once so
   that a drafter that starts to match (repeated text) is noticed.
@@ -46,6 +47,7 @@ from transformers import PreTrainedModel
 
 from sampler.cached_lm import open_cache
 from sampler.cpu_features import cpu_flags, cpu_model
+from sampler.gguf_target import gguf_of
 from sampler.invariant import runner_of
 
 log = logging.getLogger("poissonmark.autotree")
@@ -119,10 +121,11 @@ def measure_profile(target: PreTrainedModel, repeats: int = PROFILE_REPEATS) -> 
 
 def tree_invariant(target: PreTrainedModel) -> bool:
     """Whether ``target``'s logits at a context are the same bits whatever the tree or batch
-    around it: the row-invariant runner (``sampler.invariant``) or float64 weights. Only there
+    around it: the row-invariant runner (``sampler.invariant``), llama.cpp as
+    ``sampler.gguf_target`` runs it, or float64 weights. Only there
     does tree ``auto`` choose trees: on transformers' float32 a timing-driven tree could flip
     a near-tie between runs of the same request, so ``auto`` drafts as ``fixed`` there."""
-    if runner_of(target) is not None:
+    if runner_of(target) is not None or gguf_of(target) is not None:
         return True
     return next(target.parameters()).dtype == torch.float64
 
@@ -136,8 +139,10 @@ def set_profile_dir(target: PreTrainedModel, directory: Path) -> None:
 def machine_fingerprint(target: PreTrainedModel) -> dict[str, str]:
     """What a forward profile depends on: CPU model and flags, threads, torch, the backend
     (runner or transformers, dtype) and the model."""
-    runner = runner_of(target)
+    runner, gguf = runner_of(target), gguf_of(target)
     backend = f"runner:{runner.weights}" if runner is not None else f"hf:{target.dtype}"
+    if gguf is not None:
+        backend = f"llama.cpp:{gguf.weights}:threads={gguf.threads}"
     params = sum(p.numel() for p in target.parameters())
     return {
         "cpu": cpu_model(),

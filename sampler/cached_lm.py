@@ -14,6 +14,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import CacheLayerMixin
 
+from sampler.gguf_target import GgufCache, gguf_of
 from sampler.invariant import InvariantCache, runner_of
 
 
@@ -111,14 +112,19 @@ class CachedLM:
         self.cached = keep_len
 
 
-TargetLM = CachedLM | InvariantCache
-"""A sequence's target with its KV cache: transformers' (``CachedLM``) or the row-invariant
-runner's (``sampler.invariant``); both take ``forward``/``extend``/``keep``."""
+TargetLM = CachedLM | InvariantCache | GgufCache
+"""A sequence's target with its KV cache: transformers' (``CachedLM``), the row-invariant
+runner's (``sampler.invariant``) or llama.cpp's (``sampler.gguf_target``); all take
+``forward``/``extend``/``keep``."""
 
 
 def open_cache(target: PreTrainedModel) -> TargetLM:
-    """An empty KV cache on ``target``'s backend: the row-invariant runner attached to it
-    (``sampler.invariant.attach_runner``, precision bfloat16 on the CPU) or transformers."""
+    """An empty KV cache on ``target``'s backend: llama.cpp attached to it (precision gguf,
+    ``sampler.gguf_target.attach_gguf``), the row-invariant runner (``sampler.invariant
+    .attach_runner``, precision bfloat16 on the CPU) or transformers."""
+    gguf = gguf_of(target)
+    if gguf is not None:
+        return gguf.new_cache()
     runner = runner_of(target)
     return runner.new_cache() if runner is not None else CachedLM(target)
 
@@ -157,6 +163,9 @@ def forward_many(
     if all(isinstance(lm, InvariantCache) for lm in lms):
         caches = [lm for lm in lms if isinstance(lm, InvariantCache)]
         return caches[0].runner.forward(caches, tokens, depths, visible, bases)
+    if all(isinstance(lm, GgufCache) for lm in lms):
+        ggufs = [lm for lm in lms if isinstance(lm, GgufCache)]
+        return ggufs[0].target.forward(ggufs, tokens, depths, visible, bases)
     if not all(isinstance(lm, CachedLM) for lm in lms):
         raise ValueError("forward_many: every row must run on the same backend")
     return _forward_many_hf(

@@ -11,8 +11,10 @@ on the hardware read ``/proc/cpuinfo`` here instead of assuming one.
   forward beside another busy multi-threaded process was seen at 1.2 s against 47 ms with
   ``OMP_WAIT_POLICY=PASSIVE``; quiet, PASSIVE measured 33.3 against 36.4 ms per one-token
   forward (``bench/results/omp_contention.json``). It is set only where the runner is the
-  default (``native_bfloat16``), only when the user has not set it, and only before torch is
-  imported (afterwards it would have no effect). transformers' float32 path is slower under
+  default (``native_bfloat16`` and no llama.cpp installed: with llama-cpp-python precision
+  ``auto`` is ``gguf``, whose forwards share torch's OpenMP runtime and slow ~4x under PASSIVE,
+  10 against 41 ms measured on EPYC), only when the user has not set it, and only before torch
+  is imported (afterwards it would have no effect). transformers' float32 path is slower under
   PASSIVE (44.9 against 34.8 ms quiet): whoever runs float32 on such a machine can set
   ``OMP_WAIT_POLICY=ACTIVE``.
 """
@@ -20,6 +22,7 @@ on the hardware read ``/proc/cpuinfo`` here instead of assuming one.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import platform
 import sys
@@ -63,8 +66,11 @@ def native_bfloat16() -> bool:
 
 def prefer_passive_omp_wait() -> bool:
     """Set ``OMP_WAIT_POLICY=PASSIVE`` (module docstring) if unset, the CPU has
-    ``native_bfloat16`` and torch is not imported yet; returns whether it set it."""
+    ``native_bfloat16``, llama-cpp-python is not installed and torch is not imported yet;
+    returns whether it set it."""
     if "OMP_WAIT_POLICY" in os.environ or "torch" in sys.modules or not native_bfloat16():
+        return False
+    if importlib.util.find_spec("llama_cpp") is not None:  # precision auto is gguf
         return False
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     return True

@@ -19,9 +19,8 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from sampler.cached_lm import CachedLM
+from sampler.cached_lm import CachedLM, TargetLM
 from sampler.heads import heads_drafter
-from sampler.invariant import InvariantCache
 from sampler.tree import DraftTree
 
 
@@ -46,7 +45,7 @@ def wants_target_hidden(drafter: Drafter | None) -> bool:
     return bool(getattr(drafter, "uses_target_hidden", False))
 
 
-def feed_target_hidden(drafter: Drafter | None, lm: CachedLM | InvariantCache, row: int) -> None:
+def feed_target_hidden(drafter: Drafter | None, lm: TargetLM, row: int) -> None:
     """Hand row ``row`` of the target's latest final hidden states (the token before the next
     step's root) to a drafter that reads them; a no-op for every other drafter."""
     if wants_target_hidden(drafter) and lm.last_hidden is not None:

@@ -18,11 +18,15 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from sampler.autotree import set_profile_dir
 from sampler.cpu_features import native_bfloat16
+from sampler.gguf_target import GgufTarget, GgufUnavailable, attach_gguf
+from sampler.gguf_target import RowInvarianceError as GgufRowInvarianceError
+from sampler.gguf_target import available as gguf_available
 from sampler.invariant import InvariantLlama, RowInvarianceError, attach_runner
 from sampler.model_files import (
     ALIASES,
     DEFAULT_MODEL,
     ModelNotFound,
+    gguf_path,
     load_tokenizer,
     materialise,
     tokenizer_fingerprint,
@@ -44,24 +48,27 @@ __all__ = [
 ]
 
 
-PRECISIONS = ("auto", "float32", "bfloat16")
+PRECISIONS = ("auto", "float32", "bfloat16", "gguf")
 """Target precisions: ``float32`` (transformers, strict), ``bfloat16`` (on the CPU the
 row-invariant runner of ``sampler.invariant``; on CUDA transformers' bfloat16 weights),
-``auto``: bfloat16 on CUDA; on the CPU the bfloat16 runner where the CPU has AMX bfloat16
+``gguf`` (CPU: the model's GGUF file with its own quantised weights through llama.cpp,
+``sampler.gguf_target``; a model alias only), ``auto``: bfloat16 on CUDA; on the CPU ``gguf``
+where llama-cpp-python is installed, the model is an alias with a GGUF file and the
+invariance probe passes (measured: ~3x float32's tokens/s, ``bench/results/speed_cpu_gguf
+.json``), else the bfloat16 runner where the CPU has AMX bfloat16
 (``sampler.cpu_features.native_bfloat16``), the model is a Llama and every one of its linear
-shapes passes the row-invariance probe, else float32. Measured on such a CPU: one stream at
-parity with float32, eight batched requests 4.1-5.3x one against 2.6x in float32
-(``bench/results/service_load_batching_bf16*.json``); the OpenMP wait policy that keeps it
-fast beside other busy processes is set by ``sampler.cpu_features``."""
+shapes passes the row-invariance probe (eight batched requests 4.1-5.3x one,
+``bench/results/service_load_batching_bf16*.json``), else float32."""
 
 
 @dataclass(frozen=True)
 class LoadedModel:
     """A causal LM with its tokenizer, on one device, in eval mode.
 
-    ``dtype`` is the target's compute precision; on the CPU with bfloat16 the transformers
-    ``model`` stays float32 (drafters share its layers) and decoding goes through the attached
-    row-invariant runner (``sampler.cached_lm.open_cache``).
+    ``dtype`` is the target's compute precision (the logits' dtype); on the CPU with bfloat16
+    or gguf the transformers ``model`` stays float32 (drafters share its layers, the tree
+    chooser its config) and decoding goes through the attached row-invariant runner or
+    llama.cpp (``sampler.cached_lm.open_cache``); ``precision`` says which.
     """
 
     name: str
@@ -69,6 +76,27 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase
     device: torch.device
     dtype: torch.dtype
+    precision: str = "float32"
+
+
+def gguf_target(name: str, model: PreTrainedModel) -> GgufTarget:
+    """The llama.cpp target for alias ``name`` (its GGUF file), probed on this machine.
+
+    Raises:
+        GgufUnavailable: llama-cpp-python missing, or ``name`` is not an alias with a GGUF.
+        GgufRowInvarianceError: llama.cpp's logits depend on the batch here.
+        ValueError: its vocabulary differs from the transformers model's.
+    """
+    if name not in ALIASES:
+        raise GgufUnavailable(f"precision gguf needs a model alias with a GGUF file, not {name!r}")
+    target = GgufTarget(gguf_path(name))
+    if target.vocab_size != int(model.config.vocab_size):
+        raise ValueError(
+            f"llama.cpp's vocabulary ({target.vocab_size}) differs from the model's "
+            f"({model.config.vocab_size})"
+        )
+    target.probe()
+    return target
 
 
 def auto_runner(model: PreTrainedModel) -> InvariantLlama | None:
@@ -107,13 +135,17 @@ def load_model(
         dtype: transformers weights dtype (overrides ``precision``; race math stays float32+).
         precision: one of ``PRECISIONS``; ``LoadedModel.dtype`` says which one ``auto`` chose.
     Raises:
-        ValueError: an unknown precision, or bfloat16 on the CPU for a non-Llama model.
+        ValueError: an unknown precision, bfloat16 on the CPU for a non-Llama model, gguf
+            off the CPU.
         RowInvarianceError: bfloat16 on a CPU whose bfloat16 kernels are not row-invariant.
+        GgufUnavailable, GgufRowInvarianceError: precision gguf that cannot run here.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     path = materialise(name, data_dir, on_progress)
     dev = resolve_device(device)
+    if precision == "gguf" and (dtype is not None or dev.type != "cpu"):
+        raise ValueError("precision gguf runs on the CPU only, with the file's own weights")
     invariant = dtype is None and dev.type == "cpu" and precision == "bfloat16"
     maybe_invariant = dtype is None and dev.type == "cpu" and precision == "auto"
     if dtype is None:
@@ -123,13 +155,27 @@ def load_model(
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
     model = model.to(dev)  # type: ignore[arg-type]  # transformers' wrapped .to hides self
     model.eval()
-    if invariant:
+    chosen = "bfloat16" if dtype == torch.bfloat16 else "float32"
+    if precision == "gguf":
+        attach_gguf(model, gguf_target(name, model))
+        chosen = "gguf"
+    elif maybe_invariant and name in ALIASES and gguf_available():
+        try:
+            attach_gguf(model, gguf_target(name, model))
+            chosen = "gguf"
+        except (GgufUnavailable, GgufRowInvarianceError, ValueError) as exc:
+            log.info("precision auto: not gguf (%s)", exc)
+    if chosen == "gguf":
+        pass
+    elif invariant:
         attach_runner(model, InvariantLlama(model, torch.bfloat16))
-        dtype = torch.bfloat16
+        dtype, chosen = torch.bfloat16, "bfloat16"
     elif maybe_invariant and native_bfloat16():
         runner = auto_runner(model)
         if runner is not None:
             attach_runner(model, runner)
-            dtype = torch.bfloat16
+            dtype, chosen = torch.bfloat16, "bfloat16"
     set_profile_dir(model, data_dir / "profiles")  # tree "auto"'s forward costs
-    return LoadedModel(name=name, model=model, tokenizer=tokenizer, device=dev, dtype=dtype)
+    return LoadedModel(
+        name=name, model=model, tokenizer=tokenizer, device=dev, dtype=dtype, precision=chosen
+    )

