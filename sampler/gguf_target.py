@@ -175,8 +175,9 @@ class GgufTarget:
                 return self._free.pop()
         params = self.lib.llama_context_default_params()
         params.n_ctx = self.context_cells
-        params.n_batch = UBATCH
-        params.n_ubatch = UBATCH
+        params.n_batch = self.micro_batch
+        params.n_ubatch = self.micro_batch
+        params.n_outputs_max = max(self.micro_batch, MAX_LEAVES + 1)  # asserted >= n_seq_max
         params.n_seq_max = MAX_LEAVES + 1
         params.n_threads = self.threads
         params.n_threads_batch = self.threads
@@ -195,6 +196,12 @@ class GgufTarget:
         self.lib.llama_memory_clear(self.lib.llama_get_memory(ctx), True)
         with self._lock:
             self._free.append(ctx)
+
+    @property
+    def micro_batch(self) -> int:
+        """Tokens per llama.cpp decode call: ``UBATCH``, at most the context (llama.cpp
+        aborts the process on a batch with more outputs than its context holds)."""
+        return min(UBATCH, self.context_cells)
 
     def new_cache(self) -> GgufCache:
         """An empty KV cache (its own llama.cpp context) for one sequence."""
@@ -223,7 +230,7 @@ class GgufTarget:
         self, ctx: Any, rows: list[tuple[int, int, list[int]]], hidden: bool = False
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """Decode ``rows`` (token, position, sequence ids; the first id is the one the token's
-        attention reads) in micro-batches of ``UBATCH``.
+        attention reads) in micro-batches of ``micro_batch``.
 
         Returns:
             (len(rows), V) float32 logits and, with ``hidden``, the (len(rows), d) float32
@@ -236,8 +243,9 @@ class GgufTarget:
         out = np.empty((len(rows), vocab), dtype=np.float32)
         states = np.empty((len(rows), self.hidden_size), dtype=np.float32) if hidden else None
         with self._decoding:
-            for start in range(0, len(rows), UBATCH):
-                self._decode_part(ctx, rows[start : start + UBATCH], start, out, states)
+            step = self.micro_batch
+            for start in range(0, len(rows), step):
+                self._decode_part(ctx, rows[start : start + step], start, out, states)
         return out, states
 
     def _decode_part(

@@ -1,9 +1,11 @@
 """``sampler.cpu_features``: the flags are read from /proc/cpuinfo, and importing ``sampler``
-sets the OpenMP wait policy only where the bfloat16 runner is the default and only if nobody
-set it (each case in a fresh interpreter: the policy is read when torch loads OpenMP)."""
+sets the OpenMP wait policy only where the bfloat16 runner is the default (AMX bfloat16, no
+llama.cpp installed) and only if nobody set it (each case in a fresh interpreter: the policy
+is read when torch loads OpenMP)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -40,8 +42,13 @@ def _policy_after(code: str, **env: str) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
-def test_importing_sampler_sets_passive_only_where_bfloat16_is_native():
-    expected = "PASSIVE" if native_bfloat16() else "None"
+def _runner_is_default() -> bool:
+    """The bfloat16 runner is precision auto's CPU choice: AMX bfloat16 and no llama.cpp."""
+    return native_bfloat16() and importlib.util.find_spec("llama_cpp") is None
+
+
+def test_importing_sampler_sets_passive_only_where_the_runner_is_the_default():
+    expected = "PASSIVE" if _runner_is_default() else "None"
     assert _policy_after("import sampler.models") == expected
 
 
@@ -49,6 +56,6 @@ def test_a_policy_the_user_set_is_kept():
     assert _policy_after("import sampler.models", OMP_WAIT_POLICY="ACTIVE") == "ACTIVE"
 
 
-@pytest.mark.skipif(not native_bfloat16(), reason="the policy is only set on AMX bfloat16 CPUs")
+@pytest.mark.skipif(not _runner_is_default(), reason="the policy is set only where it would be")
 def test_nothing_is_set_once_torch_is_loaded():
     assert _policy_after("import torch\nimport sampler.models") == "None"

@@ -198,7 +198,7 @@ def test_runner_refuses_what_it_cannot_run(target):
 
 
 def test_load_model_rejects_an_unknown_precision(tmp_path):
-    with pytest.raises(ValueError, match="precision must be one of auto, float32, bfloat16"):
+    with pytest.raises(ValueError, match="precision must be one of auto, float32, bfloat16, gguf"):
         load_model("smollm2-135m-instruct", tmp_path, device="cpu", precision="fp8")
 
 
@@ -231,11 +231,18 @@ def test_auto_falls_back_to_float32_where_a_shape_fails_the_probe(monkeypatch):
 
 
 def test_real_model_auto_precision_follows_the_cpu(real_model):
-    """The shared real model is loaded with ``auto``: the bfloat16 runner exactly where the
-    CPU has AMX bfloat16 (and its shapes pass the probe), float32 elsewhere."""
+    """The shared real model is loaded with ``auto``: gguf (llama.cpp) where llama-cpp-python
+    is installed (scripts/setup.sh builds it), else the bfloat16 runner exactly where the CPU
+    has AMX bfloat16 (and its shapes pass the probe), float32 elsewhere."""
     from sampler.cpu_features import native_bfloat16
+    from sampler.gguf_target import available, gguf_of
     from sampler.invariant import runner_of
 
+    if available():
+        assert real_model.precision == "gguf"
+        assert gguf_of(real_model.model) is not None
+        assert runner_of(real_model.model) is None
+        return
     expected = torch.bfloat16 if native_bfloat16() else torch.float32
     assert real_model.dtype == expected
     assert (runner_of(real_model.model) is not None) == (expected == torch.bfloat16)

@@ -1,0 +1,198 @@
+"""Precision gguf: the real SmolLM2 GGUF through llama.cpp (``sampler.gguf_target``).
+
+The decoder's exactness (MPFR Thm. 5.1: the output does not depend on the drafter, B, L, the
+tree or the batch) rests on one property of the backend: a context's logits are the same bits
+whatever shares the forward. These tests check that property directly (chains, trees, other
+sequences, a rebuilt cache) and then through the decoder (mpfr with either drafter and tree
+``auto`` emits basic-uwm's tokens; batched requests their solo tokens). Equality is exact, so
+no statistical allowance is needed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from keyed import KeyedSource, Secret
+from sampler.cached_lm import forward_many, open_cache
+from sampler.completion import CompletionRequest, complete, complete_many, prompt_ids
+from sampler.decoder import SamplerConfig
+from sampler.gguf_target import GgufCache, GgufTarget, gguf_of
+from sampler.models import DEFAULT_MODEL, load_model
+from sampler.processing import Processing
+
+pytestmark = pytest.mark.realmodel
+
+
+@pytest.fixture(scope="module")
+def gguf_model(data_dir):  # type: ignore[no-untyped-def]
+    return load_model(DEFAULT_MODEL, data_dir, device="cpu", precision="gguf")
+
+
+@pytest.fixture(scope="module")
+def target(gguf_model) -> GgufTarget:  # type: ignore[no-untyped-def]
+    found = gguf_of(gguf_model.model)
+    assert found is not None
+    return found
+
+
+PREFIX = [(37 * i + 5) % 40000 + 100 for i in range(30)]
+CHAIN = [(91 * i + 3) % 40000 + 100 for i in range(8)]
+
+
+def _causal(q: int) -> torch.Tensor:
+    return torch.tril(torch.ones((q, q), dtype=torch.bool))
+
+
+def _tree_visible(base: int, ancestors: list[list[int]]) -> torch.Tensor:
+    q = len(ancestors)
+    visible = torch.ones((q, base + q), dtype=torch.bool)
+    visible[:, base:] = False
+    for i, seen in enumerate(ancestors):
+        visible[i, base + i] = True
+        for j in seen:
+            visible[i, base + j] = True
+    return visible
+
+
+def test_auto_is_gguf_on_this_cpu(real_model) -> None:  # type: ignore[no-untyped-def]
+    """llama-cpp-python is installed by scripts/setup.sh, so precision auto picks it."""
+    assert real_model.precision == "gguf"
+    assert isinstance(open_cache(real_model.model), GgufCache)
+
+
+def test_a_chain_at_once_equals_token_by_token(target: GgufTarget) -> None:
+    alone, joint = target.new_cache(), target.new_cache()
+    alone.extend(PREFIX)
+    joint.extend(PREFIX)
+    one = torch.cat([alone.extend([t]) for t in CHAIN])
+    assert torch.equal(joint.extend(CHAIN), one)
+    assert alone.cached == joint.cached == len(PREFIX) + len(CHAIN)
+
+
+def test_tree_nodes_and_kept_paths_equal_the_chain(target: GgufTarget) -> None:
+    """A 7-node tree with the chain on its second branch: the chain's nodes get the chain's
+    logits; after keeping that path (rejected cells go to the tomb) the next tokens too."""
+    chain = target.new_cache()
+    chain.extend(PREFIX)
+    want = chain.extend(CHAIN)
+    tree = target.new_cache()
+    tree.extend(PREFIX)
+    base = tree.cached
+    other = (CHAIN[1] + 17) % 40000
+    # 0 root; 1 other, 2 CHAIN[1]; 3 child of 1; 4 CHAIN[2] under 2; 5 other under 2; 6 CHAIN[3]
+    tokens = [CHAIN[0], other, CHAIN[1], other, CHAIN[2], other, CHAIN[3]]
+    ancestors = [[], [0], [0], [0, 1], [0, 2], [0, 2], [0, 2, 4]]
+    depths = [len(a) for a in ancestors]
+    logits = tree.forward(tokens, depths, _tree_visible(base, ancestors), base)
+    assert torch.equal(logits[[0, 2, 4, 6]], want[:4])
+    tree.keep(base, [base, base + 2, base + 4, base + 6])
+    assert tree.cached == base + 4
+    assert torch.equal(tree.extend(CHAIN[4:]), want[4:])
+
+
+def test_other_sequences_in_one_call_change_nothing(target: GgufTarget) -> None:
+    """``forward_many`` over three caches equals each one alone (one context each)."""
+    caches = [target.new_cache() for _ in range(3)]
+    solo = [target.new_cache() for _ in range(3)]
+    for k, (a, b) in enumerate(zip(caches, solo, strict=True)):
+        a.extend(PREFIX[k:])
+        b.extend(PREFIX[k:])
+    rows = [CHAIN[: 2 + k] for k in range(3)]
+    visible = [
+        torch.cat([torch.ones((len(r), c.cached), dtype=torch.bool), _causal(len(r))], dim=1)
+        for r, c in zip(rows, caches, strict=True)
+    ]
+    together = forward_many(
+        list(caches), rows, [list(range(len(r))) for r in rows], visible, [c.cached for c in caches]
+    )
+    for k, cache in enumerate(solo):
+        assert torch.equal(together[k], cache.extend(rows[k]))
+
+
+def test_a_full_context_is_rebuilt_without_changing_logits(target: GgufTarget) -> None:
+    """With 64 cells the tomb fills after a few trees; the cache is rebuilt from the committed
+    tokens (one causal chain) and the logits stay the chain's."""
+    small = GgufTarget(target.path, threads=target.threads)
+    small.context_cells = 64
+    chain, tree = small.new_cache(), small.new_cache()
+    chain.extend(PREFIX[:20])
+    tree.extend(PREFIX[:20])
+    rebuilds = 0
+    for step, token in enumerate(CHAIN * 2):  # 20 + 16 x 4 cells > 64: at least one rebuild
+        want = chain.extend([token])
+        base, cells_before = tree.cached, tree.cells
+        ancestors = [[], [0], [0], [0, 1]]
+        logits = tree.forward(
+            [token, 11, 12, 13], [0, 1, 1, 2], _tree_visible(base, ancestors), base
+        )
+        rebuilds += tree.cells < cells_before + 4
+        assert torch.equal(logits[0], want[0]), f"step {step}"
+        tree.keep(base, [base])
+    assert rebuilds >= 1, "the tomb never filled the context: the test tests nothing"
+    assert tree.tokens == chain.tokens
+
+
+def test_invalid_masks_and_paths_are_refused(target: GgufTarget) -> None:
+    cache = target.new_cache()
+    cache.extend(PREFIX[:5])
+    base = cache.cached
+    with pytest.raises(ValueError, match="base"):
+        cache.forward([1], [0], torch.ones((1, base + 1), dtype=torch.bool), base - 1)
+    not_a_tree = _tree_visible(base, [[], [0], [1]])  # token 2 sees 1 but not the root
+    with pytest.raises(ValueError, match="ancestors"):
+        cache.forward([1, 2, 3], [0, 1, 2], not_a_tree, base)
+    cache.forward([1, 2, 3], [0, 1, 1], _tree_visible(base, [[], [0], [0]]), base)
+    with pytest.raises(ValueError, match="previous draft tree"):
+        cache.forward([1], [0], torch.ones((1, base + 4), dtype=torch.bool), base + 3)
+    with pytest.raises(ValueError, match="root path"):
+        cache.keep(base, [base + 1, base + 2])  # siblings are not a path
+
+
+def _requests(model, data_files, count: int, tokens: int):  # type: ignore[no-untyped-def]
+    lines = (data_files / "prompts-eli5.jsonl").read_text().splitlines()[:count]
+    return [
+        (prompt_ids(model, messages=json.loads(line)["messages"]),
+         KeyedSource(Secret(bytes([i + 3]) * 32), 4, True, 17 * i))
+        for i, line in enumerate(lines)
+    ]  # fmt: skip
+
+
+def test_mpfr_equals_basic_uwm_on_gguf(gguf_model, data_files) -> None:  # type: ignore[no-untyped-def]
+    """Thm. 5.1 on llama.cpp: mpfr with ngram (fixed B4 L4), heads (tree auto) and pfr emit
+    basic-uwm's tokens on every prompt, and heads drafts were accepted (trees shared forwards)."""
+    accepted = 0
+    for ids, source in _requests(gguf_model, data_files, 3, 40):
+        want = complete(gguf_model, ids, SamplerConfig("basic-uwm", max_new_tokens=40), source)
+        for config, drafter in (
+            (SamplerConfig("mpfr", 4, 4, 40), "ngram"),
+            (SamplerConfig("mpfr", 4, 4, 40, tree="auto"), "heads"),
+            (SamplerConfig("mpfr", 3, 2, 40), "heads"),
+        ):
+            got = complete(gguf_model, ids, config, source, drafter)
+            assert got.result.token_ids == want.result.token_ids, (config, drafter)
+            if config.tree == "fixed" and drafter == "heads":
+                accepted += sum(got.result.stats.accepted_per_level)
+    assert accepted > 0
+
+
+def test_batched_equals_solo_on_gguf(gguf_model, data_files) -> None:  # type: ignore[no-untyped-def]
+    """Five mixed requests, three at a time: each gets exactly its solo tokens."""
+    configs = [
+        (SamplerConfig("mpfr", 4, 4, 24), "ngram"),
+        (SamplerConfig("basic-uwm", max_new_tokens=19), None),
+        (SamplerConfig("pfr", 1, 3, 24, Processing(0.8, 50, 0.95)), "heads"),
+        (SamplerConfig("mpfr", 2, 2, 15, Processing(1.0, 0, 0.9), tree="auto"), "heads"),
+        (SamplerConfig("ar", max_new_tokens=24), None),
+    ]
+    requests = [
+        CompletionRequest(ids, config, source, drafter)
+        for (ids, source), (config, drafter) in zip(
+            _requests(gguf_model, data_files, 5, 24), configs, strict=True
+        )
+    ]
+    batched = complete_many(gguf_model, requests, max_batch=3)
+    for b, r in zip(batched, requests, strict=True):
+        solo = complete(gguf_model, r.ids, r.config, r.source, r.drafter)
+        assert b.result.token_ids == solo.result.token_ids, r.config
