@@ -13,6 +13,7 @@ import torch
 from keyed import KeyedSource, Secret
 from sampler.autotree import (
     EXPLORE_EVERY,
+    EXPLORE_MAX,
     ForwardProfile,
     TreeChooser,
     measure_profile,
@@ -55,10 +56,27 @@ def test_free_trees_that_are_accepted_grow_deep():
 def test_costly_trees_that_are_rejected_give_one_token_steps_and_exploration():
     chooser = TreeChooser(STEEP, 4, 4)
     _train(chooser, accepted=0, steps=80)
-    picks = [chooser.record(*chooser.choose(100)) for _ in range(EXPLORE_EVERY * 3)]
+    picks = [chooser.record(*chooser.choose(100)) for _ in range(EXPLORE_MAX * 2)]
     one_token = [p for p in picks if p[1] == 0]
-    assert len(one_token) >= len(picks) - 3  # at most one tree per EXPLORE_EVERY steps
+    assert len(one_token) >= len(picks) - 2  # rejected explores back off to EXPLORE_MAX
     assert len(one_token) < len(picks)  # but it keeps trying
+
+
+def test_rejected_explores_back_off_and_an_accepted_one_resets():
+    chooser = TreeChooser(STEEP, 4, 4)
+
+    def steps_to_next_tree(accepted: int) -> int:
+        for n in range(1, 10 * EXPLORE_MAX):
+            drafts, depth = chooser.record(*chooser.choose(100))
+            chooser.observe(drafts, depth, drafts * depth, min(accepted, depth), False, 0.0, 0.0)
+            if depth:
+                return n
+        raise AssertionError("no tree was explored")
+
+    gaps = [steps_to_next_tree(0) for _ in range(6)]
+    assert gaps[-1] == EXPLORE_MAX >= gaps[-2] > gaps[1] >= EXPLORE_EVERY
+    steps_to_next_tree(1)  # this explored tree is accepted at level 1 ...
+    assert steps_to_next_tree(0) <= EXPLORE_EVERY  # ... so the next comes soon
 
 
 def test_depth_never_passes_the_tokens_left_or_the_caps():
