@@ -22,8 +22,7 @@ transformers: new tokens / (``generate`` seconds - one prefill forward timed jus
 A row's rate is total tokens / total seconds over the prompts; the spread over prompts is kept.
 Ratios in ``ratios`` are of those aggregate rates, measured in this run.
 
-    pip install llama-cpp-python==0.3.36   # the llama.cpp row: builds from source (~4 min on 2
-                                           # quiet cores; 20 min under a load of ~8)
+    bash scripts/setup.sh   # builds llama-cpp-python 0.3.36 for this CPU once (~6 min on 2 cores)
     python -m bench.speed_cpu [--prompts 20] [--tokens 128] [--rows basic-uwm llama.cpp ...]
 
 Numerics seen on the way (llama-cpp-python 0.3.36, the Q4_1 file, 2 threads): with the peer's

@@ -137,7 +137,8 @@ def load_model(
     Raises:
         ValueError: an unknown precision, bfloat16 on the CPU for a non-Llama model, gguf
             off the CPU.
-        RowInvarianceError: bfloat16 on a CPU whose bfloat16 kernels are not row-invariant.
+        RowInvarianceError: bfloat16 on a CPU without AMX bfloat16, or whose bfloat16 kernels
+            are not row-invariant.
         GgufUnavailable, GgufRowInvarianceError: precision gguf that cannot run here.
     """
     if precision not in PRECISIONS:
@@ -147,6 +148,12 @@ def load_model(
     if precision == "gguf" and (dtype is not None or dev.type != "cpu"):
         raise ValueError("precision gguf runs on the CPU only, with the file's own weights")
     invariant = dtype is None and dev.type == "cpu" and precision == "bfloat16"
+    if invariant and not native_bfloat16():
+        raise RowInvarianceError(
+            "the bfloat16 runner is row-invariant only where it was measured so, on CPUs with "
+            "AMX bfloat16; this CPU has none (on AMD EPYC it was not: mpfr differed from "
+            "basic-uwm); use precision gguf or float32"
+        )
     maybe_invariant = dtype is None and dev.type == "cpu" and precision == "auto"
     if dtype is None:
         cuda_bf16 = dev.type == "cuda" and precision != "float32"

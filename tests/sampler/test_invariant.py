@@ -276,3 +276,15 @@ def test_heads_decode_through_the_runners_head_and_train_through_transformers(bf
     scale = trained.detach().abs().max()
     assert (trained.detach() - batched).abs().max() <= 0.02 * scale  # bf16: ~3 digits
     assert not torch.equal(trained.detach(), batched)  # the two heads are not the same path
+
+
+def test_bfloat16_is_refused_on_a_cpu_without_amx(monkeypatch, data_dir):
+    """The runner's row invariance was measured on AMX only; on AMD EPYC (avx512_bf16, no AMX)
+    the real model's mpfr differed from basic-uwm, so explicit bfloat16 is refused there."""
+    import sampler.models
+    from sampler.invariant import RowInvarianceError
+    from sampler.models import DEFAULT_MODEL
+
+    monkeypatch.setattr(sampler.models, "native_bfloat16", lambda: False)
+    with pytest.raises(RowInvarianceError, match="AMX bfloat16"):
+        load_model(DEFAULT_MODEL, data_dir, device="cpu", precision="bfloat16")
