@@ -273,7 +273,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS / "speed_cpu.json")
     args = parser.parse_args()
     assert DEFAULT_MODEL in ALIASES
-    threads = torch.get_num_threads()
+    threads = torch.get_num_threads()  # before precision gguf sets torch to one thread
     loaded = load_model(DEFAULT_MODEL, args.home, device="cpu", precision="float32")
     by_prefix: dict[str, LoadedModel] = {"": loaded}
     for prefix, precision in ((BF16, "bfloat16"), (GGUF, "gguf")):
@@ -297,10 +297,12 @@ def main() -> None:
     names = list(rows)
     warm = prompt_ids(loaded, messages=prompts[0]["messages"])
     for name in names:  # untimed warm-up: kernels, caches, compiled code
+        torch.set_num_threads(1 if name.startswith(GGUF) else threads)
         rows[name](warm, 10**6)
     for i, row in enumerate(prompts):
         ids = prompt_ids(loaded, messages=row["messages"])
         for name in names[i % len(names) :] + names[: i % len(names)]:
+            torch.set_num_threads(1 if name.startswith(GGUF) else threads)  # as each runs
             runs[name].append(rows[name](ids, i))
         print(f"prompt {i + 1}/{len(prompts)}", flush=True)
     summary = {name: _summary(name, runs[name], runs.get(_reference(name))) for name in names}
