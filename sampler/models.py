@@ -7,6 +7,7 @@ this module loads the weights. Nothing here downloads: there is no hub access at
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,10 +53,10 @@ PRECISIONS = ("auto", "float32", "bfloat16", "gguf")
 """Target precisions: ``float32`` (transformers, strict), ``bfloat16`` (on the CPU the
 row-invariant runner of ``sampler.invariant``; on CUDA transformers' bfloat16 weights),
 ``gguf`` (CPU: the model's GGUF file with its own quantised weights through llama.cpp,
-``sampler.gguf_target``; a model alias only), ``auto``: bfloat16 on CUDA; on the CPU ``gguf``
-where llama-cpp-python is installed, the model is an alias with a GGUF file and the
-invariance probe passes (measured: ~3x float32's tokens/s, ``bench/results/speed_cpu_gguf
-.json``), else the bfloat16 runner where the CPU has AMX bfloat16
+``sampler.gguf_target``; an alias or the converted copy of one), ``auto``: bfloat16 on CUDA;
+on the CPU ``gguf`` where llama-cpp-python is installed, the model has a GGUF file and the
+invariance probe passes (measured: ~5x float32's tokens/s on AMD EPYC,
+``bench/results/speed_cpu_gguf.json``), else the bfloat16 runner where the CPU has AMX bfloat16
 (``sampler.cpu_features.native_bfloat16``), the model is a Llama and every one of its linear
 shapes passes the row-invariance probe (eight batched requests 4.1-5.3x one,
 ``bench/results/service_load_batching_bf16*.json``), else float32."""
@@ -80,17 +81,31 @@ class LoadedModel:
     precision: str = "float32"
 
 
-def gguf_target(name: str, model: PreTrainedModel) -> GgufTarget:
-    """The llama.cpp target for alias ``name`` (its GGUF file), probed on this machine.
+def gguf_source(name: str, path: Path) -> Path | None:
+    """The GGUF file behind model ``name`` loaded from ``path``: an alias's file, or the
+    ``source`` a converted copy's ``.complete`` marker names (``model_files.materialise``)."""
+    if name in ALIASES:
+        return gguf_path(name)
+    try:
+        source = json.loads((path / ".complete").read_text()).get("source")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return Path(source) if isinstance(source, str) and Path(source).is_file() else None
+
+
+def gguf_target(name: str, path: Path, model: PreTrainedModel) -> GgufTarget:
+    """The llama.cpp target for model ``name`` (its GGUF file, ``gguf_source``), probed on
+    this machine.
 
     Raises:
-        GgufUnavailable: llama-cpp-python missing, or ``name`` is not an alias with a GGUF.
+        GgufUnavailable: llama-cpp-python missing, or no GGUF file behind the model.
         GgufRowInvarianceError: llama.cpp's logits depend on the batch here.
         ValueError: its vocabulary differs from the transformers model's.
     """
-    if name not in ALIASES:
-        raise GgufUnavailable(f"precision gguf needs a model alias with a GGUF file, not {name!r}")
-    target = GgufTarget(gguf_path(name))
+    source = gguf_source(name, path)
+    if source is None:
+        raise GgufUnavailable(f"precision gguf needs a model with a GGUF file, not {name!r}")
+    target = GgufTarget(source)
     if target.vocab_size != int(model.config.vocab_size):
         raise ValueError(
             f"llama.cpp's vocabulary ({target.vocab_size}) differs from the model's "
@@ -165,11 +180,11 @@ def load_model(
     model.eval()
     chosen = "bfloat16" if dtype == torch.bfloat16 else "float32"
     if precision == "gguf":
-        attach_gguf(model, gguf_target(name, model))
+        attach_gguf(model, gguf_target(name, path, model))
         chosen = "gguf"
-    elif maybe_invariant and name in ALIASES and gguf_available():
+    elif maybe_invariant and gguf_available() and gguf_source(name, path) is not None:
         try:
-            attach_gguf(model, gguf_target(name, model))
+            attach_gguf(model, gguf_target(name, path, model))
             chosen = "gguf"
         except (GgufUnavailable, GgufRowInvarianceError, ValueError) as exc:
             log.info("precision auto: not gguf (%s)", exc)

@@ -196,3 +196,17 @@ def test_batched_equals_solo_on_gguf(gguf_model, data_files) -> None:  # type: i
     for b, r in zip(batched, requests, strict=True):
         solo = complete(gguf_model, r.ids, r.config, r.source, r.drafter)
         assert b.result.token_ids == solo.result.token_ids, r.config
+
+
+def test_a_converted_copy_finds_its_gguf(data_dir, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A local directory converted from an alias (its ``.complete`` names the GGUF) gets
+    precision gguf too; a directory without one does not."""
+    from sampler.model_files import materialise
+    from sampler.models import gguf_source
+
+    converted = materialise(DEFAULT_MODEL, data_dir)
+    found = gguf_source(str(converted), converted)
+    assert found is not None and found.suffix == ".gguf"
+    assert gguf_source(str(tmp_path), tmp_path) is None
+    loaded = load_model(str(converted), data_dir, device="cpu")
+    assert loaded.precision == "gguf"
