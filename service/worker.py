@@ -124,7 +124,8 @@ class GenerationWorker:
         max_batch: jobs stepping together (1: one at a time).
         node_budget: cap on draft-tree nodes per target forward (``sampler.batch.step_many``;
             None: none). Changes no keyed-race output.
-        threads: torch threads of the worker; None: the count of the constructing thread.
+        threads: torch threads of the worker; None: 1 on precision gguf (torch's OpenMP team
+            slows llama.cpp's forwards), else the count of the constructing thread.
         on_batch: called with the number of active jobs whenever it changes (metrics).
     """
 
@@ -151,7 +152,9 @@ class GenerationWorker:
         self.retry_after_s = retry_after_s
         self.max_batch = max_batch
         self.node_budget = node_budget
-        self.threads = threads if threads is not None else torch.get_num_threads()
+        if threads is None:  # precision gguf: one torch thread (``sampler.models.load_model``)
+            threads = 1 if loaded.precision == "gguf" else torch.get_num_threads()
+        self.threads = threads
         self._on_finished = on_finished
         self._on_waiting = on_waiting
         self._on_batch = on_batch
