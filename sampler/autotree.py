@@ -21,8 +21,10 @@ choice is a cost model in the spirit of Sequoia (Chen et al. 2024):
   runner, llama.cpp (precision gguf) or float64); on transformers' float32 ``auto`` drafts
   as ``fixed``.
 - ℓ = 0 (a one-token step, no drafting) is a candidate: where no tree pays the request steps
-  as ``basic-uwm`` does, and every ``EXPLORE_EVERY``-th such step tries the best tree once so
-  that a drafter that starts to match (repeated text) is noticed; each explored tree that is
+  as ``basic-uwm`` does, and every ``EXPLORE_EVERY``-th such step tries a tree once so
+  that a drafter that starts to match (repeated text) is noticed; the explored tree is the
+  cheapest one (B = 1, ℓ = 1: on llama.cpp a 17-node tree costs ~10 one-token forwards, a
+  2-node one ~2; level-1 acceptance of one draft lifts every B's estimate); each one that is
   rejected at level 1 doubles that interval (up to ``EXPLORE_MAX``), an accepted one resets it
   (on llama.cpp, where no tree pays, exploring every 8th step cost ~6 %).
 
@@ -291,7 +293,7 @@ class TreeChooser:
         if best_tree is not None and best_tree_rate > best_rate:
             best = best_tree
         elif best_tree is not None and self._since_tree + 1 >= self._explore_every:
-            best = best_tree  # explore: a drafter may start to match
+            best = (1, 1)  # explore, cheaply: does the drafter's best guess start to match?
             self._exploring = True
         self._since_tree = 0 if best[1] > 0 else self._since_tree + 1
         return best
