@@ -53,6 +53,7 @@ from sampler.cached_lm import open_cache
 from sampler.cpu_features import cpu_flags, cpu_model
 from sampler.gguf_target import gguf_of
 from sampler.invariant import runner_of
+from sampler.masks import chain_visible
 
 log = logging.getLogger("poissonmark.autotree")
 
@@ -109,8 +110,7 @@ def measure_profile(target: PreTrainedModel, repeats: int = PROFILE_REPEATS) -> 
     base = lm.cached
     seconds = []
     for n in PROFILE_NODES:
-        visible = torch.ones((n, base + n), dtype=torch.bool)
-        visible[:, base:] = torch.tril(torch.ones((n, n), dtype=torch.bool))
+        visible = chain_visible(base, n)
         times = []
         for attempt in range(repeats + 1):
             began = time.perf_counter()

@@ -16,6 +16,7 @@ from transformers.cache_utils import CacheLayerMixin
 
 from sampler.gguf_target import GgufCache, gguf_of
 from sampler.invariant import InvariantCache, runner_of
+from sampler.masks import chain_visible
 
 
 class CachedLM:
@@ -77,9 +78,7 @@ class CachedLM:
     def extend(self, tokens: list[int]) -> torch.Tensor:
         """Causal forward of a token chain after the cache; returns (q, V) logits."""
         q = len(tokens)
-        visible = torch.ones((q, self.cached + q), dtype=torch.bool)
-        visible[:, self.cached :] = torch.tril(torch.ones((q, q), dtype=torch.bool))
-        return self.forward(tokens, list(range(q)), visible, self.cached)
+        return self.forward(tokens, list(range(q)), chain_visible(self.cached, q), self.cached)
 
     def keep(self, prefix: int, slots: list[int]) -> None:
         """Keep the first ``prefix`` cached positions and then the cached positions ``slots``.

@@ -46,6 +46,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from sampler.masks import chain_visible
+
 log = logging.getLogger("poissonmark.gguf")
 
 __all__ = ["GgufCache", "GgufTarget", "GgufUnavailable", "RowInvarianceError", "available"]
@@ -409,9 +411,7 @@ class GgufCache:
     def extend(self, tokens: list[int]) -> torch.Tensor:
         """Causal forward of a token chain after the cache, all of it kept; (q, V) logits."""
         q = len(tokens)
-        visible = torch.ones((q, self.cached + q), dtype=torch.bool)
-        visible[:, self.cached :] = torch.tril(torch.ones((q, q), dtype=torch.bool))
-        return self.forward(tokens, list(range(q)), visible, self.cached)
+        return self.forward(tokens, list(range(q)), chain_visible(self.cached, q), self.cached)
 
     def keep(self, prefix: int, slots: list[int]) -> None:
         """Keep positions [0, prefix) and then the cached positions ``slots`` (increasing).

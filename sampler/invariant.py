@@ -37,6 +37,8 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
+from sampler.masks import chain_visible
+
 __all__ = [
     "InvariantCache",
     "InvariantLlama",
@@ -406,9 +408,7 @@ class InvariantCache:
     def extend(self, tokens: list[int]) -> torch.Tensor:
         """Causal forward of a token chain after the cache; returns (q, V) logits."""
         q = len(tokens)
-        visible = torch.ones((q, self.cached + q), dtype=torch.bool)
-        visible[:, self.cached :] = torch.tril(torch.ones((q, q), dtype=torch.bool))
-        return self.forward(tokens, list(range(q)), visible, self.cached)
+        return self.forward(tokens, list(range(q)), chain_visible(self.cached, q), self.cached)
 
     @torch.inference_mode()
     def keep(self, prefix: int, slots: list[int]) -> None:

