@@ -104,6 +104,9 @@ def test_two_workers_share_keys_and_metrics(tmp_path: Path, data_dir: Path) -> N
         "POISSONMARK_PORT": str(port),
         "POISSONMARK_REDIS_PREFIX": prefix,
         "REDIS_URL": SERVER_URL,
+        # the first worker may answer hundreds of detections while the second still loads
+        # (the llama.cpp probe): this test is about sharing, not the per-token rate limit
+        "POISSONMARK_DETECT_RATE_LIMIT": str(10**9),
     }
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     pattern = os.path.join(tempfile.gettempdir(), "poissonmark-metrics-*")
