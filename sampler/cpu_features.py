@@ -12,11 +12,12 @@ on the hardware read ``/proc/cpuinfo`` here instead of assuming one.
   ``OMP_WAIT_POLICY=PASSIVE``; quiet, PASSIVE measured 33.3 against 36.4 ms per one-token
   forward (``bench/results/omp_contention.json``). It is set only where the runner is the
   default (``native_bfloat16`` and no llama.cpp installed: with llama-cpp-python precision
-  ``auto`` is ``gguf``, whose forwards share torch's OpenMP runtime and slow ~4x under PASSIVE,
-  10 against 41 ms measured on EPYC), only when the user has not set it, and only before torch
-  is imported (afterwards it would have no effect). transformers' float32 path is slower under
-  PASSIVE (44.9 against 34.8 ms quiet): whoever runs float32 on such a machine can set
-  ``OMP_WAIT_POLICY=ACTIVE``.
+  ``auto`` is ``gguf``; with an OpenMP build of llama.cpp its forwards shared torch's runtime
+  and slowed ~4x under PASSIVE, 10 against 41 ms in an ad-hoc EPYC probe; setup.sh now builds
+  it without OpenMP, where the policy's effect was not re-measured), only when the user has
+  not set it, and only before torch is imported (afterwards it would have no effect).
+  transformers' float32 path is slower under PASSIVE (44.9 against 34.8 ms quiet): whoever
+  runs float32 on such a machine can set ``OMP_WAIT_POLICY=ACTIVE``.
 """
 
 from __future__ import annotations
