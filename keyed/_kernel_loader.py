@@ -96,11 +96,18 @@ def _check(module: ModuleType) -> None:
     c0, c1, k0, k1 = rng.integers(0, 2**32, size=(4, 64), dtype=np.int64)
     got = np.empty(64, dtype=np.float64)
     module.uniforms_into(c0, c1, k0, k1, got)
+    keys, tokens = c0[:6].reshape(3, 2), c1[:12].reshape(3, 4)
+    clocks = np.empty((3, 4, 2), dtype=np.float64)
+    module.clock_uniforms_into(keys, tokens, clocks)
+    grid = [np.broadcast_to(w, (3, 4, 2)).reshape(-1) for w in
+            (tokens[:, :, None], np.arange(1, 3)[None, None, :], keys[:, None, None, 0],
+             keys[:, None, None, 1])]  # fmt: skip
     ids = np.array([1, 2, 1, 2, 1, 3, 3], dtype=np.int64)  # m = 2: scored 2, 3, 6; repeats 4, 5
     skip, chosen = np.empty(7, dtype=np.int8), np.empty(7, dtype=np.int64)
     count = module.plan_into(ids, 2, 2, np.array([9], np.int64), skip, chosen, module.MULTIPLIER)
     if not (
         np.array_equal(got, uniforms_numpy(c0, c1, k0, k1))
+        and np.array_equal(clocks.reshape(-1), uniforms_numpy(*grid))
         and skip.tolist() == [1, 1, 0, 0, 2, 2, 0]
         and chosen[:count].tolist() == [2, 3, 6]
         and all(check(module) for check in _CHECKS)

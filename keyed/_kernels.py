@@ -9,7 +9,8 @@ long, where a vectorised Philox4x32-10 is ~55 NumPy calls whose fixed cost is mo
 ``uniforms_into`` runs Philox4x32-10 (Salmon et al., SC'11) at counter (c0, c1, 0, 0) with key
 (k0, k1) and maps the output words to U = min((top 53 bits + 0.5) / 2^53, 1 − 2^-53), exactly
 as ``keyed.prf`` documents (the sampler's CPU clocks and the detector's pivots, arrival 1);
-``plan_into`` is the repeated-context plan; ``pivots_many_into`` the pivots of one text under
+``clock_uniforms_into`` the same for the sampler's (N, K, B) clocks; ``plan_into`` is the
+repeated-context plan; ``pivots_many_into`` the pivots of one text under
 many secrets (keyed BLAKE2b context keys, then Philox: multi-key detection).
 ``keyed._kernel_loader`` checks them against the NumPy paths and hashlib when it loads them,
 and ``tests/keyed`` against the tensor path and the known-answer vectors.
@@ -65,6 +66,19 @@ MULTIPLIER = _U64(int.from_bytes(os.urandom(8), "little") | 1)
 per process (multiply-shift hashing, Dietzfelbinger et al. 1997): nobody can craft a text whose
 labels all land in one slot (long probe chains, quadratic time). It moves only where a label
 sits in the table, never which positions are scored."""
+
+
+@numba.njit(cache=True, nogil=True)
+def clock_uniforms_into(keys: np.ndarray, tokens: np.ndarray, out: np.ndarray) -> None:
+    """out[n, k, j] = U((keys[n, 0], keys[n, 1]), tokens[n, k], j + 1): the sampler's clock
+    uniforms of N contexts (``keyed.tensor.clock_uniforms``) in one call; keys (N, 2) and
+    tokens (N, K) int64, out (N, K, B) float64."""
+    for n in range(out.shape[0]):
+        k0, k1 = _U64(keys[n, 0]), _U64(keys[n, 1])
+        for k in range(out.shape[1]):
+            token = _U64(tokens[n, k])
+            for j in range(out.shape[2]):
+                out[n, k, j] = _uniform(token, _U64(j + 1), k0, k1)
 
 
 @numba.njit(cache=True, nogil=True)

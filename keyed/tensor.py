@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from keyed import _kernel_loader
 from keyed.philox import (
     BELOW_ONE,
     MASK32,
@@ -136,6 +137,14 @@ def clock_uniforms(keys: torch.Tensor, tokens: torch.Tensor, num_arrivals: int) 
         )
     if num_arrivals < 1:
         raise ValueError(f"expected num_arrivals >= 1, got {num_arrivals}")
+    if tokens.device.type == "cpu":
+        kernels = _kernel_loader.kernels_for(tokens.numel() * num_arrivals)
+        if kernels is not None:  # one call, no broadcasting (~0.2 ms a token after a forward)
+            out = np.empty((*tokens.shape, num_arrivals), dtype=np.float64)
+            kernels.clock_uniforms_into(
+                as_int64_words(keys.cpu().numpy()), as_int64_words(tokens.numpy()), out
+            )
+            return torch.from_numpy(out)
     keys = keys.to(tokens.device)
     j = torch.arange(1, num_arrivals + 1, dtype=torch.int64, device=tokens.device)
     return uniforms_from_keys(

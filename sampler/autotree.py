@@ -5,18 +5,24 @@ The keyed race's output does not depend on B or L (MPFR paper Thm. 5.1), so a ke
 request may change its tree every step without changing a token: only the speed moves. The
 choice is a cost model in the spirit of Sequoia (Chen et al. 2024):
 
-    tokens(B, ℓ) = 1 + Σ_{s=1..ℓ} Π_{j=1..s} a_j(B)          (the bonus token included)
-    seconds(B, ℓ) = t(1 + f·B·ℓ) + ℓ·c + o                    (ℓ = 0: t(1) + o)
+    tokens(B, ℓ) = 1 + π·Σ_{s=1..ℓ} Π_{j=1..s} a_j(B)        (the bonus token included)
+    seconds(B, ℓ) = s·t(1 + f·B·ℓ) + ℓ·c + o                  (ℓ = 0: s₀·t(1) + o)
     choice        = argmax tokens / seconds
 
 - t(n): the target's forward seconds over n new tokens after a cached context, measured once
   per machine and target (``ForwardProfile``; cached as JSON in the data dir, keyed by the
   CPU, threads, torch version, precision and model).
-- a_j(B): the request's own acceptance rate at level j given level j−1 accepted, with B drafts
-  (Beta(1, 1) prior; counted from its steps; a larger B never estimated below a smaller one).
+- π: the share of the request's tree steps where the drafter proposed anything (an n-gram
+  drafter often has no match); a_j(B): the request's own acceptance rate, over the steps with
+  a proposal, at level j given level j−1 accepted, with B drafts
+  (a Beta(1, 2) prior, mean 1/3: with Beta(1, 1) every request began by drafting where trees
+  cost 1.5 one-token forwards (llama.cpp) until its own rejections said otherwise, ~15 trees of
+  2-3 nodes per 128 tokens, 24 % accepted, 3 % slower than ``basic-uwm``; counted from its
+  steps; a larger B never estimated below a smaller one).
 - f: the share of the planned B·ℓ nodes the drafter actually proposes (an n-gram drafter with
   no match proposes none), c: drafting seconds per level, o: the step's other seconds (walk,
-  race, KV keep); running means of this request's steps.
+  race, KV keep), s and s₀: its tree and one-token forwards' measured seconds over the
+  profile's (``TreeChooser.forward_scale``); running means of this request's steps.
 - only where the target's logits do not depend on the tree (``tree_invariant``: the bfloat16
   runner, llama.cpp (precision gguf) or float64); on transformers' float32 ``auto`` drafts
   as ``fixed``.
@@ -25,8 +31,10 @@ choice is a cost model in the spirit of Sequoia (Chen et al. 2024):
   that a drafter that starts to match (repeated text) is noticed; the explored tree is the
   cheapest one (B = 1, ℓ = 1: on llama.cpp a 17-node tree costs ~10 one-token forwards, a
   2-node one ~2; level-1 acceptance of one draft lifts every B's estimate); each one that is
-  rejected at level 1 doubles that interval (up to ``EXPLORE_MAX``), an accepted one resets it
-  (on llama.cpp, where no tree pays, exploring every 8th step cost ~6 %).
+  rejected at level 1 doubles that interval (up to ``EXPLORE_MAX``), an accepted one halves it
+  (down to ``EXPLORE_EVERY``), so the interval settles where explores are accepted about half
+  the time (on llama.cpp, where no tree pays, exploring every 8th step cost ~6 %; resetting
+  to 8 on each accepted explore, one in 5-7 with the n-gram drafter on chat answers, ~4 %).
 
 Shapes: n tree nodes (root included); B drafts; ℓ depth.
 """
@@ -61,6 +69,9 @@ PROFILE_NODES: Final = (1, 2, 3, 5, 9, 17, 33)
 PROFILE_CONTEXT: Final = 128
 PROFILE_REPEATS: Final = 3
 CANDIDATE_DRAFTS: Final = (1, 2, 4, 8, 16)
+PROFILE_VERSION: Final = "2"  # 2: each timed forward after a one-token one (measure_profile)
+PRIOR_ACCEPTED: Final = 1.0  # the Beta prior of each level's acceptance (module docstring)
+PRIOR_REJECTED: Final = 2.0
 EXPLORE_EVERY: Final = 8
 EXPLORE_MAX: Final = 64
 _PROFILE_ATTR: Final = "_poissonmark_forward_profile"
@@ -100,19 +111,29 @@ class ForwardProfile:
 
 def measure_profile(target: PreTrainedModel, repeats: int = PROFILE_REPEATS) -> ForwardProfile:
     """Time the target's forward over chains of ``PROFILE_NODES`` new tokens after
-    ``PROFILE_CONTEXT`` cached ones (its own backend: ``cached_lm.open_cache``); medians of
-    ``repeats`` after one warm-up. Token ids are fixed (nothing keyed); ~2 s on the real model
+    ``PROFILE_CONTEXT`` cached ones (its own backend: ``cached_lm.open_cache``), each right
+    after a one-token forward (what a tree step follows); medians of ``repeats`` after one
+    warm-up. Token ids are fixed (nothing keyed); ~2 s on the real model
     on 2 CPU cores."""
     vocab = int(target.config.vocab_size)
     cuda = next(target.parameters()).device.type == "cuda"
     lm = open_cache(target)
     lm.extend([(17 * i + 1) % vocab for i in range(PROFILE_CONTEXT)])
     base = lm.cached
+    one = chain_visible(base, 1)
     seconds = []
     for n in PROFILE_NODES:
         visible = chain_visible(base, n)
         times = []
         for attempt in range(repeats + 1):
+            # as in decoding, a tree comes after one-token steps: a backend that reuses its
+            # last compute graph for the same shape (llama.cpp) pays a new one here. Timed
+            # back to back, a 2-node forward cost 1.29 one-token ones on llama.cpp; after a
+            # one-token step, as the steps of a request pay it, 1.48 (Intel Xeon, 2 cores)
+            lm.forward([7], [0], one, base)
+            lm.keep(base, [])
+            if cuda:
+                torch.cuda.synchronize()
             began = time.perf_counter()
             lm.forward([(5 * i + 3) % vocab for i in range(n)], list(range(n)), visible, base)
             if cuda:
@@ -150,6 +171,7 @@ def machine_fingerprint(target: PreTrainedModel) -> dict[str, str]:
         backend = f"llama.cpp:{gguf.weights}:threads={gguf.threads}"
     params = sum(p.numel() for p in target.parameters())
     return {
+        "profile": PROFILE_VERSION,
         "cpu": cpu_model(),
         "cpu_flags": hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:16],
         "machine": platform.machine(),
@@ -235,7 +257,11 @@ class TreeChooser:
     _accepted: dict[int, list[int]] = field(default_factory=dict)
     _draft_level: _Mean = field(default_factory=_Mean)  # seconds per drafted level
     _fill: _Mean = field(default_factory=_Mean)  # proposed nodes / planned B·ℓ
+    _proposing: _Mean = field(default_factory=_Mean)  # tree steps with a proposal: 1, else 0
     _other: _Mean = field(default_factory=_Mean)  # seconds of a step besides forward + drafts
+    _scale: dict[bool, _Mean] = field(
+        default_factory=lambda: {False: _Mean(), True: _Mean()}
+    )  # measured / profiled forward seconds, one-token and tree steps
     _since_tree: int = 0
     _explore_every: int = EXPLORE_EVERY
     _exploring: bool = False
@@ -257,24 +283,38 @@ class TreeChooser:
             accepted = self._accepted.get(b, [])
             r = reached[level - 1] if level <= len(reached) else 0
             a = accepted[level - 1] if level <= len(accepted) else 0
-            best = max(best, (a + 1) / (r + 2))
+            best = max(best, (a + PRIOR_ACCEPTED) / (r + PRIOR_ACCEPTED + PRIOR_REJECTED))
         return best
 
+    def proposal_rate(self) -> float:
+        """π: the share of this request's tree steps where the drafter proposed a node (1
+        before the first; an n-gram drafter without a match proposes none)."""
+        return self._proposing.get(1.0)
+
     def expected_tokens(self, drafts: int, depth: int) -> float:
-        """1 + Σ_{s<=ℓ} Π_{j<=s} a_j(B): emitted tokens of a step, the bonus included."""
-        total, survive = 1.0, 1.0
+        """1 + π·Σ_{s<=ℓ} Π_{j<=s} a_j(B): emitted tokens of a step, the bonus included."""
+        total, survive = 1.0, self.proposal_rate()
         for level in range(1, depth + 1):
             survive *= self.acceptance(drafts, level)
             total += survive
         return total
 
+    def forward_scale(self, tree: bool) -> float:
+        """This request's forwards, one-token (``tree`` False) or tree steps, measured against
+        the profile: the mean of seconds / t(nodes) over its steps, 1 before the first. On
+        llama.cpp a 2-node forward inside a request cost 1.5 one-token ones where the profile
+        said 1.3-1.43 (its graph for the one-token shape is reused step after step; a tree's
+        is built anew); other load on the machine scales both."""
+        return self._scale[tree].get(1.0)
+
     def expected_seconds(self, drafts: int, depth: int) -> float:
-        """t(1 + f·B·ℓ) + ℓ·c + o (module docstring)."""
+        """s·t(1 + f·B·ℓ) + ℓ·c + o (module docstring; s: ``forward_scale``)."""
         other = self._other.get(0.0)
         if depth == 0:
-            return self.profile.cost(1) + other
+            return self.forward_scale(False) * self.profile.cost(1) + other
         nodes = 1 + self._fill.get(1.0) * drafts * depth
-        return self.profile.cost(nodes) + depth * self._draft_level.get(0.0) + other
+        forward = self.forward_scale(True) * self.profile.cost(nodes)
+        return forward + depth * self._draft_level.get(0.0) + other
 
     def choose(self, remaining: int) -> tuple[int, int]:
         """(B, ℓ) for the next step, ℓ <= ``remaining`` tokens to go; (1, 0): no tree. The
@@ -283,7 +323,7 @@ class TreeChooser:
         best, best_rate = (1, 0), 1.0 / self.expected_seconds(1, 0)
         best_tree, best_tree_rate = None, 0.0
         for drafts in self.drafts_options:
-            tokens, survive = 1.0, 1.0
+            tokens, survive = 1.0, self.proposal_rate()
             for depth in range(1, depth_cap + 1):  # the sum of expected_tokens, incrementally
                 survive *= self.acceptance(drafts, depth)
                 tokens += survive
@@ -315,6 +355,7 @@ class TreeChooser:
         stopped: bool,
         draft_seconds: float,
         other_seconds: float,
+        forward_seconds: float | None = None,
     ) -> None:
         """One step's outcome.
 
@@ -326,18 +367,28 @@ class TreeChooser:
                 accepted one was not rejected: it is not counted).
             draft_seconds: the step's drafting time; other_seconds: its time besides the
                 target forward and the drafting.
+            forward_seconds: its verification forward's time, when it ran alone: scales the
+                profile (``forward_scale``).
         """
         self._other.add(other_seconds)
+        if forward_seconds is not None:
+            expected = self.profile.cost(1 + proposed)
+            self._scale[depth > 0].add(forward_seconds / expected)
         if depth == 0:
             return
         if self._exploring:
             self._exploring = False
             rejected = accepted == 0 and not stopped
             self._explore_every = (
-                min(2 * self._explore_every, EXPLORE_MAX) if rejected else EXPLORE_EVERY
+                min(2 * self._explore_every, EXPLORE_MAX)
+                if rejected
+                else max(self._explore_every // 2, EXPLORE_EVERY)
             )
         self._draft_level.add(draft_seconds / depth)
         self._fill.add(proposed / (drafts * depth))
+        self._proposing.add(1.0 if proposed else 0.0)
+        if not proposed:  # nothing to accept: the acceptance rates count proposals only
+            return
         reached = self._reached.setdefault(drafts, [0] * self.max_depth)
         hits = self._accepted.setdefault(drafts, [0] * self.max_depth)
         for level in range(1, min(accepted + (0 if stopped else 1), depth) + 1):

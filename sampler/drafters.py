@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from sampler.cached_lm import CachedLM, TargetLM
 from sampler.heads import heads_drafter
+from sampler.processing import Processing, Support, process
 from sampler.tree import DraftTree
 
 
@@ -38,6 +39,41 @@ class Drafter(Protocol):
 
     def finish_step(self, tree: DraftTree, visited: list[int], committed: list[int]) -> None:
         """The step emitted tokens through ``visited`` nodes; ``committed`` is the new prefix."""
+
+
+def draft_law(
+    drafter: Drafter, tree: DraftTree, level: int, committed: list[int], processing: Processing
+) -> Support:
+    """Q_k at the n nodes of depth ``level - 1``: the drafter's logits processed as the
+    target's (``sampler.processing.process``). A point-mass drafter (one with ``points``:
+    n-gram, fixed token) gives its (n, 1) support directly, what processing would return
+    without its cost (temperature, top-k and top-p leave a point mass as it is; the other slots
+    of the processed support are -inf, which no race draws): ~0.3 ms a call after a llama.cpp
+    forward, when the drafter's own lookup takes microseconds."""
+    points = getattr(drafter, "points", None)
+    if points is None:
+        return process(drafter.propose(tree, level, committed), processing)
+    return point_support(points(tree, level, committed))
+
+
+def point_support(points: list[int | None]) -> Support:
+    """(n, 1) support of point masses; an empty row (logp -inf) for None."""
+    tokens = [[p if p is not None else 0] for p in points]
+    logp = [[0.0 if p is not None else -torch.inf] for p in points]
+    return Support(
+        tokens=torch.tensor(tokens, dtype=torch.int64).reshape(-1, 1),
+        logp=torch.tensor(logp, dtype=torch.float64).reshape(-1, 1),
+    )
+
+
+def point_logits(points: list[int | None], vocab_size: int) -> torch.Tensor:
+    """(n, V) float64 logits of point masses: 0 at the point, -inf elsewhere (all -inf for
+    None)."""
+    logits = torch.full((len(points), vocab_size), -torch.inf, dtype=torch.float64)
+    for row, point in enumerate(points):
+        if point is not None:
+            logits[row, point] = 0.0
+    return logits
 
 
 def wants_target_hidden(drafter: Drafter | None) -> bool:
@@ -171,22 +207,42 @@ class NgramDrafter:
         return None
 
     def _lookup(self, seq: list[int]) -> int | None:
-        for n in range(min(self.max_ngram, len(seq) - 1), 0, -1):
-            tail = seq[-n:]
-            for start in range(len(seq) - n - 1, -1, -1):
-                if seq[start : start + n] == tail:
-                    return seq[start + n]
-        return None
+        """The token after the latest earlier occurrence of the longest tail of ``seq`` (up
+        to ``max_ngram`` tokens) that occurs earlier; None when the last token never did.
+
+        Walks the earlier occurrences of the last token, latest first (``list.index`` on the
+        reversed prefix: C speed; ~25 against ~105 us for a 450-token context scanned slice
+        by slice), and extends each match backwards."""
+        if len(seq) < 2:
+            return None
+        last, before = seq[-1], seq[-2::-1]  # before[i] = seq[len(seq) - 2 - i]
+        best, longest, i = None, 0, 0
+        while longest < self.max_ngram:
+            try:
+                i = before.index(last, i)
+            except ValueError:
+                break
+            end = len(seq) - 2 - i  # seq[end] == last, and seq[end + 1] exists
+            n = 1
+            while n < self.max_ngram and n <= end and seq[end - n] == seq[-1 - n]:
+                n += 1
+            if n > longest:
+                best, longest = seq[end + 1], n
+            i += 1
+        return best
+
+    def points(self, tree: DraftTree, level: int, committed: list[int]) -> list[int | None]:
+        """The proposal at each node of depth ``level - 1`` (tree order), None for none."""
+        self.calls += 1
+        proposals: list[int | None] = []
+        for node in tree.levels[level - 1]:
+            proposal = self._lookup(committed + tree.path_tokens(node))
+            ok = proposal is not None and proposal < self.vocab_size
+            proposals.append(proposal if ok else None)
+        return proposals
 
     def propose(self, tree: DraftTree, level: int, committed: list[int]) -> torch.Tensor:
-        self.calls += 1
-        nodes = tree.levels[level - 1]
-        logits = torch.full((len(nodes), self.vocab_size), -torch.inf, dtype=torch.float64)
-        for row, node in enumerate(nodes):
-            proposal = self._lookup(committed + tree.path_tokens(node))
-            if proposal is not None and proposal < self.vocab_size:
-                logits[row, proposal] = 0.0
-        return logits
+        return point_logits(self.points(tree, level, committed), self.vocab_size)
 
     def finish_step(self, tree: DraftTree, visited: list[int], committed: list[int]) -> None:
         return None
@@ -206,12 +262,12 @@ class FixedTokenDrafter:
     def start(self, prompt: list[int]) -> None:
         return None
 
-    def propose(self, tree: DraftTree, level: int, committed: list[int]) -> torch.Tensor:
+    def points(self, tree: DraftTree, level: int, committed: list[int]) -> list[int | None]:
         self.calls += 1
-        n = len(tree.levels[level - 1])
-        logits = torch.full((n, self.vocab_size), -torch.inf, dtype=torch.float64)
-        logits[:, self.token] = 0.0
-        return logits
+        return [self.token] * len(tree.levels[level - 1])
+
+    def propose(self, tree: DraftTree, level: int, committed: list[int]) -> torch.Tensor:
+        return point_logits(self.points(tree, level, committed), self.vocab_size)
 
     def finish_step(self, tree: DraftTree, visited: list[int], committed: list[int]) -> None:
         return None

@@ -28,7 +28,7 @@ from transformers import PreTrainedModel
 from keyed import KeyedSource
 from sampler.autotree import TreeChooser, profile_for, tree_invariant
 from sampler.cached_lm import TargetLM, forward_many, open_cache
-from sampler.drafters import Drafter, feed_target_hidden, wants_target_hidden
+from sampler.drafters import Drafter, draft_law, feed_target_hidden, wants_target_hidden
 from sampler.masks import chain_visible
 from sampler.methods import SamplerConfig
 from sampler.policies import History, KeyedRace, Policy
@@ -184,9 +184,11 @@ def step(seq: SequenceState) -> list[int]:
     grow_tree(seq, tree, depth)
     drafting = time.perf_counter() - began
     # 2. verification: one target forward over root + every node, tree-attention mask
+    began = time.perf_counter()
     logits = verify_tree(seq.lm, tree, len(seq.history.committed) - 1)
+    verifying = time.perf_counter() - began
     # 3.-4. walk, KV keep, drafter finish
-    return finish_step(seq, tree, logits, depth, drafting)
+    return finish_step(seq, tree, logits, depth, drafting, verifying)
 
 
 def new_tree(seq: SequenceState, nodes: int | None = None) -> tuple[DraftTree, int]:
@@ -227,10 +229,12 @@ def finish_step(
     logits: torch.Tensor,
     depth: int,
     draft_seconds: float = 0.0,
+    forward_seconds: float | None = None,
 ) -> list[int]:
     """Steps 3-4 after the verification forward's (len(tree), V) ``logits``: the walk, the KV
     keep, the drafter's finish; returns the ids the step emitted (EOS excluded). A
-    ``chooser`` is told the step's outcome (``draft_seconds``: the step's drafting time)."""
+    ``chooser`` is told the step's outcome (``draft_seconds``: the step's drafting time;
+    ``forward_seconds``: its own verification forward's, None when it shared one)."""
     began = time.perf_counter()
     committed, config = seq.history.committed, seq.config
     base = len(committed) - 1
@@ -248,7 +252,7 @@ def finish_step(
     if seq.chooser is not None:
         seq.chooser.observe(
             tree.nodes[0].multiplicity, depth, len(tree) - 1, len(visited) - 1, seq.done,
-            draft_seconds, time.perf_counter() - began,
+            draft_seconds, time.perf_counter() - began, forward_seconds,
         )  # fmt: skip
     return committed[emitted_before:]
 
@@ -267,8 +271,7 @@ def grow_level(seq: SequenceState, tree: DraftTree, level: int) -> bool:
     if not parents:
         return False
     assert seq.drafter is not None, "a method with lookahead drafts"
-    logits = seq.drafter.propose(tree, level, seq.history.committed)  # (n, V)
-    q = process(logits, seq.config.processing)
+    q = draft_law(seq.drafter, tree, level, seq.history.committed, seq.config.processing)
     drafts = seq.policy.drafts(tree, parents, q, seq.history)
     for parent, tokens in zip(parents, drafts, strict=True):
         tree.add_drafts(parent, tokens)

@@ -166,8 +166,9 @@ def test_kernels_fall_back_to_numpy(
     assert ("using the NumPy paths" in caplog.text) is warns
 
 
+@pytest.mark.parametrize("kernel", ["uniforms_into", "clock_uniforms_into"])
 def test_kernels_that_disagree_with_numpy_are_not_used(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    kernel: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The loader compares each kernel with the NumPy path on this machine before using it."""
     import importlib
@@ -175,13 +176,20 @@ def test_kernels_that_disagree_with_numpy_are_not_used(
 
     kernels = _kernel_loader.kernels()
     assert kernels is not None
-    wrong = types.SimpleNamespace(plan_into=kernels.plan_into, MULTIPLIER=kernels.MULTIPLIER)
+    wrong = types.SimpleNamespace(
+        plan_into=kernels.plan_into,
+        MULTIPLIER=kernels.MULTIPLIER,
+        uniforms_into=kernels.uniforms_into,
+        clock_uniforms_into=kernels.clock_uniforms_into,
+    )
+    right = getattr(kernels, kernel)
 
-    def uniforms_off_by_one_bit(c0, c1, k0, k1, out):  # type: ignore[no-untyped-def]
-        kernels.uniforms_into(c0, c1, k0, k1, out)
+    def off_by_one_bit(*args):  # type: ignore[no-untyped-def]
+        right(*args)
+        out = args[-1].reshape(-1)
         out[0] = np.nextafter(out[0], 0.0)
 
-    wrong.uniforms_into = uniforms_off_by_one_bit
+    setattr(wrong, kernel, off_by_one_bit)
     monkeypatch.setattr(importlib, "import_module", lambda name: wrong)
     with caplog.at_level("WARNING", logger="keyed._kernel_loader"):
         assert _kernel_loader.kernels.__wrapped__() is None  # type: ignore[attr-defined]
@@ -201,6 +209,7 @@ def test_a_many_secrets_kernel_that_disagrees_with_hashlib_is_not_used(
         plan_into=kernels.plan_into,
         MULTIPLIER=kernels.MULTIPLIER,
         uniforms_into=kernels.uniforms_into,
+        clock_uniforms_into=kernels.clock_uniforms_into,
     )
 
     def pivots_one_bit_off(*args):  # type: ignore[no-untyped-def]
@@ -241,3 +250,24 @@ def test_pivot_matrix_rejects_bad_input() -> None:
         prf.pivot_matrix([secret], np.full((1, 4), 2**32), np.zeros(1, np.int64))
     with pytest.raises(ValueError, match="Secret"):
         prf.pivot_matrix([bytes(32)], np.zeros((1, 4), np.int64), np.zeros(1, np.int64))  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize("arrivals", [1, 3])
+def test_sampler_clocks_are_the_same_bits_compiled_and_not(
+    arrivals: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``keyed.tensor.clock_uniforms`` on the CPU: the one-call kernel (``clock_uniforms_into``)
+    gives the bits of the NumPy path, for small and large rows and full 32-bit key words."""
+    clock_uniforms = tensor.clock_uniforms
+    assert _kernel_loader.kernels() is not None  # loaded: clock_uniforms uses it
+    generator = torch.Generator().manual_seed(arrivals)
+    keys = torch.randint(0, 2**32, (5, 2), generator=generator)
+    keys[0] = torch.tensor([0, 2**32 - 1])
+    for width in (1, 50, 4099):
+        tokens = torch.randint(0, 2**32, (5, width), generator=generator)
+        compiled = clock_uniforms(keys, tokens, arrivals)
+        with monkeypatch.context() as patch:
+            patch.setattr(_kernel_loader, "kernels", lambda: None)
+            reference = clock_uniforms(keys, tokens, arrivals)
+        assert compiled.shape == (5, width, arrivals)
+        assert torch.equal(compiled, reference)

@@ -62,7 +62,7 @@ def test_costly_trees_that_are_rejected_give_one_token_steps_and_exploration():
     assert len(one_token) < len(picks)  # but it keeps trying
 
 
-def test_rejected_explores_back_off_and_an_accepted_one_resets():
+def test_rejected_explores_back_off_and_an_accepted_one_halves_the_interval():
     chooser = TreeChooser(STEEP, 4, 4)
 
     def steps_to_next_tree(accepted: int) -> int:
@@ -76,7 +76,9 @@ def test_rejected_explores_back_off_and_an_accepted_one_resets():
     gaps = [steps_to_next_tree(0) for _ in range(6)]
     assert gaps[-1] == EXPLORE_MAX >= gaps[-2] > gaps[1] >= EXPLORE_EVERY
     steps_to_next_tree(1)  # this explored tree is accepted at level 1 ...
-    assert steps_to_next_tree(0) <= EXPLORE_EVERY  # ... so the next comes soon
+    assert steps_to_next_tree(1) == EXPLORE_MAX // 2  # ... so the next comes twice as soon
+    assert steps_to_next_tree(0) == EXPLORE_MAX // 4  # and again; a rejected one doubles it
+    assert steps_to_next_tree(0) == EXPLORE_MAX // 2
 
 
 def test_depth_never_passes_the_tokens_left_or_the_caps():
@@ -90,10 +92,12 @@ def test_acceptance_counts_only_what_was_decided():
     chooser = TreeChooser(FLAT, 2, 4)
     chooser.observe(2, 4, 8, 1, False, 0.0, 0.0)  # level 1 accepted, level 2 rejected
     chooser.observe(2, 4, 8, 2, True, 0.0, 0.0)  # stopped (EOS/budget) after level 2
-    assert chooser.acceptance(2, 1) == (2 + 1) / (2 + 2)
-    assert chooser.acceptance(2, 2) == (1 + 1) / (2 + 2)
-    assert chooser.acceptance(2, 3) == 0.5  # never reached: the prior
-    assert chooser.acceptance(1, 1) == 0.5 and chooser.acceptance(2, 1) >= chooser.acceptance(1, 1)
+    # Beta(1, 2) prior: (accepted + 1) / (reached + 3)
+    assert chooser.acceptance(2, 1) == (2 + 1) / (2 + 3)
+    assert chooser.acceptance(2, 2) == (1 + 1) / (2 + 3)
+    assert chooser.acceptance(2, 3) == 1 / 3  # never reached: the prior
+    prior = chooser.acceptance(1, 1)
+    assert prior == 1 / 3 and chooser.acceptance(2, 1) >= prior
 
 
 def test_a_capped_tree_is_recorded_as_run():
@@ -204,3 +208,29 @@ def test_auto_trees_keep_the_keyed_output(profile):
 def test_tree_mode_is_checked():
     with pytest.raises(ValueError, match="tree must be one of fixed, auto"):
         SamplerConfig("mpfr", tree="deep")  # type: ignore[arg-type]
+
+
+def test_acceptance_counts_proposals_and_the_proposal_rate_scales_it():
+    """Tree steps where the drafter proposed nothing (an n-gram drafter without a match) set
+    the proposal rate π, not the acceptance; the expected tokens are 1 + π·a_1, so a drafter
+    that rarely proposes, and is rejected when it does, gets one-token steps (until the
+    explore) even where a tree costs little more than a step."""
+    chooser = TreeChooser(ForwardProfile((1, 2), (1.0, 1.3)), 1, 1)
+    for step in range(20):
+        chooser.observe(1, 1, 1 if step % 7 == 0 else 0, 0, False, 0.0, 0.0)  # 3 proposals
+    assert chooser.proposal_rate() == 3 / 20
+    assert chooser.acceptance(1, 1) == 1 / (3 + 3)  # Beta(1, 2) over the 3 proposals
+    assert chooser.expected_tokens(1, 1) == 1 + 3 / 20 * (1 / 6)
+    picks = [chooser.record(*chooser.choose(100))[1] for _ in range(EXPLORE_EVERY)]
+    assert picks == [0] * (EXPLORE_EVERY - 1) + [1]  # one-token steps, then the explore
+
+
+def test_measured_forwards_scale_the_profile():
+    """A request whose tree forwards take 1.5x what the profile says (and one-token ones as
+    profiled) is planned with the measured costs (``forward_scale``)."""
+    chooser = TreeChooser(ForwardProfile((1, 2), (1.0, 1.3)), 1, 1)
+    for _ in range(4):
+        chooser.observe(1, 0, 0, 0, False, 0.0, 0.0, forward_seconds=1.0)
+        chooser.observe(1, 1, 1, 0, False, 0.0, 0.0, forward_seconds=1.5 * 1.3)
+    assert chooser.forward_scale(False) == 1.0 and chooser.forward_scale(True) == 1.5
+    assert chooser.expected_seconds(1, 1) == 1.5 * 1.3 and chooser.expected_seconds(1, 0) == 1.0

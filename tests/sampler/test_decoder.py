@@ -13,8 +13,16 @@ from scipy import stats
 from keyed import KeyedSource, Secret
 from sampler.cached_lm import CachedLM
 from sampler.decoder import SamplerConfig, generate
-from sampler.drafters import FixedTokenDrafter, ModelDrafter, NgramDrafter, self_drafter
-from sampler.processing import Processing
+from sampler.drafters import (
+    FixedTokenDrafter,
+    ModelDrafter,
+    NgramDrafter,
+    draft_law,
+    self_drafter,
+)
+from sampler.policies import History, KeyedRace
+from sampler.processing import Processing, dense_logp, process
+from sampler.tree import DraftTree
 from tests.sampler.conftest import VOCAB, first_two_token_law, tiny_llama
 
 
@@ -234,3 +242,53 @@ def test_generate_rejects_bad_input(target):
         generate(target, [VOCAB], SamplerConfig("basic-uwm"), source(1))
     with pytest.raises(ValueError, match="drafter"):
         generate(target, [1], SamplerConfig("mpfr"), source(1))
+
+
+def _lookup_by_slices(seq: list[int], max_ngram: int) -> int | None:
+    """Prompt lookup by its definition: for n = max..1, the token after the latest earlier
+    occurrence of the last n tokens."""
+    for n in range(min(max_ngram, len(seq) - 1), 0, -1):
+        for start in range(len(seq) - n - 1, -1, -1):
+            if seq[start : start + n] == seq[-n:]:
+                return seq[start + n]
+    return None
+
+
+@pytest.mark.parametrize("max_ngram", [1, 2, 3, 5])
+def test_ngram_lookup_is_the_latest_longest_match(max_ngram):
+    """The n-gram drafter's fast lookup proposes what the definition does, on random texts
+    over small alphabets (many repeats and partial matches) of every length from 0."""
+    drafter = NgramDrafter(VOCAB, max_ngram)
+    generator = torch.Generator().manual_seed(max_ngram)
+    proposed = 0
+    for trial in range(600):
+        alphabet, length = 2 + trial % 5, trial % 40
+        seq = torch.randint(0, alphabet, (length,), generator=generator).tolist()
+        expected = _lookup_by_slices(seq, max_ngram)
+        assert drafter._lookup(seq) == expected, seq
+        proposed += expected is not None
+    assert proposed > 300
+
+
+@pytest.mark.parametrize("processing", [Processing(1.0, 50, 1.0), Processing(0.6, 0, 0.9),
+                                        Processing(0.0, 50, 1.0)])  # fmt: skip
+def test_point_mass_drafters_give_the_processed_law_and_the_same_drafts(processing):
+    """``draft_law`` of the n-gram and fixed-token drafters (their (n, 1) support, no
+    processing) is the law ``process`` makes of their dense logits, and the keyed race draws
+    the same drafts from both, at a level with a proposal and one without."""
+    committed = [5, 6, 7, 5, 6, 9, 5, 6]  # "5 6" recurs: the n-gram drafter proposes 7 or 9
+    tree = DraftTree(committed[-1], 3)
+    tree.add_drafts(0, [7, 11])  # level 1: after "... 6 7" a match, after "... 6 11" none
+    source = KeyedSource(Secret(bytes(range(32))), 2, True, 4)
+    history = History(list(committed), 3, 2)
+    for drafter in (NgramDrafter(VOCAB), FixedTokenDrafter(VOCAB, 3)):
+        for level in (1, 2):
+            fast = draft_law(drafter, tree, level, committed, processing)
+            slow = process(drafter.propose(tree, level, committed), processing)
+            assert torch.equal(dense_logp(fast, VOCAB), dense_logp(slow, VOCAB))
+            parents = tree.level(level - 1)
+            race = KeyedRace(source)
+            drafts = race.drafts(tree, parents, fast, history)
+            assert drafts == race.drafts(tree, parents, slow, history)
+            if isinstance(drafter, NgramDrafter) and level == 2:
+                assert drafts[1] == [] and drafts[0] != []  # one row without a proposal

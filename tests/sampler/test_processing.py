@@ -47,3 +47,26 @@ def test_all_minus_inf_row_stays_empty():
 def test_bad_processing_names_the_field(field, kwargs):
     with pytest.raises(ValueError, match=field):
         Processing(**kwargs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("processing", [Processing(1.0, 50, 1.0), Processing(0.7, 0, 0.95)])
+def test_low_precision_logits_give_the_float64_support(dtype, processing):
+    """``process`` runs top-k on the logits as given and widens only the kept values: the
+    support (slots and order, ties included) is the one of the same logits widened first.
+    Logits on a coarse grid (multiples of 1/8 in [-4, 4]) make ties at the top-k boundary
+    common, so a dtype-dependent tie-break would show."""
+    generator = torch.Generator().manual_seed(3)
+    logits = (torch.randint(-32, 33, (64, 4096), generator=generator) / 8).to(dtype)
+    logits[0, :] = 0.0  # one row all tied
+    logits[1, :100] = -torch.inf
+    ties = 0
+    for row in logits:
+        values = row.to(torch.float64)
+        ties += int((values == values.topk(50).values[-1]).sum() > 1)
+    assert ties > 50  # the boundary is tied in most rows: the check below can fail
+    fast = process(logits, processing)
+    wide = process(logits.to(torch.float64), processing)
+    assert torch.equal(fast.tokens, wide.tokens)
+    assert torch.equal(fast.logp, wide.logp)
+    assert fast.logp.dtype == torch.float64
