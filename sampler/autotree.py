@@ -300,8 +300,8 @@ class TreeChooser:
         return total
 
     def forward_scale(self, tree: bool) -> float:
-        """This request's forwards, one-token (``tree`` False) or tree steps, measured against
-        the profile: the mean of seconds / t(nodes) over its steps, 1 before the first. On
+        """This request's forwards, of one token (``tree`` False) or of a tree with nodes,
+        measured against the profile: the mean of seconds / t(nodes) over its steps, 1 before the first. On
         llama.cpp a 2-node forward inside a request cost 1.5 one-token ones where the profile
         said 1.3-1.43 (its graph for the one-token shape is reused step after step; a tree's
         is built anew); other load on the machine scales both."""
@@ -373,7 +373,7 @@ class TreeChooser:
         self._other.add(other_seconds)
         if forward_seconds is not None:
             expected = self.profile.cost(1 + proposed)
-            self._scale[depth > 0].add(forward_seconds / expected)
+            self._scale[proposed > 0].add(forward_seconds / expected)
         if depth == 0:
             return
         if self._exploring:
