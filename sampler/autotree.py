@@ -33,8 +33,11 @@ choice is a cost model in the spirit of Sequoia (Chen et al. 2024):
   2-node one ~2; level-1 acceptance of one draft lifts every B's estimate); each one that is
   rejected at level 1 doubles that interval (up to ``EXPLORE_MAX``), an accepted one halves it
   (down to ``EXPLORE_EVERY``), so the interval settles where explores are accepted about half
-  the time (on llama.cpp, where no tree pays, exploring every 8th step cost ~6 %; resetting
-  to 8 on each accepted explore, one in 5-7 with the n-gram drafter on chat answers, ~4 %).
+  the time, and it is never shorter than what keeps explores within ``EXPLORE_BUDGET`` of the
+  decoding time (``TreeChooser.explore_interval``: a drafter whose pass costs two steps
+  explores every 64th step at most). On llama.cpp, where no tree pays, exploring every 8th
+  step cost ~6 %; resetting to 8 on each accepted explore, one in 5-7 with the n-gram drafter
+  on chat answers, ~4 %.
 
 Shapes: n tree nodes (root included); B drafts; ℓ depth.
 """
@@ -74,6 +77,7 @@ PRIOR_ACCEPTED: Final = 1.0  # the Beta prior of each level's acceptance (module
 PRIOR_REJECTED: Final = 2.0
 EXPLORE_EVERY: Final = 8
 EXPLORE_MAX: Final = 64
+EXPLORE_BUDGET: Final = 0.02  # explores' expected loss, as a share of decoding time
 _PROFILE_ATTR: Final = "_poissonmark_forward_profile"
 _PROFILE_DIR_ATTR: Final = "_poissonmark_profile_dir"
 
@@ -301,10 +305,10 @@ class TreeChooser:
 
     def forward_scale(self, tree: bool) -> float:
         """This request's forwards, of one token (``tree`` False) or of a tree with nodes,
-        measured against the profile: the mean of seconds / t(nodes) over its steps, 1 before the first. On
-        llama.cpp a 2-node forward inside a request cost 1.5 one-token ones where the profile
-        said 1.3-1.43 (its graph for the one-token shape is reused step after step; a tree's
-        is built anew); other load on the machine scales both."""
+        measured against the profile: the mean of seconds / t(nodes) over its steps, 1
+        before the first. On llama.cpp a 2-node forward inside a request cost 1.5 one-token
+        ones where the profile said 1.3-1.43 (its graph for the one-token shape is reused
+        step after step; a tree's is built anew); other load on the machine scales both."""
         return self._scale[tree].get(1.0)
 
     def expected_seconds(self, drafts: int, depth: int) -> float:
@@ -332,11 +336,24 @@ class TreeChooser:
                     best_tree, best_tree_rate = (drafts, depth), rate
         if best_tree is not None and best_tree_rate > best_rate:
             best = best_tree
-        elif best_tree is not None and self._since_tree + 1 >= self._explore_every:
+        elif best_tree is not None and self._since_tree + 1 >= self.explore_interval():
             best = (1, 1)  # explore, cheaply: does the drafter's best guess start to match?
             self._exploring = True
         self._since_tree = 0 if best[1] > 0 else self._since_tree + 1
         return best
+
+    def explore_interval(self) -> float:
+        """One-token steps between explores: the back-off interval (doubled by a rejected
+        explore, halved by an accepted one), and at least what keeps the explores' expected
+        loss within ``EXPLORE_BUDGET`` of the decoding time — loss = seconds(1, 1) −
+        tokens(1, 1)·seconds(1, 0), the time an explore takes beyond what its expected tokens
+        cost one at a time — capped at ``EXPLORE_MAX``. A costly drafter (the heads' pass
+        through a float32 LM head after a llama.cpp forward: ~22 ms, two steps) explores
+        rarely; a cheap one (n-gram lookup) at the back-off interval."""
+        step = self.expected_seconds(1, 0)
+        loss = self.expected_seconds(1, 1) - self.expected_tokens(1, 1) * step
+        floor = loss / (EXPLORE_BUDGET * step) if step > 0 else 0.0
+        return max(self._explore_every, min(floor, EXPLORE_MAX))
 
     def record(self, drafts: int, depth: int) -> tuple[int, int]:
         """Count the tree a step runs (after any node cap); B rounded down to a candidate so

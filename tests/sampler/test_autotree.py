@@ -6,11 +6,13 @@ batched, on float64 tiny models."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
 
 from keyed import KeyedSource, Secret
+from sampler import autotree
 from sampler.autotree import (
     EXPLORE_EVERY,
     EXPLORE_MAX,
@@ -53,7 +55,13 @@ def test_free_trees_that_are_accepted_grow_deep():
     assert chooser.expected_tokens(4, 4) > 4.0
 
 
-def test_costly_trees_that_are_rejected_give_one_token_steps_and_exploration():
+@pytest.fixture
+def free_explores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The back-off interval alone decides when to explore (no cost floor)."""
+    monkeypatch.setattr(autotree, "EXPLORE_BUDGET", math.inf)
+
+
+def test_costly_trees_that_are_rejected_give_one_token_steps_and_exploration(free_explores):
     chooser = TreeChooser(STEEP, 4, 4)
     _train(chooser, accepted=0, steps=80)
     picks = [chooser.record(*chooser.choose(100)) for _ in range(EXPLORE_MAX * 2)]
@@ -62,7 +70,7 @@ def test_costly_trees_that_are_rejected_give_one_token_steps_and_exploration():
     assert len(one_token) < len(picks)  # but it keeps trying
 
 
-def test_rejected_explores_back_off_and_an_accepted_one_halves_the_interval():
+def test_rejected_explores_back_off_and_an_accepted_one_halves_the_interval(free_explores):
     chooser = TreeChooser(STEEP, 4, 4)
 
     def steps_to_next_tree(accepted: int) -> int:
@@ -234,3 +242,20 @@ def test_measured_forwards_scale_the_profile():
         chooser.observe(1, 1, 1, 0, False, 0.0, 0.0, forward_seconds=1.5 * 1.3)
     assert chooser.forward_scale(False) == 1.0 and chooser.forward_scale(True) == 1.5
     assert chooser.expected_seconds(1, 1) == 1.5 * 1.3 and chooser.expected_seconds(1, 0) == 1.0
+
+
+def test_a_costly_explore_waits_until_its_loss_fits_the_budget():
+    """With drafting that costs two steps per level, an explore loses ~2 steps of time, so
+    explores come at most every 2 / ``EXPLORE_BUDGET`` steps (capped at ``EXPLORE_MAX``);
+    with free drafting on the same profile the back-off interval alone decides."""
+    costly, cheap = TreeChooser(STEEP, 1, 1), TreeChooser(STEEP, 1, 1)
+    for chooser, draft in ((costly, 0.02), (cheap, 0.0)):
+        chooser.observe(1, 1, 1, 0, False, draft, 0.0)  # one rejected tree: c measured
+    step = costly.expected_seconds(1, 0)
+    loss = costly.expected_seconds(1, 1) - costly.expected_tokens(1, 1) * step
+    assert loss > 2 * step
+    assert costly.explore_interval() == EXPLORE_MAX
+    floor = (cheap.expected_seconds(1, 1) - cheap.expected_tokens(1, 1) * step) / (
+        autotree.EXPLORE_BUDGET * step
+    )
+    assert cheap.explore_interval() == max(EXPLORE_EVERY, floor) < EXPLORE_MAX
