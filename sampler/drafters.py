@@ -26,7 +26,9 @@ from sampler.tree import DraftTree
 
 
 class Drafter(Protocol):
-    """What the decoder needs from a drafter."""
+    """What the decoder needs from a drafter. A point-mass drafter may also have
+    ``points(tree, level, committed) -> list[int | None]`` (one proposal or None per node):
+    the decoder then takes its support without processing its logits (``draft_law``)."""
 
     name: str
     calls: int
