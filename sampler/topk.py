@@ -36,7 +36,7 @@ def top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """
     kernel = _loaded() if _fits(logits, k) else None
     if kernel is not None:
-        x = logits.detach().numpy()
+        x = logits.numpy()
         values = np.empty((x.shape[0], k), dtype=np.float32)
         indices = np.empty((x.shape[0], k), dtype=np.int64)
         if kernel(x, values, indices):
@@ -57,6 +57,7 @@ def _fits(logits: torch.Tensor, k: int) -> bool:
         and logits.dtype == torch.float32
         and logits.ndim == 2
         and logits.is_contiguous()
+        and not logits.requires_grad  # torch keeps the graph
         and 1 <= k <= min(KERNEL_MAX_K, logits.shape[1])
     )
 
