@@ -1,9 +1,9 @@
 """Compiled CPU kernel of the decoder's top-k (numba), used only where it equals ``torch.topk``.
 
-Imported by ``sampler.processing`` on first use (``topk_kernel``), never at import time. Why
-compiled: right after a llama.cpp forward (precision gguf), whose weights have evicted the
-caches, ``torch.topk`` of 50 over a (1, 49152) float32 row took ~320 µs and this one pass ~65 µs
-(Intel Xeon, 2 cores; ~80 and ~30 µs warm) — ~2 % of a token.
+Imported by ``sampler.topk`` when it is warmed up (``sampler.topk.warm_up``), never at import
+time. Why compiled: right after a llama.cpp forward (precision gguf), whose weights have evicted
+the caches, ``torch.topk`` of 50 over a (1, 49152) float32 row took 261 µs and ``top_k`` with
+this pass 189 µs (93 and 66 µs warm; Intel Xeon, 2 cores, ``bench/results/gguf_step_costs.json``).
 
 ``top_k_distinct_into`` keeps, per row, the k largest values in descending order (insertion
 into a sorted buffer). Its answer is unique, hence ``torch.topk``'s, when the k values are

@@ -17,7 +17,8 @@ choice is a cost model in the spirit of Sequoia (Chen et al. 2024):
   a proposal, at level j given level j−1 accepted, with B drafts
   (a Beta(1, 2) prior, mean 1/3: with Beta(1, 1) every request began by drafting where trees
   cost 1.5 one-token forwards (llama.cpp) until its own rejections said otherwise, ~15 trees of
-  2-3 nodes per 128 tokens, 24 % accepted, 3 % slower than ``basic-uwm``; counted from its
+  2-3 nodes per 128 tokens, 24 % accepted, 3 % slower than ``basic-uwm``, in ad-hoc runs;
+  counted from its
   steps; a larger B never estimated below a smaller one).
 - f: the share of the planned B·ℓ nodes the drafter actually proposes (an n-gram drafter with
   no match proposes none), c: drafting seconds per level, o: the step's other seconds (walk,
@@ -36,8 +37,8 @@ choice is a cost model in the spirit of Sequoia (Chen et al. 2024):
   the time, and it is never shorter than what keeps explores within ``EXPLORE_BUDGET`` of the
   decoding time (``TreeChooser.explore_interval``: a drafter whose pass costs two steps
   explores every 64th step at most). On llama.cpp, where no tree pays, exploring every 8th
-  step cost ~6 %; resetting to 8 on each accepted explore, one in 5-7 with the n-gram drafter
-  on chat answers, ~4 %.
+  step cost ~6 % (session 10); resetting to 8 on each accepted explore, one in 5-7 with the
+  n-gram drafter on chat answers, ~4 % (ad hoc).
 
 Shapes: n tree nodes (root included); B drafts; ℓ depth.
 """
@@ -131,9 +132,11 @@ def measure_profile(target: PreTrainedModel, repeats: int = PROFILE_REPEATS) -> 
         times = []
         for attempt in range(repeats + 1):
             # as in decoding, a tree comes after one-token steps: a backend that reuses its
-            # last compute graph for the same shape (llama.cpp) pays a new one here. Timed
-            # back to back, a 2-node forward cost 1.29 one-token ones on llama.cpp; after a
-            # one-token step, as the steps of a request pay it, 1.48 (Intel Xeon, 2 cores)
+            # last compute graph for the same shape (llama.cpp) pays a new one here. On
+            # llama.cpp (Intel Xeon, 2 cores) a 2-node forward read 1.29 one-token ones timed
+            # back to back and 1.43 this way (ad hoc); inside requests 1.31
+            # (bench/results/gguf_step_costs.json) to 1.5 (ad hoc, another hour): the machine
+            # moves it, and TreeChooser.forward_scale follows what each request measures
             lm.forward([7], [0], one, base)
             lm.keep(base, [])
             if cuda:
@@ -306,9 +309,9 @@ class TreeChooser:
     def forward_scale(self, tree: bool) -> float:
         """This request's forwards, of one token (``tree`` False) or of a tree with nodes,
         measured against the profile: the mean of seconds / t(nodes) over its steps, 1
-        before the first. On llama.cpp a 2-node forward inside a request cost 1.5 one-token
-        ones where the profile said 1.3-1.43 (its graph for the one-token shape is reused
-        step after step; a tree's is built anew); other load on the machine scales both."""
+        before the first. On llama.cpp a 2-node forward inside requests cost 1.31-1.5
+        one-token ones (``measure_profile``'s comment), and other load on the machine scales
+        every forward."""
         return self._scale[tree].get(1.0)
 
     def expected_seconds(self, drafts: int, depth: int) -> float:
@@ -336,7 +339,11 @@ class TreeChooser:
                     best_tree, best_tree_rate = (drafts, depth), rate
         if best_tree is not None and best_tree_rate > best_rate:
             best = best_tree
-        elif best_tree is not None and self._since_tree + 1 >= self.explore_interval():
+        elif (
+            best_tree is not None
+            and self._since_tree + 1 >= self._explore_every  # cheap test first: every step
+            and self._since_tree + 1 >= self.explore_interval()
+        ):
             best = (1, 1)  # explore, cheaply: does the drafter's best guess start to match?
             self._exploring = True
         self._since_tree = 0 if best[1] > 0 else self._since_tree + 1
@@ -348,7 +355,7 @@ class TreeChooser:
         loss within ``EXPLORE_BUDGET`` of the decoding time — loss = seconds(1, 1) −
         tokens(1, 1)·seconds(1, 0), the time an explore takes beyond what its expected tokens
         cost one at a time — capped at ``EXPLORE_MAX``. A costly drafter (the heads' pass
-        through a float32 LM head after a llama.cpp forward: ~22 ms, two steps) explores
+        through a float32 LM head after a llama.cpp forward: ~22 ms ad hoc, two steps) explores
         rarely; a cheap one (n-gram lookup) at the back-off interval."""
         step = self.expected_seconds(1, 0)
         loss = self.expected_seconds(1, 1) - self.expected_tokens(1, 1) * step

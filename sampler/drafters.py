@@ -50,8 +50,8 @@ def draft_law(
     target's (``sampler.processing.process``). A point-mass drafter (one with ``points``:
     n-gram, fixed token) gives its (n, 1) support directly, what processing would return
     without its cost (temperature, top-k and top-p leave a point mass as it is; the other slots
-    of the processed support are -inf, which no race draws): ~0.3 ms a call after a llama.cpp
-    forward, when the drafter's own lookup takes microseconds."""
+    of the processed support are -inf, which no race draws). Processing a (1, 49152) point
+    mass took ~100 us warm (ad hoc), 25x the n-gram lookup itself."""
     points = getattr(drafter, "points", None)
     if points is None:
         return process(drafter.propose(tree, level, committed), processing)
@@ -213,8 +213,8 @@ class NgramDrafter:
         to ``max_ngram`` tokens) that occurs earlier; None when the last token never did.
 
         Walks the earlier occurrences of the last token, latest first (``list.index`` on the
-        reversed prefix: C speed; ~25 against ~105 us for a 450-token context scanned slice
-        by slice), and extends each match backwards."""
+        reversed prefix: C speed; ad hoc, 4 against 106 us for a 450-token random context
+        scanned slice by slice), and extends each match backwards."""
         if len(seq) < 2:
             return None
         last, before = seq[-1], seq[-2::-1]  # before[i] = seq[len(seq) - 2 - i]

@@ -172,8 +172,8 @@ def load_model(
     if dev.type == "cpu":
         # Per token on the CPU, the race's clocks and the top-k run compiled once loaded
         # (~0.4 s, here beside the model load; NumPy and torch until then, the same results):
-        # a top-50 row's clocks ~0.5 us against ~80 on NumPy (keyed._kernels), its top-k ~65
-        # against ~320 us after a llama.cpp forward (sampler.topk).
+        # together 2.3 % of basic-uwm's tokens/s on llama.cpp (bench/results/
+        # gguf_step_costs.json: 0.977x with NumPy clocks and torch.topk).
         threading.Thread(target=_warm_up_kernels, name="kernel-warm-up", daemon=True).start()
     if precision == "gguf" and (dtype is not None or dev.type != "cpu"):
         raise ValueError("precision gguf runs on the CPU only, with the file's own weights")
