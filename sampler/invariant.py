@@ -60,8 +60,16 @@ class RowInvarianceError(RuntimeError):
 
 
 def _pack(weight: torch.Tensor) -> torch.Tensor:
-    """(N, K) bfloat16 weight -> oneDNN's packed layout for calls of up to 16+ rows."""
-    packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 16)
+    """(N, K) bfloat16 weight -> oneDNN's packed layout for calls of up to 16+ rows.
+
+    Raises:
+        RowInvarianceError: oneDNN has no bfloat16 linear on this CPU (it needs avx_ne_convert
+            or avx512bw/vl/dq; an AVX2-only AMD EPYC has neither).
+    """
+    try:
+        packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 16)
+    except RuntimeError as exc:  # oneDNN refuses the bf16 path on this CPU
+        raise RowInvarianceError(f"no packed bfloat16 linear on this CPU ({exc})") from exc
     return packed
 
 

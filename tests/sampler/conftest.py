@@ -27,7 +27,7 @@ def tiny_llama(seed: int, layers: int = 2, dtype: torch.dtype = torch.float64) -
         num_key_value_heads=2,
         max_position_embeddings=512,
         initializer_range=0.3,
-        attn_implementation="eager",
+        attn_implementation="sdpa",  # float64 throughout: eager softmaxes in float32
         tie_word_embeddings=False,
     )
     return LlamaForCausalLM(config).to(dtype).eval()

@@ -208,6 +208,10 @@ def test_auto_falls_back_to_float32_where_a_shape_fails_the_probe(monkeypatch):
     import sampler.invariant as invariant
     from sampler.models import auto_runner
 
+    try:
+        invariant._pack(torch.zeros((16, 16), dtype=torch.bfloat16))
+    except RowInvarianceError as refused:  # e.g. AVX2 only: auto is float32 before any probe
+        pytest.skip(str(refused))
     real_probe = invariant.probe_row_invariance
     shapes: list[tuple[int, ...]] = []
 
@@ -220,6 +224,7 @@ def test_auto_falls_back_to_float32_where_a_shape_fails_the_probe(monkeypatch):
     model = _tied_llama()
     monkeypatch.setattr(invariant, "probe_row_invariance", failing_on_second)
     assert auto_runner(model) is None
+    assert len(shapes) == 2  # construction probed the LM head, probe_every_shape then qkv
     monkeypatch.setattr(invariant, "probe_row_invariance", real_probe)
     runner = auto_runner(model)
     if runner is not None:  # this CPU's kernels passed every shape of the tiny model
@@ -228,6 +233,24 @@ def test_auto_falls_back_to_float32_where_a_shape_fails_the_probe(monkeypatch):
     non_llama.config = copy.copy(model.config)
     non_llama.config.model_type = "mistral"
     assert auto_runner(non_llama) is None
+
+
+def test_a_cpu_without_packed_bfloat16_means_float32(monkeypatch):
+    """Where oneDNN has no bfloat16 linear (AVX2 only: it raised RuntimeError at packing on an
+    AMD EPYC), the runner refuses with RowInvarianceError and ``auto`` falls back to float32."""
+    import sampler.invariant as invariant
+    from sampler.models import auto_runner
+
+    class NoBfloat16Linear:
+        def _reorder_linear_weight(self, weight: torch.Tensor, rows: int) -> torch.Tensor:
+            raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support")
+
+    model = _tied_llama()
+    monkeypatch.setattr(invariant.torch.ops, "mkldnn", NoBfloat16Linear())
+    with pytest.raises(RowInvarianceError, match="no packed bfloat16 linear on this CPU"):
+        InvariantLlama(model, torch.bfloat16)
+    assert auto_runner(model) is None
+    assert InvariantLlama(model, torch.float64).weights == torch.float64  # needs no oneDNN
 
 
 def test_real_model_auto_precision_follows_the_cpu(real_model):

@@ -124,6 +124,13 @@ def test_two_workers_share_keys_and_metrics(tmp_path: Path, data_dir: Path) -> N
             try:
                 url = f"http://127.0.0.1:{port}"
                 _wait_ready(url, process)
+                # both workers loaded before any load-balancing claim: on a slow 2-core machine
+                # the second still loaded after the first had answered 1,421 detections
+                deadline = time.monotonic() + 600
+                while log.read_text(errors="replace").count("poissonmark ready") < 2:
+                    assert process.poll() is None, "poissonmark serve exited"
+                    assert time.monotonic() < deadline, "the second worker never became ready"
+                    time.sleep(0.5)
                 headers = {"Authorization": f"Bearer {admin}"}
                 key = httpx.post(f"{url}/v1/keys", json={}, headers=headers, timeout=60)
                 assert key.status_code == 201, key.text
@@ -131,7 +138,7 @@ def test_two_workers_share_keys_and_metrics(tmp_path: Path, data_dir: Path) -> N
                 (shared,) = set(glob.glob(pattern)) - before  # the metrics dir serve made
                 # a new connection per request, until both workers have answered some: a worker
                 # holding another KEK could not open the key (a 5xx, not a 200)
-                sent, deadline = 0, time.monotonic() + 120  # the second may still be loading
+                sent, deadline = 0, time.monotonic() + 120
                 while sent < 20 or len(_detections_by_pid(shared)) < 2:
                     assert time.monotonic() < deadline, f"one worker answered all {sent} requests"
                     found = httpx.post(f"{url}/v1/detect", json=body, headers=headers, timeout=60)
