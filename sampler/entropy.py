@@ -16,7 +16,9 @@ of the model over the text plus the processing of T rows of V logits in float64.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Final
 
 import torch
@@ -41,31 +43,48 @@ def support_entropy(logp: torch.Tensor) -> torch.Tensor:
     return terms.sum(dim=-1).clamp_min(0.0)
 
 
+@dataclass(frozen=True)
+class PositionLaws:
+    """What the target's law says about every position of a text (T tokens), key-independent.
+
+    Attributes:
+        entropy: (T,) float64 nats, H of the processed law of token t given what precedes it.
+        token_logp: (T,) float64 ln of the processed probability of the token the text has at
+            t (-inf: outside the processed support, e.g. past top-k or top-p).
+        raw_rank: (T,) int64 rank of that token in the *raw* (untempered, unfiltered) law:
+            how many tokens have a strictly larger logit (0: the most likely).
+    Entries at position 0 without a prefix (no context) are 0.0, 0.0 and 0.
+    """
+
+    entropy: torch.Tensor
+    token_logp: torch.Tensor
+    raw_rank: torch.Tensor
+
+
 @torch.inference_mode()
-def processed_entropy(
+def position_laws(
     model: PreTrainedModel,
     ids: Sequence[int],
     processing: Processing,
     *,
     prefix: Sequence[int] = (),
     chunk: int = DEFAULT_CHUNK,
-) -> torch.Tensor:
-    """The entropy of the processed target law at every position of ``ids``.
+) -> PositionLaws:
+    """The processed entropy, the processed log-probability of the text's own token and its
+    raw rank at every position of ``ids``, from one causal forward (chunked over the KV cache).
 
     Args:
         model: the target causal LM (eval mode, any device and dtype; logits are processed in
             float64).
         ids: (T,) token ids of the text, as the detector tokenized it.
-        processing: the generation's temperature, top-k, top-p; T = 0 (greedy) gives 0.0
-            everywhere.
+        processing: the generation's temperature, top-k, top-p; T = 0 (greedy): entropy 0.0,
+            ``token_logp`` 0.0 for the arg-max token and -inf for any other.
         prefix: ids conditioned on before the text (not reported), e.g. ``[bos]``; may be
             empty.
-        chunk: tokens per forward, >= 1; longer texts run in chunks over the KV cache (the
-            same causal pass). Texts longer than the model's ``max_position_embeddings`` (with
-            the prefix) are refused.
+        chunk: tokens per forward, >= 1. Texts longer than the model's
+            ``max_position_embeddings`` (with the prefix) are refused.
     Returns:
-        (T,) float64 nats on the CPU: entry t is H(processed law of token t | prefix, ids[:t]);
-        entry 0 is 0.0 when ``prefix`` is empty.
+        ``PositionLaws`` of (T,) CPU tensors (their docstring).
     Raises:
         ValueError: chunk < 1; an id outside the model's vocabulary; the text too long for the
             model's positions.
@@ -82,9 +101,11 @@ def processed_entropy(
         raise ValueError(
             f"expected at most {limit} tokens (prefix and text) for this model, got {len(tokens)}"
         )
-    out = torch.zeros(len(ids), dtype=torch.float64)
-    if not ids or processing.greedy:
-        return out
+    entropy = torch.zeros(len(ids), dtype=torch.float64)
+    token_logp = torch.zeros(len(ids), dtype=torch.float64)
+    raw_rank = torch.zeros(len(ids), dtype=torch.int64)
+    if not ids:
+        return PositionLaws(entropy, token_logp, raw_rank)
     device = next(model.parameters()).device
     cache = DynamicCache(config=model.config)
     # The logits after token j predict token j + 1: text position t comes from tokens index
@@ -98,6 +119,36 @@ def processed_entropy(
         keep = rows >= first
         if not bool(keep.any()):
             continue
-        entropy = support_entropy(process(logits[keep.to(device)], processing).logp)  # (C',)
-        out[(rows[keep] - first).tolist()] = entropy.cpu()
-    return out
+        kept = logits[keep.to(device)]  # (C', V)
+        at = (rows[keep] - first).tolist()  # text positions
+        observed = torch.tensor([tokens[r + 1] for r in rows[keep].tolist()], device=device)
+        own = kept.gather(1, observed[:, None])  # (C', 1) the text token's raw logit
+        raw_rank[at] = (kept > own).sum(dim=-1).cpu()
+        support = process(kept, processing)
+        if not processing.greedy:
+            entropy[at] = support_entropy(support.logp).cpu()
+        hit = support.tokens == observed[:, None]  # (C', K): at most one slot per row
+        logp = torch.where(hit, support.logp, torch.full_like(support.logp, -math.inf))
+        token_logp[at] = logp.max(dim=-1).values.cpu()
+    return PositionLaws(entropy, token_logp, raw_rank)
+
+
+def processed_entropy(
+    model: PreTrainedModel,
+    ids: Sequence[int],
+    processing: Processing,
+    *,
+    prefix: Sequence[int] = (),
+    chunk: int = DEFAULT_CHUNK,
+) -> torch.Tensor:
+    """The entropy of the processed target law at every position of ``ids``.
+
+    Args:
+        as ``position_laws``.
+    Returns:
+        (T,) float64 nats on the CPU: entry t is H(processed law of token t | prefix, ids[:t]);
+        entry 0 is 0.0 when ``prefix`` is empty; 0.0 everywhere when T = 0 (greedy).
+    Raises:
+        ValueError: as ``position_laws``.
+    """
+    return position_laws(model, ids, processing, prefix=prefix, chunk=chunk).entropy

@@ -15,7 +15,7 @@ from transformers import LlamaForCausalLM
 
 from detector.weighted import entropy_weighted_test
 from keyed import detection_plan_arrays, label_key_words, pivot_array
-from sampler.entropy import processed_entropy, support_entropy
+from sampler.entropy import position_laws, processed_entropy, support_entropy
 from sampler.models import LoadedModel
 from sampler.processing import Processing, dense_logp, process
 from tests.detector.helpers import fixed_secret
@@ -111,3 +111,38 @@ def test_weighted_h0_on_human_text_with_model_entropies(
     alpha = 0.05
     rejected = int(np.sum(np.array(log_p) < math.log(alpha)))
     assert rejected <= binom.ppf(0.999, len(log_p), alpha), rejected
+
+
+@pytest.mark.parametrize(
+    "processing",
+    [
+        pytest.param(Processing(1.0, 0, 1.0), id="T1"),
+        pytest.param(Processing(0.7, 5, 0.9), id="T07_top5_topp09"),
+        pytest.param(Processing(0.0, 50, 1.0), id="greedy"),
+    ],
+)
+def test_position_laws_match_a_direct_computation(
+    target: LlamaForCausalLM, processing: Processing
+) -> None:
+    """The own token's processed ln p (−inf outside the support) and its raw rank, against
+    the dense law of one full forward; the entropy is ``processed_entropy``'s."""
+    laws = position_laws(target, IDS, processing, prefix=[1], chunk=5)
+    with torch.no_grad():
+        logits = target(torch.tensor([[1, *IDS]])).logits[0, :-1]  # (T, V): row t -> IDS[t]
+    own = torch.tensor(IDS)[:, None]
+    logp = dense_logp(process(logits, processing), VOCAB).gather(1, own)[:, 0]
+    rank = (logits > logits.gather(1, own)).sum(-1)
+    torch.testing.assert_close(laws.token_logp, logp, rtol=1e-10, atol=1e-12)
+    assert torch.equal(laws.raw_rank, rank)
+    whole = processed_entropy(target, IDS, processing, prefix=[1])  # one chunk: float64 rounding
+    torch.testing.assert_close(laws.entropy, whole, rtol=1e-10, atol=1e-12)
+    if processing.top_k == 5:  # some of the text's tokens fall outside the top 5
+        assert bool(torch.isneginf(laws.token_logp).any()) and bool((rank >= 5).any())
+    if processing.greedy:
+        assert set(laws.token_logp.tolist()) <= {0.0, -math.inf}
+
+
+def test_position_laws_without_prefix_leave_position_zero_empty(target: LlamaForCausalLM) -> None:
+    laws = position_laws(target, IDS, Processing())
+    assert (laws.entropy[0], laws.token_logp[0], laws.raw_rank[0]) == (0.0, 0.0, 0)
+    assert position_laws(target, [], Processing()).raw_rank.shape == (0,)
