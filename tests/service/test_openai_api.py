@@ -469,21 +469,28 @@ def test_sdk_answers_are_detected_with_the_key(real: Service, real_tokenizer: An
     reference = detect(text=same["text"])
     assert math.isclose(found["log10_p_value"], reference["log10_p_value"], rel_tol=1e-9)
 
-    completion = client.completions.create(
-        model=model,
-        prompt="The lighthouse keeper climbed the stairs as the storm",
-        max_tokens=24,
-        seed=7,
-        extra_body={"key_id": key_id, "method": "basic-uwm"},
-    )
-    ids = extra(completion)["token_ids"]
+    # a random key's sample may stop at once (EOS) and leave nothing to score (a CI run: 0
+    # scored tokens); up to 5 keys, each a fresh sample, and 5 short ones in a row fail
+    for _ in range(5):
+        completion = client.completions.create(
+            model=model,
+            prompt="The lighthouse keeper climbed the stairs as the storm",
+            max_tokens=24,
+            seed=7,
+            extra_body={"key_id": key_id, "method": "basic-uwm"},
+        )
+        ids = extra(completion)["token_ids"]
+        if len(ids) >= 12:
+            break
+        key_id = real.create_key(user)
+    assert len(ids) >= 12, completion.choices[0].text
     # text is scored under its canonical tokenization (DESIGN §4): the sampled ids are scored the
     # same exactly when they are that tokenization; a sampled non-canonical split (e.g. " light"
     # "house" for " lighthouse") is not recoverable from text, so that case is compared with the
     # re-encoded ids (a random key made this happen in CI: -5.70 from text, -6.27 from the ids)
     canonical = encode(real_tokenizer, completion.choices[0].text)[0].tolist()
     by_text, by_ids = detect(text=completion.choices[0].text), detect(token_ids=canonical)
-    assert by_text["results"][0]["num_scored"] > 0
+    assert by_text["results"][0]["num_scored"] > 0, (completion.choices[0].text, by_text)
     assert math.isclose(by_text["log10_p_value"], by_ids["log10_p_value"], rel_tol=1e-9)
     if canonical == ids:
         assert detect(token_ids=ids)["log10_p_value"] == by_ids["log10_p_value"]
