@@ -171,22 +171,19 @@ def evaluate(split: str, laws: Laws, tok: Any, rules: list[str]) -> dict[str, An
     hits: dict[str, list[bool]] = {rule: [] for rule in rules}
     dil: dict[str, list[bool]] = {rule: [] for rule in rules}
     human = [list(h) for h in human_texts(tok)]
+
+    def judge(ids: list[int], into: dict[str, list[bool]]) -> None:
+        mask, terms = scored(tok, source, ids)
+        law = laws.of("t1", ids)
+        for rule in rules:
+            into[rule].append(log10_p(rule_weights(rule, law, width)[mask], terms) < level)
+
+    level = math.log10(ALPHA)
     for r in rows:
         for _ in range(COPIES):
-            ids = edit(r["token_ids"], EDIT_RATE, "mixed", pool, rng)
-            mask, terms = scored(tok, source, ids)
-            law = laws.of("t1", ids)
-            for rule in rules:
-                w = rule_weights(rule, law, width)[mask]
-                hits[rule].append(log10_p(w, terms) < math.log10(ALPHA))
-        laws.save()
+            judge(edit(r["token_ids"], EDIT_RATE, "mixed", pool, rng), hits)
         for _ in range(2):
-            ids = dilute(r["token_ids"], human, rng)
-            mask, terms = scored(tok, source, ids)
-            law = laws.of("t1", ids)
-            for rule in rules:
-                w = rule_weights(rule, law, width)[mask]
-                dil[rule].append(log10_p(w, terms) < math.log10(ALPHA))
+            judge(dilute(r["token_ids"], human, rng), dil)
         laws.save()
     for rule in rules:
         out[rule]["mixed_30pct_tpr"] = float(np.mean(hits[rule]))

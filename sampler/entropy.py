@@ -151,4 +151,6 @@ def processed_entropy(
     Raises:
         ValueError: as ``position_laws``.
     """
+    if processing.greedy and chunk >= 1:  # H = 0 everywhere: no forward needed
+        return torch.zeros(len(ids), dtype=torch.float64)
     return position_laws(model, ids, processing, prefix=prefix, chunk=chunk).entropy
