@@ -1,14 +1,20 @@
-"""Compiled CPU kernel of the decoder's top-k (numba), used only where it equals ``torch.topk``.
+"""Compiled CPU kernels of the decoder (numba): its top-k, log-softmax and keyed race.
 
-Imported by ``sampler.topk`` when it is warmed up (``sampler.topk.warm_up``), never at import
-time. Why compiled: right after a llama.cpp forward (precision gguf), whose weights have evicted
-the caches, ``torch.topk`` of 50 over a (1, 49152) float32 row took 261 µs and ``top_k`` with
+Imported by ``sampler.compiled`` (for ``sampler.topk``, ``sampler.processing`` and
+``sampler.race``), never at import time. Why compiled: right after a llama.cpp forward
+(precision gguf), whose weights have evicted the caches, every small torch op costs 2-4x its
+warm time: ``torch.topk`` of 50 over a (1, 49152) float32 row took 261 µs and ``top_k`` with
 this pass 189 µs (93 and 66 µs warm; Intel Xeon, 2 cores, ``bench/results/gguf_step_costs.json``).
 
 ``top_k_distinct_into`` keeps, per row, the k largest values in descending order (insertion
 into a sorted buffer). Its answer is unique, hence ``torch.topk``'s, when the k values are
 distinct and larger than every other value of the row and the row has no NaN; it reports per
 row whether that holds, and the caller runs ``torch.topk`` otherwise (ties: torch's rule).
+
+``support_logp_into`` (temperature, log-softmax, top-p over the top-k slots) and
+``race_winners_into`` (argmin ln E − ln P) compute the laws of their torch paths in one pass
+per row; their last bits may differ from torch's, so ``sampler.compiled`` fixes one path per
+process.
 """
 
 from __future__ import annotations
@@ -60,3 +66,78 @@ def top_k_distinct_into(x: np.ndarray, values: np.ndarray, indices: np.ndarray) 
         if at_least != k:
             return False
     return True
+
+
+@numba.njit(cache=True, nogil=True)
+def support_logp_into(
+    values: np.ndarray, temperature: float, top_p: float, logp: np.ndarray
+) -> None:
+    """Processed log-probabilities of top-k values: temperature, log-softmax over the slots,
+    then top-p (``sampler.processing.process``'s law, one row at a time).
+
+    Args:
+        values: (N, K) float32 or float64 top-k logits, descending per row; -inf: no token.
+        temperature: T > 0. top_p: in (0, 1]; 1 keeps every slot.
+        logp: (N, K) float64 out; -inf off the support, an all -inf row stays so.
+    Each row is computed alone, in slot order, so a row's bits do not depend on N.
+    """
+    n, k = values.shape
+    for r in range(n):
+        out = logp[r]
+        top = -np.inf
+        for j in range(k):
+            v = np.float64(values[r, j]) / temperature
+            out[j] = v
+            if v > top:
+                top = v
+        if top == -np.inf:  # empty row
+            continue
+        total = 0.0
+        for j in range(k):
+            total += np.exp(out[j] - top)
+        norm = top + np.log(total)
+        for j in range(k):
+            out[j] = out[j] - norm  # -inf stays -inf
+        if top_p >= 1.0:
+            continue
+        mass = 0.0  # of the slots before j (slots are sorted, best first)
+        keep = 0
+        for j in range(k):
+            if mass >= top_p or out[j] == -np.inf:
+                break
+            mass += np.exp(out[j])
+            keep = j + 1
+        for j in range(keep, k):
+            out[j] = -np.inf
+        top = out[0]
+        total = 0.0
+        for j in range(keep):
+            total += np.exp(out[j] - top)
+        norm = top + np.log(total)
+        for j in range(keep):
+            out[j] = out[j] - norm
+
+
+@numba.njit(cache=True, nogil=True)
+def race_winners_into(
+    logp: np.ndarray, tokens: np.ndarray, clocks: np.ndarray, winners: np.ndarray
+) -> None:
+    """The keyed race per row: the token of the first slot minimising ln E − ln P
+    (``sampler.race.race_winner``'s law), -1 for a row with no support.
+
+    Args:
+        logp: (N, K) float64, -inf off the support. tokens: (N, K) int64.
+        clocks: (N, K) float64 Exp(1) clocks E > 0. winners: (N,) int64 out.
+    """
+    n, k = logp.shape
+    for r in range(n):
+        best = -1
+        best_score = np.inf
+        for j in range(k):
+            if logp[r, j] == -np.inf:
+                continue
+            score = np.log(clocks[r, j]) - logp[r, j]
+            if best < 0 or score < best_score:
+                best = j
+                best_score = score
+        winners[r] = tokens[r, best] if best >= 0 else -1

@@ -8,10 +8,14 @@ Shapes: N contexts, V vocabulary, K support slots (K = top-k, or V when top-k is
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from sampler import compiled
 from sampler.processing_config import Processing
 from sampler.topk import top_k
 
@@ -57,22 +61,70 @@ def process(logits: torch.Tensor, processing: Processing) -> Support:
     # every comparison, so the slots are the ones topk picks in float64 (tested with forced
     # ties), and a (1, 49152) float32 row skips a 393 KB copy.
     values, tokens = top_k(logits, k)  # (N, K)
+    kernel = _logp_kernel() if values.device.type == "cpu" and not processing.greedy else None
+    if kernel is not None and not values.requires_grad:
+        # one compiled pass per row instead of ~12 torch ops (sampler.compiled: the path is
+        # fixed per process, so every row of every step shares its arithmetic)
+        out = np.empty(values.shape, dtype=np.float64)
+        wide = values if values.dtype in (torch.float32, torch.float64) else values.double()
+        kernel(wide.contiguous().numpy(), processing.temperature, processing.top_p, out)
+        return Support(tokens=tokens, logp=torch.from_numpy(out))
     values = values.to(torch.float64)
     if processing.greedy:
         logp = torch.where(torch.isneginf(values), values, torch.zeros_like(values))
         return Support(tokens=tokens, logp=logp)
-    values = values / processing.temperature
+    logp = _torch_logp(values, processing.temperature, processing.top_p)
+    return Support(tokens=tokens, logp=logp)
+
+
+LogpKernel = Callable[[np.ndarray, float, float, np.ndarray], None]
+
+
+@functools.cache
+def _logp_kernel() -> LogpKernel | None:
+    """``sampler._kernels.support_logp_into`` once it passes its check, or None (torch), decided
+    on the first call of the process (``sampler.compiled``)."""
+    return compiled.checked("log-softmax", lambda module: module.support_logp_into, _logp_agrees)
+
+
+def _logp_agrees(kernel: LogpKernel) -> bool:
+    """The kernel's law within 1e-12 of the torch path's on random float32 and float64 rows
+    (top-p on and off, temperature 0.7, -inf slots, an empty row)."""
+    generator = torch.Generator().manual_seed(0)
+    x = (
+        (3 * torch.randn((4, 64), generator=generator, dtype=torch.float64))
+        .sort(dim=-1, descending=True)
+        .values
+    )
+    x[1, 40:] = -torch.inf
+    x[2] = -torch.inf
+    for dtype in (torch.float32, torch.float64):
+        values = x.to(dtype)
+        for top_p in (1.0, 0.9):
+            expected = _torch_logp(values.to(torch.float64), 0.7, top_p)
+            got = np.empty(values.shape, dtype=np.float64)
+            kernel(values.numpy(), 0.7, top_p, got)
+            same_support = np.array_equal(np.isneginf(got), torch.isneginf(expected).numpy())
+            if not same_support or not np.allclose(
+                got, expected.numpy(), rtol=0, atol=1e-12, equal_nan=False
+            ):
+                return False
+    return True
+
+
+def _torch_logp(values: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """The torch path of ``process`` after top-k: (N, K) float64 values -> log-probabilities."""
+    values = values / temperature
     empty = torch.isneginf(values).all(dim=-1, keepdim=True)  # (N, 1)
     safe = torch.where(empty, torch.zeros_like(values), values)
     logp = torch.log_softmax(safe, dim=-1)
-    if processing.top_p < 1.0:
+    if top_p < 1.0:
         probs = logp.exp()
         mass_before = torch.cumsum(probs, dim=-1) - probs  # mass of strictly better slots
-        keep = mass_before < processing.top_p  # first slot always kept
+        keep = mass_before < top_p  # first slot always kept
         logp = torch.where(keep, logp, torch.full_like(logp, -torch.inf))
         logp = torch.log_softmax(logp, dim=-1)
-    logp = torch.where(empty | torch.isneginf(values), torch.full_like(logp, -torch.inf), logp)
-    return Support(tokens=tokens, logp=logp)
+    return torch.where(empty | torch.isneginf(values), torch.full_like(logp, -torch.inf), logp)
 
 
 def dense_logp(support: Support, vocab_size: int) -> torch.Tensor:

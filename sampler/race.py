@@ -15,7 +15,13 @@ Shapes: N contexts, K support slots, B arrivals.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
+import numpy as np
 import torch
+
+from sampler import compiled
 
 
 def race_winner(logp: torch.Tensor, tokens: torch.Tensor, clocks: torch.Tensor) -> torch.Tensor:
@@ -33,10 +39,50 @@ def race_winner(logp: torch.Tensor, tokens: torch.Tensor, clocks: torch.Tensor) 
             f"expected equal (N, K) shapes, got {tuple(logp.shape)}, {tuple(tokens.shape)}, "
             f"{tuple(clocks.shape)}"
         )
+    kernel = _race_kernel() if clocks.device.type == "cpu" else None
+    if kernel is not None:  # one compiled pass (sampler.compiled: fixed per process)
+        winners = np.empty(logp.shape[0], dtype=np.int64)
+        kernel(
+            logp.detach().to(torch.float64).contiguous().numpy(),
+            tokens.to(torch.int64).contiguous().numpy(),
+            clocks.detach().to(torch.float64).contiguous().numpy(),
+            winners,
+        )
+        return torch.from_numpy(winners)
+    return _torch_race_winner(logp, tokens, clocks)
+
+
+def _torch_race_winner(
+    logp: torch.Tensor, tokens: torch.Tensor, clocks: torch.Tensor
+) -> torch.Tensor:
     score = torch.log(clocks) - logp  # (N, K); +inf off the support
     best = torch.argmin(score, dim=-1, keepdim=True)  # (N, 1)
     won = tokens.gather(1, best).squeeze(1)  # (N,)
     return torch.where(torch.isneginf(logp).all(dim=-1), torch.full_like(won, -1), won)
+
+
+RaceKernel = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]
+
+
+@functools.cache
+def _race_kernel() -> RaceKernel | None:
+    """``sampler._kernels.race_winners_into`` once it passes its check, or None (torch),
+    decided on the first call of the process (``sampler.compiled``)."""
+    return compiled.checked("race", lambda module: module.race_winners_into, _race_agrees)
+
+
+def _race_agrees(kernel: RaceKernel) -> bool:
+    """The kernel's winners equal the torch path's on 64 random rows of 50 slots (some -inf,
+    one empty row)."""
+    generator = torch.Generator().manual_seed(0)
+    logp = torch.log_softmax(torch.randn((64, 50), generator=generator, dtype=torch.float64), -1)
+    logp[3, 20:] = -torch.inf
+    logp[5] = -torch.inf
+    tokens = torch.randperm(64 * 50, generator=generator).reshape(64, 50)
+    clocks = torch.empty((64, 50), dtype=torch.float64).exponential_(generator=generator)
+    winners = np.empty(64, dtype=np.int64)
+    kernel(logp.numpy(), tokens.numpy(), clocks.numpy(), winners)
+    return bool(np.array_equal(winners, _torch_race_winner(logp, tokens, clocks).numpy()))
 
 
 def mpfr_scores(logp: torch.Tensor, clocks: torch.Tensor) -> torch.Tensor:

@@ -13,12 +13,12 @@ its time (189 against 261 µs for a 49152-wide row right after a llama.cpp forwa
 from __future__ import annotations
 
 import functools
-import importlib
-import logging
 from collections.abc import Callable
 
 import numpy as np
 import torch
+
+from sampler import compiled
 
 KERNEL_MAX_K = 256
 """Largest k the kernel runs (insertion into a sorted buffer; top-k is 50 by default)."""
@@ -70,23 +70,7 @@ def _loaded() -> Kernel | None:
 
 @functools.cache
 def _kernel() -> Kernel | None:
-    try:
-        module = importlib.import_module("sampler._kernels")
-        kernel: Kernel = module.top_k_distinct_into
-        if not _agrees(kernel):
-            raise RuntimeError("the compiled top-k disagrees with torch.topk")
-    except ModuleNotFoundError as exc:
-        if exc.name == "numba":
-            return None
-        problem: Exception = exc
-    except Exception as exc:  # decoding must work whatever numba does here
-        problem = exc
-    else:
-        return kernel
-    logging.getLogger(__name__).warning(
-        "compiled top-k unavailable (%s: %s); using torch.topk", type(problem).__name__, problem
-    )
-    return None
+    return compiled.checked("top-k", lambda module: module.top_k_distinct_into, _agrees)
 
 
 def _agrees(kernel: Kernel) -> bool:

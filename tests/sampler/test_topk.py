@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import types
 from typing import Any
 
@@ -10,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from sampler import topk
+from sampler import compiled, topk
 
 
 @pytest.fixture
@@ -89,10 +88,10 @@ def test_a_kernel_that_disagrees_with_torch_is_not_used(monkeypatch, caplog):
         return True
 
     fake = types.SimpleNamespace(top_k_distinct_into=off_by_one)
-    monkeypatch.setattr(importlib, "import_module", lambda name: fake)
-    with caplog.at_level("WARNING", logger="sampler.topk"):
+    monkeypatch.setattr(compiled, "module", lambda: fake)
+    with caplog.at_level("WARNING", logger="sampler.compiled"):
         assert topk._kernel.__wrapped__() is None  # type: ignore[attr-defined]
-    assert "disagrees with torch.topk" in caplog.text
+    assert "compiled top-k disagrees with torch" in caplog.text
 
 
 class _NotLoaded:
