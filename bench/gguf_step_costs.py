@@ -5,8 +5,9 @@
   (warm); medians over ``--calls`` forwards;
 - ``variants``: ``--prompts`` chat prompts x 128 tokens, T = 1, top-k 50, the same key per
   prompt, every variant on every prompt in a turning order, one warm-up pass untimed:
-  ``basic-uwm`` with the NumPy clocks and ``torch.topk`` (the compiled kernels switched off),
-  with the compiled clocks only, with both (the default), and the default ``mpfr`` (drafter
+  ``basic-uwm`` with every compiled kernel switched off (NumPy clocks, torch's top-k,
+  log-softmax and race), with the compiled clocks and top-k only (the default before
+  ``sampler.compiled``), with all of them (the default), and the default ``mpfr`` (drafter
   ``ngram``, B = L = 4, tree ``auto``). Per variant: tokens/s (decode, prefill excluded), the
   llama.cpp decode calls by batch size with their median milliseconds, and whether the ids
   equal the default basic-uwm's.
@@ -35,7 +36,7 @@ import torch
 import keyed
 from bench.common import RESULTS, environment, shared_prompts
 from keyed import KeyedSource, Secret, _kernel_loader
-from sampler import gguf_target, topk
+from sampler import gguf_target, processing, race, topk
 from sampler.completion import complete, prompt_ids
 from sampler.decoder import SamplerConfig
 from sampler.drafters import make_drafter
@@ -45,17 +46,26 @@ TOKENS = 128
 
 
 @contextmanager
-def kernels(clocks: bool, top: bool) -> Iterator[None]:
-    """The compiled clocks and top-k on or off (off: NumPy and ``torch.topk``, the same bits)."""
-    saved = _kernel_loader.kernels_for, topk._loaded
+def kernels(clocks: bool, top: bool, law: bool = True) -> Iterator[None]:
+    """The compiled clocks, top-k and log-softmax + race on or off (off: NumPy, ``torch.topk``
+    and torch's log-softmax and race; the first two give the same bits, the last the same law
+    up to the last bit, ``sampler.compiled``)."""
+    saved = (
+        _kernel_loader.kernels_for, topk._loaded, processing._logp_kernel, race._race_kernel,
+    )  # fmt: skip
     if not clocks:
         _kernel_loader.kernels_for = lambda work: None  # type: ignore[assignment]
     if not top:
         topk._loaded = lambda: None  # type: ignore[assignment]
+    if not law:
+        processing._logp_kernel = lambda: None  # type: ignore[assignment]
+        race._race_kernel = lambda: None  # type: ignore[assignment]
     try:
         yield
     finally:
-        _kernel_loader.kernels_for, topk._loaded = saved
+        (
+            _kernel_loader.kernels_for, topk._loaded, processing._logp_kernel, race._race_kernel,
+        ) = saved  # fmt: skip
 
 
 def after_forward(target: gguf_target.GgufTarget, calls: int) -> dict[str, Any]:
@@ -91,20 +101,21 @@ def main() -> None:
     args = parser.parse_args()
     loaded = load_model(DEFAULT_MODEL, args.home, "cpu", precision="gguf")
     assert keyed.warm_up() and topk.warm_up()
+    assert processing._logp_kernel() is not None and race._race_kernel() is not None
     target = gguf_target.gguf_of(loaded.model)
     assert target is not None
     drafter = make_drafter("ngram", loaded.model)
     basic = SamplerConfig("basic-uwm", max_new_tokens=TOKENS)
-    variants: dict[str, tuple[SamplerConfig, bool, bool]] = {
-        "basic-uwm, NumPy clocks, torch.topk": (basic, False, False),
-        "basic-uwm, compiled clocks, torch.topk": (basic, True, False),
-        "basic-uwm (default kernels)": (basic, True, True),
-        "mpfr ngram B4 L4 auto (default)": (
-            SamplerConfig("mpfr", 4, 4, TOKENS, tree="auto"),
-            True,
-            True,
+    variants: dict[str, tuple[SamplerConfig, bool, bool, bool]] = {
+        "basic-uwm, NumPy clocks, torch top-k, log-softmax and race": (basic, False, False, False),
+        "basic-uwm, compiled clocks and top-k, torch log-softmax and race": (
+            basic, True, True, False,
         ),
-    }
+        "basic-uwm (default kernels)": (basic, True, True, True),
+        "mpfr ngram B4 L4 auto (default)": (
+            SamplerConfig("mpfr", 4, 4, TOKENS, tree="auto"), True, True, True,
+        ),
+    }  # fmt: skip
     names = list(variants)
     decode_calls: dict[str, dict[int, list[float]]] = {
         n: defaultdict(list) for n in [*names, "warm-up"]
@@ -126,11 +137,11 @@ def main() -> None:
         for i, prompt in enumerate(prompts):
             ids = prompt_ids(loaded, messages=prompt["messages"])
             for name in names[i % len(names) :] + names[: i % len(names)]:
-                config, clocks, top = variants[name]
+                config, clocks, top, law = variants[name]
                 current[0] = name if rep else "warm-up"
                 source = KeyedSource(Secret(hashlib.sha256(b"step-%d" % i).digest()), 4, True, i)
                 speculative = config.method == "mpfr"
-                with kernels(clocks, top):
+                with kernels(clocks, top, law):
                     out = complete(loaded, ids, config, source, drafter if speculative else None)
                 if rep:
                     totals[name][0] += out.result.stats.emitted_tokens

@@ -283,7 +283,11 @@ def grow_level(seq: SequenceState, tree: DraftTree, level: int) -> bool:
 
 def verify_tree(lm: TargetLM, tree: DraftTree, base: int) -> torch.Tensor:
     """One target forward over the root and every tree node (tree-attention mask over the
-    cached prefix of ``base`` tokens): (len(tree), V) logits, node order."""
+    cached prefix of ``base`` tokens): (len(tree), V) logits, node order. A tree of the root
+    alone (a one-token step) is the chain ``extend`` of its token: the same forward, without
+    a mask to build and check."""
+    if len(tree) == 1 and base == lm.cached:
+        return lm.extend([tree.nodes[0].token])
     return lm.forward(*tree_inputs(tree, base), base)
 
 
