@@ -22,13 +22,17 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import threading
 from collections.abc import Callable
 from types import ModuleType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+_decided: dict[str, Any] = {}
+_deciding = threading.Lock()
 
 
 @functools.cache
@@ -63,3 +67,13 @@ def checked(what: str, get: Callable[[ModuleType], T], agrees: Callable[[T], boo
         problem = f"{type(exc).__name__}: {exc}"
     log.warning("compiled %s unavailable (%s); using torch", what, problem)
     return None
+
+
+def once(what: str, get: Callable[[ModuleType], T], agrees: Callable[[T], bool]) -> T | None:
+    """``checked(what, get, agrees)`` decided once per process under a lock: every caller, on
+    any thread, gets the same answer, so the arithmetic never changes after the first call."""
+    with _deciding:
+        if what not in _decided:
+            _decided[what] = checked(what, get, agrees)
+        kernel: T | None = _decided[what]
+        return kernel

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 import keyed
-from sampler import topk
+from sampler import processing, race, topk
 from sampler.autotree import set_profile_dir
 from sampler.cpu_features import native_bfloat16
 from sampler.gguf_target import GgufTarget, GgufUnavailable, attach_gguf
@@ -140,6 +140,10 @@ def resolve_device(device: str = "auto") -> torch.device:
 def _warm_up_kernels() -> None:
     keyed.warm_up()
     topk.warm_up()
+    # decided once per process (sampler.compiled.once): a generation that starts first waits
+    # for this decision at its first step, and every later call gets the same path
+    processing._logp_kernel()
+    race._race_kernel()
 
 
 def load_model(
@@ -171,7 +175,8 @@ def load_model(
     dev = resolve_device(device)
     if dev.type == "cpu":
         # Per token on the CPU, the race's clocks and the top-k run compiled once loaded
-        # (~0.4 s, here beside the model load; NumPy and torch until then, the same results):
+        # (~0.4 s, here beside the model load; NumPy and torch until then, the same results),
+        # and the log-softmax and race are decided (sampler.compiled):
         # together 2.3 % of basic-uwm's tokens/s on llama.cpp (bench/results/
         # gguf_step_costs.json: 0.977x with NumPy clocks and torch.topk).
         threading.Thread(target=_warm_up_kernels, name="kernel-warm-up", daemon=True).start()

@@ -8,9 +8,9 @@ Shapes: N contexts, V vocabulary, K support slots (K = top-k, or V when top-k is
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
 import torch
@@ -67,7 +67,9 @@ def process(logits: torch.Tensor, processing: Processing) -> Support:
         # fixed per process, so every row of every step shares its arithmetic)
         out = np.empty(values.shape, dtype=np.float64)
         wide = values if values.dtype in (torch.float32, torch.float64) else values.double()
-        kernel(wide.contiguous().numpy(), processing.temperature, processing.top_p, out)
+        kernel(
+            wide.contiguous().numpy(), float(processing.temperature), float(processing.top_p), out
+        )
         return Support(tokens=tokens, logp=torch.from_numpy(out))
     values = values.to(torch.float64)
     if processing.greedy:
@@ -80,11 +82,15 @@ def process(logits: torch.Tensor, processing: Processing) -> Support:
 LogpKernel = Callable[[np.ndarray, float, float, np.ndarray], None]
 
 
-@functools.cache
 def _logp_kernel() -> LogpKernel | None:
     """``sampler._kernels.support_logp_into`` once it passes its check, or None (torch), decided
-    on the first call of the process (``sampler.compiled``)."""
-    return compiled.checked("log-softmax", lambda module: module.support_logp_into, _logp_agrees)
+    on the first call of the process (``sampler.compiled.once``)."""
+    return compiled.once("log-softmax", _get_logp, _logp_agrees)
+
+
+def _get_logp(module: ModuleType) -> LogpKernel:
+    kernel: LogpKernel = module.support_logp_into
+    return kernel
 
 
 def _logp_agrees(kernel: LogpKernel) -> bool:

@@ -15,8 +15,8 @@ Shapes: N contexts, K support slots, B arrivals.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
+from types import ModuleType
 
 import numpy as np
 import torch
@@ -64,11 +64,15 @@ def _torch_race_winner(
 RaceKernel = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]
 
 
-@functools.cache
 def _race_kernel() -> RaceKernel | None:
     """``sampler._kernels.race_winners_into`` once it passes its check, or None (torch),
-    decided on the first call of the process (``sampler.compiled``)."""
-    return compiled.checked("race", lambda module: module.race_winners_into, _race_agrees)
+    decided on the first call of the process (``sampler.compiled.once``)."""
+    return compiled.once("race", _get_race, _race_agrees)
+
+
+def _get_race(module: ModuleType) -> RaceKernel:
+    kernel: RaceKernel = module.race_winners_into
+    return kernel
 
 
 def _race_agrees(kernel: RaceKernel) -> bool:

@@ -84,6 +84,46 @@ def test_process_takes_the_compiled_path_on_the_cpu(kernels, monkeypatch):
     assert (support.logp == -1.5).all()
 
 
+def test_race_winner_takes_the_compiled_path_on_the_cpu(kernels, monkeypatch):
+    """As for ``process``: with the kernel replaced by a marker, ``race_winner`` returns what
+    the kernel wrote (the fast path is not a silent torch fallback)."""
+
+    def marker(logp, tokens, clocks, winners):  # type: ignore[no-untyped-def]
+        winners[:] = 777
+
+    monkeypatch.setattr(race, "_race_kernel", lambda: marker)
+    logp = torch.log_softmax(torch.randn((3, 5), dtype=torch.float64), -1)
+    won = race.race_winner(logp, torch.arange(15).reshape(3, 5), torch.ones((3, 5)).double())
+    assert won.tolist() == [777, 777, 777]
+
+
+def test_a_tied_race_goes_to_the_first_slot_as_in_torch(kernels):
+    logp = torch.log(torch.tensor([[0.25, 0.25, 0.5], [0.5, 0.25, 0.25]], dtype=torch.float64))
+    clocks = torch.tensor([[1.0, 1.0, 2.0], [2.0, 1.0, 1.0]], dtype=torch.float64)  # all tied
+    tokens = torch.tensor([[10, 11, 12], [20, 21, 22]])
+    assert race.race_winner(logp, tokens, clocks).tolist() == [10, 20]
+    assert race._torch_race_winner(logp, tokens, clocks).tolist() == [10, 20]
+
+
+def test_top_p_keeps_the_slots_whose_better_mass_is_below_p(kernels):
+    """Probabilities 0.5, 0.25, 0.125, 0.125 (exact in binary): top-p 0.75 keeps two slots
+    (mass before the third is exactly 0.75, not below), 0.7501 three; -inf slots stay out."""
+    values = torch.log(torch.tensor([[0.5, 0.25, 0.125, 0.125, 0.0]], dtype=torch.float64))
+    for top_p, kept in ((0.75, 2), (0.7501, 3), (0.5, 1), (1.0, 4)):
+        got = np.empty((1, 5), dtype=np.float64)
+        kernels[0](values.numpy(), 1.0, top_p, got)
+        assert int(np.isfinite(got).sum()) == kept, top_p
+        assert abs(np.exp(got[np.isfinite(got)]).sum() - 1) < 1e-15
+
+
+def test_an_integer_temperature_takes_the_checked_kernel(kernels):
+    """A temperature or top-p given as an int (JSON ``1``) reaches the kernel as a float."""
+    logits = torch.randn((2, 300), generator=torch.Generator().manual_seed(5))
+    a = process(logits, Processing(1, 50, 1))  # type: ignore[arg-type]
+    b = process(logits, Processing(1.0, 50, 1.0))
+    assert torch.equal(a.logp, b.logp) and torch.equal(a.tokens, b.tokens)
+
+
 def test_a_kernel_that_disagrees_with_torch_is_not_used(monkeypatch, caplog):
     def wrong_norm(values, temperature, top_p, out):  # type: ignore[no-untyped-def]
         out[:] = values / temperature  # no log-softmax
@@ -94,13 +134,67 @@ def test_a_kernel_that_disagrees_with_torch_is_not_used(monkeypatch, caplog):
     fake = types.SimpleNamespace(support_logp_into=wrong_norm, race_winners_into=last_slot)
     monkeypatch.setattr(compiled, "module", lambda: fake)
     with caplog.at_level("WARNING", logger="sampler.compiled"):
-        assert processing._logp_kernel.__wrapped__() is None  # type: ignore[attr-defined]
-        assert race._race_kernel.__wrapped__() is None  # type: ignore[attr-defined]
+        assert (
+            compiled.checked("log-softmax", processing._get_logp, processing._logp_agrees) is None
+        )
+        assert compiled.checked("race", race._get_race, race._race_agrees) is None
     assert "compiled log-softmax disagrees" in caplog.text
     assert "compiled race disagrees" in caplog.text
 
 
 def test_without_numba_the_torch_paths_run(monkeypatch):
     monkeypatch.setattr(compiled, "module", lambda: None)
-    assert processing._logp_kernel.__wrapped__() is None  # type: ignore[attr-defined]
-    assert race._race_kernel.__wrapped__() is None  # type: ignore[attr-defined]
+    assert compiled.checked("log-softmax", processing._get_logp, processing._logp_agrees) is None
+    assert compiled.checked("race", race._get_race, race._race_agrees) is None
+
+
+def test_the_decision_is_made_once_for_every_thread(monkeypatch):
+    """``once`` is single-flight: 8 threads asking at once run the check once and all get its
+    answer, and a later call does not run it again."""
+    import threading
+
+    monkeypatch.setattr(compiled, "_decided", {})
+    calls = []
+    gate = threading.Barrier(8)
+
+    def agrees(kernel):  # type: ignore[no-untyped-def]
+        calls.append(kernel)
+        return True
+
+    answers = []
+
+    def ask() -> None:
+        gate.wait()
+        answers.append(compiled.once("probe", lambda module: module.race_winners_into, agrees))
+
+    threads = [threading.Thread(target=ask) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(calls) == 1 and len(answers) == 8 and len(set(map(id, answers))) == 1
+    compiled.once("probe", lambda module: module.race_winners_into, agrees)
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("width", [1, 3])
+def test_a_one_node_tree_is_verified_as_the_chain_extend(target, width):
+    """``loop.verify_tree``'s shortcut: a tree of the root alone gives the bits of the masked
+    forward (``tree_inputs``) and leaves the cache where that forward leaves it, on the
+    transformers backend (the gguf backend: ``test_gguf_target``)."""
+    from sampler.cached_lm import open_cache
+    from sampler.loop import tree_inputs, verify_tree
+    from sampler.tree import DraftTree
+
+    prompt = [(13 * i + 5) % target.config.vocab_size for i in range(6 + width)]
+    short, masked = open_cache(target), open_cache(target)
+    short.extend(prompt[:-1])
+    masked.extend(prompt[:-1])
+    tree = DraftTree(prompt[-1], 1)
+    base = len(prompt) - 1
+    got = verify_tree(short, tree, base)
+    want = masked.forward(*tree_inputs(tree, base), base)
+    assert torch.equal(got, want) and short.cached == masked.cached == len(prompt)
+    short.keep(base, [base])
+    masked.keep(base, [base])
+    assert torch.equal(short.extend([7]), masked.extend([7]))

@@ -210,3 +210,18 @@ def test_a_converted_copy_finds_its_gguf(data_dir, tmp_path) -> None:  # type: i
     assert gguf_source(str(tmp_path), tmp_path) is None
     loaded = load_model(str(converted), data_dir, device="cpu")
     assert loaded.precision == "gguf"
+
+
+def test_a_forward_longer_than_a_micro_batch_is_copied_in_place(gguf_model, monkeypatch) -> None:
+    """With micro-batches of 8 tokens a 30-token chain runs as four llama.cpp decodes whose
+    logits land at rows 0, 8, 16, 24 of the output: equal to the chain token by token."""
+    from sampler import gguf_target
+
+    monkeypatch.setattr(gguf_target, "UBATCH", 8)
+    small = GgufTarget(gguf_of(gguf_model.model).path)  # type: ignore[union-attr]
+    assert small.micro_batch == 8
+    joint, alone = small.new_cache(), small.new_cache()
+    together = joint.extend(PREFIX)
+    one = torch.cat([alone.extend([t]) for t in PREFIX])
+    assert together.shape == (len(PREFIX), small.vocab_size)
+    assert torch.equal(together, one)
