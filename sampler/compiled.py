@@ -13,8 +13,9 @@ Two policies, by what a kernel may change:
   Thm. 5.1's drafter invariance needs a context's race to be the same bits wherever it runs).
 Neither changes which path a process uses after its first call.
 
-Why compiled: right after a llama.cpp forward (precision gguf) ~20 small torch ops per token
-cost ~0.7 ms of a ~11 ms token (AMD EPYC, 2 cores; ``bench/results/gguf_step_costs.json``).
+Why compiled: right after a llama.cpp forward (precision gguf), whose weights have evicted the
+caches, the ~20 small torch ops of ``process`` and the race cost ~0.5 ms of a ~11 ms token;
+compiled, ~0.2 ms (AMD EPYC, 2 cores, ad hoc; the bench is ``bench/gguf_step_costs.py``).
 """
 
 from __future__ import annotations
