@@ -4,14 +4,17 @@ each one checked against its torch reference before it is used (``checked``).
 Two policies, by what a kernel may change:
 - ``sampler.topk``'s kernel returns exactly ``torch.topk``'s answer, so it is used only once
   warmed up (``sampler.models.load_model`` warms it beside the model load) and torch runs
-  until then: the first generation of a process never waits for a compile;
+  until then: the first generation of a process never waits for a compile, and the switch
+  changes no result;
 - the log-softmax of ``sampler.processing.process`` and the race of ``sampler.race.race_winner``
-  compute the same law as their torch paths but may differ from them in the last bit (another
-  ``exp``/``log`` and summation order), so each is decided ONCE per process, on first use
-  (``checked`` blocks for the load, ~0.5 s from numba's disk cache): every row of every step
-  of every request then goes through the same arithmetic, whatever B, L or the batch (MPFR
-  Thm. 5.1's drafter invariance needs a context's race to be the same bits wherever it runs).
-Neither changes which path a process uses after its first call.
+  compute the same law as their torch paths but not always the same bits (another
+  ``exp``/``log`` and summation order: a log-probability may move in its last bit, and a slot
+  whose better slots' mass lies within a rounding of top-p may fall on the other side of the
+  cut), so each is decided ONCE per process (``once``: single-flight under a lock; the load's
+  warm-up thread asks first, ~0.5 s from numba's disk cache, and a generation that starts
+  before waits for it): every row of every step of every request then goes through the same
+  arithmetic, whatever B, L or the batch (MPFR Thm. 5.1's drafter invariance needs a
+  context's race to be the same bits wherever it runs).
 
 Why compiled: right after a llama.cpp forward (precision gguf), whose weights have evicted the
 caches, the ~20 small torch ops of ``process`` and the race cost ~0.5 ms of a ~11 ms token;

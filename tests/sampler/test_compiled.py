@@ -116,8 +116,9 @@ def test_top_p_keeps_the_slots_whose_better_mass_is_below_p(kernels):
         assert abs(np.exp(got[np.isfinite(got)]).sum() - 1) < 1e-15
 
 
-def test_an_integer_temperature_takes_the_checked_kernel(kernels):
-    """A temperature or top-p given as an int (JSON ``1``) reaches the kernel as a float."""
+def test_an_integer_temperature_gives_the_float_temperature_law(kernels):
+    """A temperature or top-p given as an int (JSON ``1``) reaches the kernel as a float: the
+    same support and bits as 1.0 (no separately compiled int variant to disagree)."""
     logits = torch.randn((2, 300), generator=torch.Generator().manual_seed(5))
     a = process(logits, Processing(1, 50, 1))  # type: ignore[arg-type]
     b = process(logits, Processing(1.0, 50, 1.0))

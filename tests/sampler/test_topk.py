@@ -111,3 +111,30 @@ def test_the_kernel_is_used_only_once_loaded(monkeypatch):
     x = rows(8, (2, 4096))
     got, expected = topk.top_k(x, 50), torch.topk(x, 50, dim=-1)
     assert torch.equal(got[1], expected.indices)
+
+
+@pytest.mark.parametrize("k", [1, 5, 50])
+def test_the_kernel_accepts_exactly_the_rows_whose_top_k_is_unique(kernel, k):
+    """On coarse grids (multiples of 1/4, 65 to 1,601 levels for 300 entries: ties in most
+    rows, not all) and on -inf tails, row by row: the kernel answers True exactly when the k
+    values are distinct and above the rest (checked by sorting), and then answers what
+    torch.topk does."""
+    generator = torch.Generator().manual_seed(k)
+    levels = torch.tensor([32, 200, 800])[torch.arange(400) % 3, None]
+    x = (torch.rand((400, 300), generator=generator) * (2 * levels + 1)).floor() - levels
+    x = x / 4
+    x[::9, 60:] = -torch.inf
+    accepted = 0
+    for row in x:
+        ordered = row.sort(descending=True).values
+        unique = bool((ordered[: k - 1] > ordered[1:k]).all()) and (
+            k == len(row) or bool(ordered[k - 1] > ordered[k])
+        )
+        values, indices = np.empty((1, k), np.float32), np.empty((1, k), np.int64)
+        assert kernel(row[None].numpy(), values, indices) == unique
+        if unique:
+            accepted += 1
+            expected = torch.topk(row[None], k, dim=-1)
+            assert np.array_equal(values, expected.values.numpy())
+            assert np.array_equal(indices, expected.indices.numpy())
+    assert accepted > 0  # the grid leaves some rows unique, so both answers are exercised
