@@ -176,7 +176,9 @@ def test_weights_wiring_and_errors() -> None:
     assert rule.weights(np.array([-math.inf]))[0] == 19.0  # outside the support: the floor
     skip = np.array([0, 1, 0, 0], dtype=np.int8)  # 3 scored positions
     x = np.array([2.0, 0.0, 0.7])
-    found = likelihood_ratio_test(skip, x, np.log([0.5, 0.9, 0.1, 0.05]), conditioned_on_prompt=True)
+    found = likelihood_ratio_test(
+        skip, x, np.log([0.5, 0.9, 0.1, 0.05]), conditioned_on_prompt=True
+    )
     w = np.array([1.0, 9.0, 19.0])
     y = np.array([-math.log(-math.expm1(-2.0)), MAX_TERM, -math.log(-math.expm1(-0.7))])
     assert found.score == pytest.approx(float(w @ y))  # r = 0 (x = 0): capped, finite
