@@ -157,7 +157,8 @@ def multi_key_json(found: MultiKeyDetection, *, tokens: bool) -> dict[str, Any]:
             log10 = min(0.0, edit["log10_p_value"] + keys)
             edit["keys_corrected_log10_p_value"] = log10
             edit["keys_corrected_p_value"] = 10.0**log10
-        shaped["entropy_weighted"] = None  # with entropy_weighting: add_entropy_weighting
+        shaped["entropy_weighted"] = None  # with entropy_weighting: add_model_tests
+        shaped["likelihood_ratio"] = None  # with likelihood_ratio: add_model_tests
         results.append(shaped)
     mu = found.min_detectable_mean_score
     span = found.span_log10_p_value
@@ -174,6 +175,8 @@ def multi_key_json(found: MultiKeyDetection, *, tokens: bool) -> dict[str, Any]:
         "span_log10_p_value": span,
         "entropy_weighted_p_value": None,
         "entropy_weighted_log10_p_value": None,
+        "likelihood_ratio_p_value": None,
+        "likelihood_ratio_log10_p_value": None,
         "min_scored_tokens": found.min_scored_tokens,
         "power": {
             "min_detectable_mean_score": mu,
@@ -184,53 +187,85 @@ def multi_key_json(found: MultiKeyDetection, *, tokens: bool) -> dict[str, Any]:
     }
 
 
-def add_entropy_weighting(
-    shaped: dict[str, Any], found: MultiKeyDetection, model: Any, processing: Any
+def add_model_tests(
+    shaped: dict[str, Any],
+    found: MultiKeyDetection,
+    model: Any,
+    processing: Any,
+    *,
+    entropy_weighting: bool = False,
+    likelihood_ratio: bool = False,
+    prompt_ids: Sequence[int] | None = None,
 ) -> dict[str, Any]:
-    """Add the entropy-weighted test (``detector.weighted``) to a ``multi_key_json`` shape.
+    """Add the tests that read the target's law (``detector.weighted``) to a
+    ``multi_key_json`` shape: the entropy-weighted test and/or the likelihood-ratio test.
 
-    The target's entropy at every position of the text (``sampler.entropy``: one causal
-    forward of ``model`` over the ids, after the tokenizer's BOS when it has one) is computed
-    once — it does not depend on the key — and weighs each detailed key's scored positions:
-    ``entropy_weighted`` in each of ``results`` (with its p times K, as ``edit_tolerant``: the
-    keys are ranked by the verdict's p), and at the top ``entropy_weighted_p_value``, K times
-    the smallest of them (a subset of the keys: still valid for "one of the K keys").
+    The law at every position of the text (``sampler.entropy.position_laws``: one causal
+    forward of ``model`` over the ids, after the generation's chat-templated prompt when the
+    caller gives it, else after the tokenizer's BOS when it has one) is computed once — it
+    does not depend on the key — and weighs each detailed key's scored positions:
+    ``entropy_weighted`` / ``likelihood_ratio`` in each of ``results`` (with its p times K, as
+    ``edit_tolerant``: the keys are ranked by the verdict's p), and at the top
+    ``entropy_weighted_p_value`` / ``likelihood_ratio_p_value``, K times the smallest of them
+    (a subset of the keys: still valid for "one of the K keys").
 
     Args:
         shaped: ``multi_key_json(found, ...)``, changed in place and returned.
         model: the target (``LoadedModel.model``). processing: a ``sampler.processing.
             Processing`` (the generation's temperature, top-k, top-p).
+        entropy_weighting, likelihood_ratio: which tests (neither: ``shaped`` unchanged).
+        prompt_ids: the generation's prompt as the model saw it (``chat_prompt_ids``), or None.
     Raises:
-        InvalidInput: ``entropy_weighting``, the text is longer than the model's positions.
+        InvalidInput: ``prompt`` (with a prompt) or the test's field: the prompt and the text
+            are longer than the model's positions.
     """
-    from detector.weighted import entropy_weighted_test
-    from sampler.entropy import processed_entropy  # torch: only when asked for
+    if not (entropy_weighting or likelihood_ratio):
+        return shaped
+    from detector.weighted import entropy_weighted_test, likelihood_ratio_test
+    from sampler.entropy import position_laws  # torch: only when asked for
 
     first = next(iter(found.results.values()))
     ids = first.evidence.ids.tolist()
-    bos = getattr(model.config, "bos_token_id", None)
-    prefix = [int(bos)] if isinstance(bos, int) else []
+    if prompt_ids is None:
+        bos = getattr(model.config, "bos_token_id", None)
+        prefix = [int(bos)] if isinstance(bos, int) else []
+    else:
+        prefix = [int(t) for t in prompt_ids]
     limit = getattr(model.config, "max_position_embeddings", None)
     if isinstance(limit, int) and len(prefix) + len(ids) > limit:
-        raise InvalidInput(
-            "entropy_weighting",
-            f"expected a text of at most {limit - len(prefix)} tokens (the model's positions), "
-            f"got {len(ids)}",
+        field = (
+            "prompt"
+            if prompt_ids is not None
+            else ("entropy_weighting" if entropy_weighting else "likelihood_ratio")
         )
-    entropy = processed_entropy(model, ids, processing, prefix=prefix).numpy()
+        raise InvalidInput(
+            field,
+            f"expected the prompt and the text within {limit} tokens (the model's positions), "
+            f"got {len(prefix)} + {len(ids)}",
+        )
+    laws = position_laws(model, ids, processing, prefix=prefix)
+
+    def run(name: str, detection: Detection) -> dict[str, Any]:
+        skip, terms = detection.evidence.skip, detection.evidence.terms["aaronson"]
+        if name == "entropy_weighted":
+            return entropy_weighted_test(skip, terms, laws.entropy.numpy()).to_json()
+        conditioned = prompt_ids is not None
+        logp = laws.token_logp.numpy()
+        return likelihood_ratio_test(skip, terms, logp, conditioned_on_prompt=conditioned).to_json()
+
     keys = math.log10(found.num_keys)
-    best: float | None = None
-    for result, detection in zip(shaped["results"], found.results.values(), strict=True):
-        test = entropy_weighted_test(
-            detection.evidence.skip, detection.evidence.terms["aaronson"], entropy
-        ).to_json()
-        log10 = min(0.0, test["log10_p_value"] + keys)
-        test["keys_corrected_log10_p_value"] = log10
-        test["keys_corrected_p_value"] = 10.0**log10
-        result["entropy_weighted"] = test
-        best = log10 if best is None else min(best, log10)
-    shaped["entropy_weighted_log10_p_value"] = best
-    shaped["entropy_weighted_p_value"] = None if best is None else 10.0**best
+    wanted = (("entropy_weighted", entropy_weighting), ("likelihood_ratio", likelihood_ratio))
+    for name in [name for name, on in wanted if on]:
+        best: float | None = None
+        for result, detection in zip(shaped["results"], found.results.values(), strict=True):
+            test = run(name, detection)
+            log10 = min(0.0, test["log10_p_value"] + keys)
+            test["keys_corrected_log10_p_value"] = log10
+            test["keys_corrected_p_value"] = 10.0**log10
+            result[name] = test
+            best = log10 if best is None else min(best, log10)
+        shaped[f"{name}_log10_p_value"] = best
+        shaped[f"{name}_p_value"] = None if best is None else 10.0**best
     return shaped
 
 
@@ -354,8 +389,9 @@ class DetectionPool:
         model: Any = None,
     ) -> dict[str, Any]:
         """One text against ``records``: the ``DetectResponse`` wire shape; with
-        ``options.entropy_weighting``, the weighted test too (``add_entropy_weighting`` with
-        ``model``, the served target)."""
+        ``options.entropy_weighting`` or ``options.likelihood_ratio``, those tests too
+        (``add_model_tests`` with ``model``, the served target, after the item's prompt when
+        it has one)."""
         wanted = DetectorOptions(
             alpha=options.alpha,
             scores=options.scores,
@@ -371,10 +407,31 @@ class DetectionPool:
             detailed=options.max_results,
         )
         shaped = multi_key_json(found, tokens=options.evidence)
-        if options.entropy_weighting:
+        if options.entropy_weighting or options.likelihood_ratio:
             assert model is not None, "the route passes the served model"
-            shaped = add_entropy_weighting(shaped, found, model, entropy_processing(options))
+            shaped = add_model_tests(
+                shaped,
+                found,
+                model,
+                entropy_processing(options),
+                entropy_weighting=options.entropy_weighting,
+                likelihood_ratio=options.likelihood_ratio,
+                prompt_ids=self.prompt_ids(item),
+            )
         return shaped
+
+    def prompt_ids(self, item: DetectInput) -> list[int] | None:
+        """The item's ``prompt`` or ``messages`` through the served chat template (None
+        without one). Raises InvalidInput naming ``messages`` for a malformed conversation."""
+        if item.prompt is None and item.messages is None:
+            return None
+        from sampler.completion import chat_prompt_ids
+
+        messages = None if item.messages is None else [m.model_dump() for m in item.messages]
+        try:
+            return chat_prompt_ids(self.tokenizer(), item.prompt, messages)
+        except ValueError as e:
+            raise InvalidInput("messages", str(e)) from None
 
     def detect_all(
         self,
@@ -386,7 +443,7 @@ class DetectionPool:
         model: Any = None,
     ) -> list[dict[str, Any]]:
         """Every item against the request's keys (looked up once); ``model``: the served
-        target, for ``entropy_weighting``."""
+        target, for ``entropy_weighting`` and ``likelihood_ratio``."""
         records = self.candidate_keys(store, tenant, options, max_keys)
         return [self.detect(records, item, options, model) for item in items]
 

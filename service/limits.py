@@ -71,6 +71,15 @@ def check_detect_input(
     """Limits of one text, and its ``token_ids`` inside the served tokenizer's vocabulary."""
     if item.text is not None:
         _at_most(f"{where}text", len(item.text), settings.max_text_chars, "characters")
+    if item.prompt is not None:
+        _at_most(f"{where}prompt", len(item.prompt), settings.max_prompt_chars, "characters")
+    if item.messages is not None:
+        limit = min(settings.max_messages, MAX_MESSAGES)  # the chat prompt's own bound
+        _at_most(f"{where}messages", len(item.messages), limit, "messages")
+        chars = sum(len(m.content) for m in item.messages)
+        _at_most(
+            f"{where}messages[].content", chars, settings.max_prompt_chars, "characters in all"
+        )
     if item.token_ids is not None:
         _at_most(f"{where}token_ids", len(item.token_ids), settings.max_token_ids, "ids")
         for i, token in enumerate(item.token_ids):

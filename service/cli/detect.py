@@ -133,14 +133,29 @@ def detect(
             "and --top-p.",
         ),
     ] = False,
+    likelihood_ratio: Annotated[
+        bool,
+        typer.Option(
+            "--likelihood-ratio",
+            help="Also run the likelihood-ratio test (loads the model: one forward; reported "
+            "beside the verdict). Strongest with the generation's --prompt and --temperature, "
+            "--top-k, --top-p.",
+        ),
+    ] = False,
+    prompt: Annotated[
+        str | None,
+        typer.Option(
+            "--prompt",
+            help="With --entropy-weighting or --likelihood-ratio: the generation's prompt (one "
+            "user message); the model's law is read after it instead of after BOS.",
+        ),
+    ] = None,
     temperature: Annotated[
-        float, typer.Option("--temperature", help="With --entropy-weighting: T > 0.")
+        float, typer.Option("--temperature", help="With a model test: T > 0.")
     ] = 1.0,
-    top_k: Annotated[
-        int, typer.Option("--top-k", help="With --entropy-weighting: top-k (0 = off).")
-    ] = 50,
+    top_k: Annotated[int, typer.Option("--top-k", help="With a model test: top-k (0 = off).")] = 50,
     top_p: Annotated[
-        float, typer.Option("--top-p", help="With --entropy-weighting: top-p in (0, 1].")
+        float, typer.Option("--top-p", help="With a model test: top-p in (0, 1].")
     ] = 1.0,
     jsonl: Annotated[
         Path | None,
@@ -218,7 +233,11 @@ def detect(
         if jsonl is None and (output is not None or workers != 1):
             raise ValueError("--output and --workers go with --jsonl")
         _check_corpus_options(jsonl, output, engine, address, q_values)
-        processing = _entropy_processing(entropy_weighting, jsonl, temperature, top_k, top_p)
+        processing = _entropy_processing(
+            entropy_weighting or likelihood_ratio, jsonl, temperature, top_k, top_p
+        )
+        if prompt is not None and processing is None:
+            raise ValueError("--prompt goes with --entropy-weighting or --likelihood-ratio")
         if jsonl is not None and key is None:
             raise ValueError("--jsonl needs --key (corpus mode tests one key)")
         families = score_families(score or [], li_delta, lattimore_epsilon)
@@ -249,11 +268,20 @@ def detect(
         found = detect_keys(tok, records, options, text=text, token_ids=ids)
         shaped = multi_key_json(found, tokens=not no_tokens)
         if processing is not None:
+            from sampler.completion import prompt_ids
             from service.cli.common import load
-            from service.detection import add_entropy_weighting
+            from service.detection import add_model_tests
 
             loaded = load(settings, model, None, as_json)
-            shaped = add_entropy_weighting(shaped, found, loaded.model, processing)
+            shaped = add_model_tests(
+                shaped,
+                found,
+                loaded.model,
+                processing,
+                entropy_weighting=entropy_weighting,
+                likelihood_ratio=likelihood_ratio,
+                prompt_ids=None if prompt is None else prompt_ids(loaded, prompt),
+            )
     if as_json:
         emit_json(shaped)
         return
@@ -261,20 +289,26 @@ def detect(
         show_multi_key(found, tenant)
     else:
         show(found.best)
-    if processing is not None:
+    if entropy_weighting:
         _show_entropy_weighted(shaped)
+    if likelihood_ratio:
+        _show_likelihood_ratio(shaped)
 
 
 def _entropy_processing(
     wanted: bool, jsonl: Path | None, temperature: float, top_k: int, top_p: float
 ) -> Any:
-    """``--entropy-weighting``'s processing (None without it); ValueError naming the option."""
+    """The processing of the model tests (``--entropy-weighting``, ``--likelihood-ratio``;
+    None without them); ValueError naming the option."""
     if not wanted:
         if (temperature, top_k, top_p) != (1.0, 50, 1.0):
-            raise ValueError("--temperature, --top-k and --top-p go with --entropy-weighting")
+            raise ValueError(
+                "--temperature, --top-k and --top-p go with --entropy-weighting or "
+                "--likelihood-ratio"
+            )
         return None
     if jsonl is not None:
-        raise ValueError("--entropy-weighting: not in corpus mode (--jsonl)")
+        raise ValueError("--entropy-weighting / --likelihood-ratio: not in corpus mode (--jsonl)")
     if not (math.isfinite(temperature) and 0.0 < temperature <= 100.0):
         raise ValueError(f"--temperature: expected a number in (0, 100], got {temperature}")
     if top_k < 0:
@@ -483,3 +517,16 @@ def show(result: Detection, num_keys: int = 1) -> None:
             shown.append(t.text, style="dim")
     out.print(shown)
     out.print("[dim](scored tokens on green, brighter = stronger evidence; dim = skipped)[/]")
+
+
+def _show_likelihood_ratio(shaped: dict[str, Any]) -> None:
+    """The likelihood-ratio test's line (the best detailed key, corrected for the keys)."""
+    log10 = shaped["likelihood_ratio_log10_p_value"]
+    test = shaped["results"][0]["likelihood_ratio"]
+    law = "after the prompt" if test["conditioned_on_prompt"] else "without the prompt"
+    out.print(
+        f"likelihood-ratio test: log10 p {log10:.2f} ({test['method']}), "
+        f"{test['num_weighted']} of {test['num_scored']} scored positions weighted, law "
+        f"{law}, corrected for {shaped['num_keys']} key(s)",
+        highlight=False,
+    )

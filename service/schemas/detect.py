@@ -21,6 +21,7 @@ from pydantic.config import JsonDict
 
 from detector.scores import SCORE_NAMES
 from service.schemas.common import INTEGRAL, KeyId, RequestModel, Text
+from service.schemas.generate import ChatMessage
 
 if TYPE_CHECKING:
     ScoreName = str
@@ -80,11 +81,22 @@ class DetectOptions(RequestModel):
         "`bench/results/detector_entropy.json`). `entropy_weighted` in each result, reported "
         "beside the verdict, not used by it.",
     )
+    likelihood_ratio: bool = Field(
+        default=False,
+        description="Also run the likelihood-ratio test: S = Σ w_t·(−ln r_t) with w_t = "
+        "1/max(p_t, 0.05) − 1, p_t the target's probability of the text's own token under "
+        "`processing` (key-independent weights, exact null; small S is evidence). The most "
+        "powerful test where p_t is right, so it pays when the item carries the generation's "
+        "`prompt` or `messages` (at T = 0.7: α after ~0.7x the plain test's tokens; without "
+        "the prompt it can be weaker than plain: `bench/results/detector_likelihood_ratio.md`). "
+        "One forward of the served model over the prompt and the text. `likelihood_ratio` in "
+        "each result, reported beside the verdict, not used by it.",
+    )
     processing: EntropyProcessing | None = Field(
         default=None,
-        description="With `entropy_weighting`: the generation's temperature, top-k and top-p "
-        "(default the generate defaults: 1.0, 50, 1.0). Ignored without it (a schema-valid "
-        "request is never refused for it).",
+        description="With `entropy_weighting` or `likelihood_ratio`: the generation's "
+        "temperature, top-k and top-p (default the generate defaults: 1.0, 50, 1.0). Ignored "
+        "without them (a schema-valid request is never refused for it).",
     )
     max_results: int = Field(
         default=10,
@@ -114,11 +126,25 @@ class DetectInput(RequestModel):
 
     text: Text | None = None
     token_ids: list[TokenId] | None = None
+    prompt: Text | None = Field(
+        default=None,
+        description="The generation's prompt (one user message, as `POST /v1/generate`), when "
+        "you have it: `entropy_weighting` and `likelihood_ratio` read the target's law after "
+        "it instead of after BOS. Never changes the verdict; ignored without those tests.",
+    )
+    messages: list[ChatMessage] | None = Field(
+        default=None,
+        min_length=1,
+        description="The generation's chat `messages` instead of `prompt` (at most one of "
+        "the two).",
+    )
 
     @model_validator(mode="after")
     def _something(self) -> Self:
         if self.text is None and self.token_ids is None:
             raise ValueError("give text, token_ids or both")
+        if self.prompt is not None and self.messages is not None:
+            raise ValueError("give at most one of prompt or messages")
         return self
 
 
@@ -255,6 +281,34 @@ class EntropyWeightedOut(BaseModel):
     keys_corrected_log10_p_value: float | None = None
 
 
+class LikelihoodRatioOut(BaseModel):
+    """The likelihood-ratio test (with `likelihood_ratio: true`): S = Σ w_t·(−ln r_t) with
+    key-independent weights w_t = 1/max(p_t, floor) − 1 from the target's probability of the
+    text's own token; p = P(S' <= S) under H0, an exact weighted sum of Exp(1)."""
+
+    name: Literal["likelihood_ratio"]
+    score: float = Field(description="S (nats); small is evidence of the watermark.")
+    p_value: float
+    log10_p_value: float
+    method: Literal["exact", "chernoff_bound"] = Field(
+        description="`exact`: the mixture series (exact to ~1e-10 relative, a valid upper "
+        "bound); `chernoff_bound`: a valid upper bound (many distinct weights or p < 1e-282)."
+    )
+    num_scored: int
+    num_weighted: int = Field(description="Scored positions with a weight above 0.")
+    weight_sum: float = Field(description="Σ w_t, the score's mean under H0.")
+    weighting: dict[str, float | int | str] = Field(
+        description="The weight rule (`detector.weighted.LIKELIHOOD_RATIO`)."
+    )
+    conditioned_on_prompt: bool = Field(
+        description="Whether the law came after the item's `prompt`/`messages`."
+    )
+    keys_corrected_p_value: float | None = Field(
+        default=None, description="min(1, K·p) for the `num_keys` keys tested."
+    )
+    keys_corrected_log10_p_value: float | None = None
+
+
 class SpanSearchOut(BaseModel):
     windows_scanned: int
     lengths: list[int]
@@ -277,6 +331,9 @@ class KeyDetectionOut(BaseModel):
     edit_tolerant: EditTolerantOut | None = Field(description="With `realign: true`.")
     entropy_weighted: EntropyWeightedOut | None = Field(
         default=None, description="With `entropy_weighting: true`."
+    )
+    likelihood_ratio: LikelihoodRatioOut | None = Field(
+        default=None, description="With `likelihood_ratio: true`."
     )
     scores: dict[str, ScoreOut]
     skipped: dict[str, int]
@@ -315,6 +372,13 @@ class DetectResponse(BaseModel):
         "verdict, not used by it).",
     )
     entropy_weighted_log10_p_value: float | None = None
+    likelihood_ratio_p_value: float | None = Field(
+        default=None,
+        description="With `likelihood_ratio: true`: min(1, num_keys · the smallest "
+        "likelihood-ratio p of the keys in `results`), valid for 'one of the keys' (beside the "
+        "verdict, not used by it).",
+    )
+    likelihood_ratio_log10_p_value: float | None = None
     min_scored_tokens: int = Field(
         description="Scored tokens a typical watermarked text needs to reach alpha / num_keys "
         "(below it, a result that is not significant is `insufficient_evidence`)."

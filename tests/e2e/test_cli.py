@@ -126,6 +126,24 @@ def test_keys_generate_detect_round_trip(cli_env):
     assert w["entropy_weighted_log10_p_value"] < -2  # a 96-token generation at T = 1
     assert by_text["entropy_weighted_log10_p_value"] is None  # off unless asked
 
+    # --likelihood-ratio after the generation's --prompt (its law as the target saw it)
+    lr = run(
+        cli_env, "detect", "--key", key["key_id"], "--json", "--token-ids",
+        json.dumps(g["token_ids"]), "--likelihood-ratio", "--prompt",
+        "Explain like I'm five: how do magnets work?",
+    )  # fmt: skip
+    assert lr.returncode == 0, lr.stderr
+    d_lr = json.loads(lr.stdout)
+    assert DetectResponse.model_validate(d_lr).model_dump() == d_lr
+    assert d_lr["log10_p_value"] == d["log10_p_value"]  # beside the verdict, not in it
+    (lk,) = d_lr["results"]
+    assert lk["likelihood_ratio"]["conditioned_on_prompt"] is True
+    assert lk["likelihood_ratio"]["num_scored"] == k["num_scored"]
+    assert d_lr["likelihood_ratio_log10_p_value"] < -2  # a 96-token generation at T = 1
+    assert d_lr["entropy_weighted_log10_p_value"] is None
+    lonely = run(cli_env, "detect", "--key", key["key_id"], "--text", "x", "--prompt", "y")
+    assert lonely.returncode != 0 and "--prompt goes with" in lonely.stderr
+
     human = run(
         cli_env,
         "detect",

@@ -121,3 +121,149 @@ def test_processing_without_weighting_is_ignored(svc: Service) -> None:
     assert with_processing.status_code == plain.status_code == 200
     assert with_processing.json() == plain.json()
     assert with_processing.json()["entropy_weighted_p_value"] is None
+
+
+PROMPT = "Tell me about foxes."
+
+
+def _greedy_after(loaded: LoadedModel, prefix: list[int], n: int) -> list[int]:
+    """The tiny model's greedy continuation of ``prefix``: under top-k 1 after the prompt each
+    of its tokens has probability 1 (weight 0); after BOS alone most do not."""
+    import torch
+
+    ids = list(prefix)
+    with torch.inference_mode():
+        for _ in range(n):
+            logits = loaded.model(input_ids=torch.tensor([ids])).logits[0, -1]
+            ids.append(int(logits.argmax()))
+    return ids[len(prefix) :]
+
+
+def _direct_lr(
+    svc: Service, loaded: LoadedModel, key_id: str, ids: list[int], prefix: list[int]
+) -> float:
+    """The likelihood-ratio log10 p computed here from the detector and the model (top-k 1)."""
+    from detector.weighted import likelihood_ratio_test
+    from sampler.entropy import position_laws
+
+    laws = position_laws(loaded.model, ids, Processing(1.0, 1, 1.0), prefix=prefix)
+    source = svc.store.get(key_id, None).source(0)
+    direct = detect(loaded.tokenizer, source, token_ids=ids, options=DetectOptions())
+    test = likelihood_ratio_test(
+        direct.evidence.skip, direct.evidence.terms["aaronson"], laws.token_logp.numpy()
+    )
+    return test.log_p / math.log(10)
+
+
+def test_the_likelihood_ratio_test_is_reported_beside_the_verdict(
+    svc: Service, tiny_loaded: LoadedModel
+) -> None:
+    from sampler.completion import chat_prompt_ids
+
+    key_id = svc.create_key()
+    prefix = chat_prompt_ids(tiny_loaded.tokenizer, PROMPT)
+    ids = _greedy_after(tiny_loaded, prefix, 24)
+    processing = {"temperature": 1.0, "top_k": 1, "top_p": 1.0}
+    base = {"key_id": key_id, "token_ids": ids, "likelihood_ratio": True, "processing": processing}
+    plain_body = {"key_id": key_id, "token_ids": ids}
+    plain = svc.client.post("/v1/detect", json=plain_body, headers=svc.admin).json()
+    assert plain["likelihood_ratio_p_value"] is None
+    assert plain["results"][0]["likelihood_ratio"] is None
+    tested = {}
+    for name, extra in (
+        ("bos", {}),
+        ("prompt", {"prompt": PROMPT}),
+        ("messages", {"messages": [{"role": "user", "content": PROMPT}]}),
+    ):
+        r = svc.client.post("/v1/detect", json={**base, **extra}, headers=svc.admin)
+        assert r.status_code == 200, r.text
+        found = r.json()
+        assert found["verdict"] == plain["verdict"]  # beside the verdict, not in it
+        assert found["log10_p_value"] == plain["log10_p_value"]
+        assert found["entropy_weighted_p_value"] is None  # only the test asked for
+        tested[name] = found["results"][0]["likelihood_ratio"]
+        assert found["likelihood_ratio_log10_p_value"] == pytest.approx(
+            tested[name]["log10_p_value"]
+        )
+    bos = tiny_loaded.tokenizer.bos_token_id
+    assert tested["bos"]["conditioned_on_prompt"] is False
+    assert tested["bos"]["log10_p_value"] == pytest.approx(
+        _direct_lr(svc, tiny_loaded, key_id, ids, [bos]), abs=1e-12
+    )
+    assert tested["prompt"]["conditioned_on_prompt"] is True
+    assert tested["prompt"]["log10_p_value"] == pytest.approx(
+        _direct_lr(svc, tiny_loaded, key_id, ids, prefix), abs=1e-12
+    )
+    assert tested["messages"] == tested["prompt"]  # one user message is the prompt
+    # after the prompt every token was the model's choice (weight 0); after BOS most were not
+    assert tested["prompt"]["weight_sum"] == 0.0 and tested["prompt"]["log10_p_value"] == 0.0
+    assert tested["bos"]["weight_sum"] > 0.0
+
+
+def test_both_model_tests_share_one_request_and_batch_items_carry_their_prompts(
+    svc: Service,
+) -> None:
+    key_id = svc.create_key()
+    body = {"key_id": key_id, "text": TEXT, "likelihood_ratio": True, "entropy_weighting": True}
+    found = svc.client.post("/v1/detect", json=body, headers=svc.admin).json()
+    assert found["entropy_weighted_p_value"] is not None
+    assert found["likelihood_ratio_p_value"] is not None
+    items = [{"text": TEXT, "prompt": PROMPT}, {"text": TEXT}]
+    batch = {"key_id": key_id, "items": items, "likelihood_ratio": True}
+    r = svc.client.post("/v1/detect/batch", json=batch, headers=svc.admin)
+    assert r.status_code == 200, r.text
+    first, second = (item["results"][0]["likelihood_ratio"] for item in r.json()["results"])
+    assert first["conditioned_on_prompt"] is True and second["conditioned_on_prompt"] is False
+    # without a model test, a prompt changes nothing (never refused either)
+    plain = svc.client.post("/v1/detect", json={"key_id": key_id, "text": TEXT}, headers=svc.admin)
+    prompted = svc.client.post(
+        "/v1/detect", json={"key_id": key_id, "text": TEXT, "prompt": PROMPT}, headers=svc.admin
+    )
+    assert prompted.status_code == 200 and prompted.json() == plain.json()
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "kind", "field"),
+    [
+        pytest.param(
+            {"prompt": "a", "messages": [{"role": "user", "content": "a"}]},
+            422, "invalid-request", "body", id="prompt_and_messages",
+        ),
+        pytest.param(
+            {"messages": [{"role": "robot", "content": "a"}]},
+            422, "invalid-request", "body.messages.0.role", id="bad_role",
+        ),
+        pytest.param({"messages": []}, 422, "invalid-request", "body.messages", id="no_messages"),
+        pytest.param(
+            {"prompt": "x" * 32_001}, 422, "limit-exceeded", "prompt", id="prompt_too_long"
+        ),
+        pytest.param({"likelihood_ratio": 1.5}, 422, "invalid-request", "body.likelihood_ratio",
+                     id="not_bool"),
+    ],
+)  # fmt: skip
+def test_bad_prompt_input_is_4xx_naming_the_field(
+    svc: Service,
+    body: dict,  # type: ignore[type-arg]
+    status: int,
+    kind: str,
+    field: str,
+) -> None:
+    request = {"text": TEXT, "likelihood_ratio": True, **body}
+    found = problem(svc.client.post("/v1/detect", json=request, headers=svc.admin), status, kind)
+    assert found["field"] == field
+
+
+def test_a_prompt_and_text_longer_than_the_model_is_422_naming_the_prompt(svc: Service) -> None:
+    key_id = svc.create_key()
+    body = {
+        "key_id": key_id,
+        "token_ids": [100] * 900,
+        "prompt": "fox " * 200,  # ~200 tokens + the template: past the tiny model's 1,024
+        "likelihood_ratio": True,
+    }
+    found = problem(
+        svc.client.post("/v1/detect", json=body, headers=svc.admin), 422, "invalid-request"
+    )
+    assert found["field"] == "prompt"
+    del body["prompt"]
+    assert svc.client.post("/v1/detect", json=body, headers=svc.admin).status_code == 200
