@@ -198,6 +198,8 @@ def h0_section(model: Model, human: list[list[int]]) -> dict[str, Any]:
         "repetitive/t0.7/no_prompt": [],
     }
     for i, ids in enumerate(human):
+        if i % 25 == 0:
+            print(f"h0: passage {i} of {len(human)}", flush=True)
         prefix = model.prompt(design[i % len(design)])
         laws = {
             "human/t0.7/no_prompt": model.laws(ids, "t0.7", None),

@@ -87,8 +87,9 @@ class DetectOptions(RequestModel):
         "1/max(p_t, 0.05) − 1, p_t the target's probability of the text's own token under "
         "`processing` (key-independent weights, exact null; small S is evidence). The most "
         "powerful test where p_t is right, so it pays when the item carries the generation's "
-        "`prompt` or `messages` (at T = 0.7: α after ~0.7x the plain test's tokens; without "
-        "the prompt it can be weaker than plain: `bench/results/detector_likelihood_ratio.md`). "
+        "`prompt` or `messages` (at T = 0.7: α after 0.67x the plain test's tokens; without "
+        "the prompt 1.0x) and the text is unedited (after 30 % random edits it finds ~10 % of "
+        "texts, the plain test 80 %: `bench/results/detector_likelihood_ratio.md`). "
         "One forward of the served model over the prompt and the text. `likelihood_ratio` in "
         "each result, reported beside the verdict, not used by it.",
     )
