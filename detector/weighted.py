@@ -28,7 +28,7 @@ p-value, P(S_w >= s) under H0 (natural logs; never underflows):
    Truncated at k <= K0, the rest is bounded by P(K > K0) (Q <= 1), itself bounded by the
    Chernoff bound of K's negative-binomial MGF; K0 grows until that rest is below
    ``SERIES_REL_TOL`` of the sum. Float rounding and underflow of the pmf convolution are
-   covered by a relative margin and an absolute allowance (``_series_log_sf``), so the value is
+   covered by a relative margin and an absolute allowance (``_series_log_tail``), so the value is
    a valid upper bound equal to the exact tail to ~1e-10 relative: ``method`` ``"exact"``.
    Cost O(J·K0²) with K0 ≈ Σ n_j (ρ_j − 1) + a few standard deviations: the weights are
    quantised to multiples of 1/``ENTROPY_WEIGHTING.levels`` (ρ <= levels), so a 128-token
@@ -436,14 +436,7 @@ def weighted_log_sf(weights: ArrayLike, s: float) -> tuple[float, PValueMethod]:
     Raises:
         ValueError: weights not 1-D, negative or not finite; s not finite.
     """
-    w = np.asarray(weights, dtype=np.float64)
-    if w.ndim != 1:
-        raise ValueError(f"expected weights of shape (M,), got {w.shape}")
-    if not np.all(np.isfinite(w)) or np.any(w < 0.0):
-        raise ValueError("expected finite weights >= 0")
-    if not math.isfinite(s):
-        raise ValueError(f"expected a finite weighted score, got {s!r}")
-    levels, counts = np.unique(w[w > 0.0], return_counts=True)  # (J,), (J,)
+    levels, counts = _weight_levels(weights, s)
     if levels.size == 0 or s <= 0.0:
         return 0.0, "exact"
     if levels.size == 1:  # one level: S_w / v ~ Gamma(n, 1) exactly
@@ -451,7 +444,7 @@ def weighted_log_sf(weights: ArrayLike, s: float) -> tuple[float, PValueMethod]:
     chernoff = chernoff_log_sf(levels, counts, s)
     if levels.size > MAX_SERIES_LEVELS or chernoff < SERIES_MIN_LOG_P:
         return chernoff, "chernoff_bound"
-    series = _series_log_sf(levels, counts, s)
+    series = _series_log_tail(levels, counts, s, lower=False)
     if series is None or series > chernoff:
         return chernoff, "chernoff_bound"
     return series, "exact"
@@ -505,11 +498,29 @@ def _nb_tail_log_bound(n: NDArray[np.float64], q: NDArray[np.float64], k0: int) 
     return float(np.min(log_mgf - (k0 + 1) * u[:, 0]))
 
 
-def _series_log_sf(
-    levels: NDArray[np.float64], counts: NDArray[np.int64], s: float
+def _weight_levels(weights: ArrayLike, s: float) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
+    """The distinct positive weights (J,) and their counts (J,), after checking the input.
+
+    Raises:
+        ValueError: weights not 1-D, negative or not finite; s not finite."""
+    w = np.asarray(weights, dtype=np.float64)
+    if w.ndim != 1:
+        raise ValueError(f"expected weights of shape (M,), got {w.shape}")
+    if not np.all(np.isfinite(w)) or np.any(w < 0.0):
+        raise ValueError("expected finite weights >= 0")
+    if not math.isfinite(s):
+        raise ValueError(f"expected a finite weighted score, got {s!r}")
+    levels, counts = np.unique(w[w > 0.0], return_counts=True)
+    return levels, counts
+
+
+def _series_log_tail(
+    levels: NDArray[np.float64], counts: NDArray[np.int64], s: float, *, lower: bool
 ) -> float | None:
-    """ln of the mixture series (module docstring) with its truncation, rounding and underflow
-    allowances, or None when more than ``MAX_SERIES_TERMS`` terms would be needed."""
+    """ln of the mixture series (module docstring) for the upper tail P(S >= s) or, with
+    ``lower``, the lower tail P(S <= s) (``weighted_log_cdf``), with its truncation, rounding
+    and underflow allowances; None when more than ``MAX_SERIES_TERMS`` (upper) or
+    ``MAX_LOWER_SERIES_TERMS`` (lower) terms would be needed."""
     c = float(levels.min())
     rho = levels / c  # (J,) >= 1
     q = 1.0 / rho
@@ -519,11 +530,22 @@ def _series_log_sf(
     mean = float(np.sum(n_j * (rho - 1.0)))
     sd = math.sqrt(float(np.sum(n_j * (1.0 - q) / q**2)))
     k0 = int(mean + 12.0 * sd + 64.0)
+    if lower:
+        # Either factor of the lower rest P(K > K0) · P(n + K0 + 1, x) may be made small: the
+        # second past x (a Poisson tail), so the small sums, the evidence, need few terms.
+        k0 = min(k0, int(max(0.0, x - n) + 12.0 * math.sqrt(x) + 64.0))
+    limit = MAX_LOWER_SERIES_TERMS if lower else MAX_SERIES_TERMS
     while True:
-        if k0 > MAX_SERIES_TERMS:
+        if k0 > limit:
             return None
-        log_sum, log_scale = _series_partial(rho, counts, n, x, k0)
+        pmf, log_scale = _mixing_pmf(rho, counts, k0)
         rest = _nb_tail_log_bound(n_j, q, k0)
+        if lower:
+            log_p = gamma_log_cdf_many(n, x, k0 + 2)  # (K0 + 2,)
+            log_sum = _log_dot(pmf, log_p[:-1]) + log_scale
+            rest += float(log_p[-1])
+        else:
+            log_sum = _log_dot(pmf, _gamma_log_sf_many(n, x, k0 + 1)) + log_scale
         if rest - log_sum <= math.log(SERIES_REL_TOL):
             break
         k0 *= 2
@@ -532,19 +554,13 @@ def _series_log_sf(
     return min(0.0, float(total))
 
 
-def _series_partial(
-    rho: NDArray[np.float64], counts: NDArray[np.int64], n: int, x: float, k0: int
-) -> tuple[float, float]:
-    """(ln Σ_{k<=k0} P(K = k) Q(n + k, x), ln of the scale the pmf of K was kept at).
-
-    The pmf of K (``_mixing_pmf``); Q(n + k, x) by the upward recurrence Q(m + 1, x) =
-    Q(m, x) + e^{−x} x^m / m! in log space (positive terms)."""
-    pmf, log_scale = _mixing_pmf(rho, counts, k0)
-    k = np.arange(k0 + 1, dtype=np.float64)  # (K0 + 1,)
-    # ln Q(n + k, x) for k = 0..K0: ln Q(n, x), then add e^{−x} x^{n+k} / (n + k)!
-    steps = -x + (n + k[:-1]) * math.log(x) - gammaln(n + k[:-1] + 1.0)  # (K0,)
+def _gamma_log_sf_many(n: int, x: float, count: int) -> NDArray[np.float64]:
+    """ln Q(n + k, x) for k = 0..count − 1: ln Q(n, x), then the upward recurrence Q(m + 1,
+    x) = Q(m, x) + e^{−x} x^m / m! in log space (positive terms)."""
+    k = np.arange(count - 1, dtype=np.float64)  # (count − 1,)
+    steps = -x + (n + k) * math.log(x) - gammaln(n + k + 1.0)
     log_q = np.logaddexp.accumulate(np.concatenate(([aaronson_log_sf(n, x)], steps)))
-    return _log_dot(pmf, np.minimum(log_q, 0.0)) + log_scale, log_scale
+    return np.minimum(log_q, 0.0)
 
 
 def _mixing_pmf(
@@ -620,14 +636,7 @@ def weighted_log_cdf(weights: ArrayLike, s: float) -> tuple[float, PValueMethod]
     Raises:
         ValueError: weights not 1-D, negative or not finite; s not finite.
     """
-    w = np.asarray(weights, dtype=np.float64)
-    if w.ndim != 1:
-        raise ValueError(f"expected weights of shape (M,), got {w.shape}")
-    if not np.all(np.isfinite(w)) or np.any(w < 0.0):
-        raise ValueError("expected finite weights >= 0")
-    if not math.isfinite(s):
-        raise ValueError(f"expected a finite weighted sum, got {s!r}")
-    levels, counts = np.unique(w[w > 0.0], return_counts=True)  # (J,), (J,)
+    levels, counts = _weight_levels(weights, s)
     if levels.size == 0:
         return 0.0, "exact"
     s = max(s, 1e-300)
@@ -636,7 +645,7 @@ def weighted_log_cdf(weights: ArrayLike, s: float) -> tuple[float, PValueMethod]
     chernoff = chernoff_log_cdf(levels, counts, s)
     if levels.size > MAX_SERIES_LEVELS or chernoff < SERIES_MIN_LOG_P:
         return chernoff, "chernoff_bound"
-    series = _series_log_cdf(levels, counts, s)
+    series = _series_log_tail(levels, counts, s, lower=True)
     if series is None or series > chernoff:
         return chernoff, "chernoff_bound"
     return series, "exact"
@@ -666,37 +675,6 @@ def chernoff_log_cdf(levels: NDArray[np.float64], counts: NDArray[np.int64], s: 
     theta = high
     bound = theta * s - float(np.dot(n, np.log1p(theta * v)))
     return min(0.0, bound)
-
-
-def _series_log_cdf(
-    levels: NDArray[np.float64], counts: NDArray[np.int64], s: float
-) -> float | None:
-    """ln of the lower-tail mixture series with its truncation, rounding and underflow
-    allowances (as ``_series_log_sf``), or None past ``MAX_SERIES_TERMS`` terms."""
-    c = float(levels.min())
-    rho = levels / c  # (J,) >= 1
-    q = 1.0 / rho
-    n_j = counts.astype(np.float64)
-    n = int(counts.sum())
-    x = s / c
-    mean = float(np.sum(n_j * (rho - 1.0)))
-    sd = math.sqrt(float(np.sum(n_j * (1.0 - q) / q**2)))
-    # Either factor of the rest may be made small: P(K > K0) past K's mean, or P(n + K0 + 1,
-    # x) past x (a Poisson tail): the small sums, which are the evidence, need few terms.
-    k0 = int(min(mean + 12.0 * sd, max(0.0, x - n) + 12.0 * math.sqrt(x)) + 64.0)
-    while True:
-        if k0 > MAX_LOWER_SERIES_TERMS:
-            return None
-        pmf, log_scale = _mixing_pmf(rho, counts, k0)
-        log_p = gamma_log_cdf_many(n, x, k0 + 2)  # (K0 + 2,)
-        log_sum = _log_dot(pmf, log_p[:-1]) + log_scale
-        rest = _nb_tail_log_bound(n_j, q, k0) + float(log_p[-1])
-        if rest - log_sum <= math.log(SERIES_REL_TOL):
-            break
-        k0 *= 2
-    allowance = 2.0 * math.log(k0 + 1.0) + math.log(2.0 * len(levels) * _TINY)
-    total = np.logaddexp(np.logaddexp(log_sum + _ROUNDING_MARGIN, rest), allowance + log_scale)
-    return min(0.0, float(total))
 
 
 def weighted_test(

@@ -125,7 +125,7 @@ def test_edge_cases_stay_finite_and_monotone() -> None:
         previous = log_p
     with pytest.raises(ValueError, match="weights"):
         weighted_log_cdf(np.array([1.0, -1.0]), 1.0)
-    with pytest.raises(ValueError, match="finite weighted sum"):
+    with pytest.raises(ValueError, match="finite weighted score"):
         weighted_log_cdf(np.ones(3), math.inf)
 
 
