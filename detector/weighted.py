@@ -79,6 +79,15 @@ _TINY: Final = 2.3e-308  # above the largest float64 product lost to underflow, 
 _SCORED: Final = SKIP_CODES.index(None)
 
 
+def _check_levels(levels: object) -> None:
+    """A weight rule's L: an int in [1, 64] (weights are multiples of 1/L). ValueError naming
+    ``levels`` otherwise."""
+    if isinstance(levels, bool) or not isinstance(levels, int):
+        raise ValueError(f"expected levels an int in [1, 64], got {levels!r}")
+    if not 1 <= levels <= 64:
+        raise ValueError(f"expected levels in [1, 64], got {levels}")
+
+
 @dataclass(frozen=True)
 class EntropyWeighting:
     """The weight of a scored position as a function of the target's entropy there.
@@ -106,10 +115,7 @@ class EntropyWeighting:
             raise ValueError(f"expected scale a finite number > 0, got {self.scale!r}")
         if self.scale <= 0:
             raise ValueError(f"expected scale > 0, got {self.scale!r}")
-        if isinstance(self.levels, bool) or not isinstance(self.levels, int):
-            raise ValueError(f"expected levels an int in [1, 64], got {self.levels!r}")
-        if not 1 <= self.levels <= 64:
-            raise ValueError(f"expected levels in [1, 64], got {self.levels}")
+        _check_levels(self.levels)
 
     def weights(self, entropy: ArrayLike) -> NDArray[np.float64]:
         """(T,) float64 entropies in nats (>= 0, finite) -> (T,) float64 weights in [0, 1].
@@ -173,10 +179,7 @@ class ModelWeighting:
     max_rank: int | None = 1000
 
     def __post_init__(self) -> None:
-        if isinstance(self.levels, bool) or not isinstance(self.levels, int):
-            raise ValueError(f"expected levels an int in [1, 64], got {self.levels!r}")
-        if not 1 <= self.levels <= 64:
-            raise ValueError(f"expected levels in [1, 64], got {self.levels}")
+        _check_levels(self.levels)
         if self.max_rank is not None and (
             isinstance(self.max_rank, bool) or not isinstance(self.max_rank, int)
         ):
@@ -260,10 +263,7 @@ class LikelihoodRatioWeighting:
     def __post_init__(self) -> None:
         if not (isinstance(self.floor, float | int) and 0.0 < self.floor < 1.0):
             raise ValueError(f"expected floor in (0, 1), got {self.floor!r}")
-        if isinstance(self.levels, bool) or not isinstance(self.levels, int):
-            raise ValueError(f"expected levels an int in [1, 64], got {self.levels!r}")
-        if not 1 <= self.levels <= 64:
-            raise ValueError(f"expected levels in [1, 64], got {self.levels}")
+        _check_levels(self.levels)
 
     def weights(self, token_logp: ArrayLike) -> NDArray[np.float64]:
         """(T,) float64 ln p_t (<= 0, −inf allowed) -> (T,) float64 weights in [0, 1/f − 1].

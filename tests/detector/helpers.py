@@ -77,3 +77,21 @@ def repetitive_ids(rng: np.random.Generator, kind: int) -> list[int]:
     for _ in range(40):
         out += [*phrase, int(rng.integers(3, 12))]
     return out
+
+
+def hypoexponential_log_tail(weights: list[float], s: float, *, lower: bool = False) -> float:
+    """ln P(Σ w_i E_i >= s) (or, with ``lower``, <= s) for *distinct* w_i, by the
+    partial-fraction closed form of the upper tail Σ_i Π_{j≠i} w_i/(w_i − w_j) e^{−s/w_i}, at
+    80 digits (it cancels badly in floats); the weighted tests' reference."""
+    import mpmath
+
+    with mpmath.workdps(80):
+        w = [mpmath.mpf(x) for x in weights]
+        total = mpmath.mpf(0)
+        for i, wi in enumerate(w):
+            c = mpmath.mpf(1)
+            for j, wj in enumerate(w):
+                if j != i:
+                    c *= wi / (wi - wj)
+            total += c * mpmath.exp(-s / wi)
+        return float(mpmath.log(1 - total if lower else total))

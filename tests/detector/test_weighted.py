@@ -20,21 +20,7 @@ from detector.weighted import (
     weighted_log_sf,
     weighted_test,
 )
-
-
-def hypoexponential_log_sf(weights: list[float], s: float) -> float:
-    """ln P(Σ w_i E_i >= s) for *distinct* w_i, by the partial-fraction closed form
-    Σ_i Π_{j≠i} w_i/(w_i − w_j) e^{−s/w_i}, at 80 digits (it cancels badly in floats)."""
-    with mpmath.workdps(80):
-        w = [mpmath.mpf(x) for x in weights]
-        total = mpmath.mpf(0)
-        for i, wi in enumerate(w):
-            c = mpmath.mpf(1)
-            for j, wj in enumerate(w):
-                if j != i:
-                    c *= wi / (wi - wj)
-            total += c * mpmath.exp(-s / wi)
-        return float(mpmath.log(total))
+from tests.detector.helpers import hypoexponential_log_tail
 
 
 def two_level_log_sf(n1: int, a: float, n2: int, b: float, s: float) -> float:
@@ -53,7 +39,7 @@ def two_level_log_sf(n1: int, a: float, n2: int, b: float, s: float) -> float:
 def test_distinct_weights_match_the_closed_form(s: float) -> None:
     weights = [0.25, 0.5, 0.75, 1.0, 0.375]
     log_p, method = weighted_log_sf(np.array(weights), s)
-    reference = hypoexponential_log_sf(weights, s)
+    reference = hypoexponential_log_tail(weights, s)
     assert method == "exact"
     # a valid upper bound (never below the tail, up to 1e-12 of float rounding in ln p) and
     # within the documented 1e-10 relative margin (plus 1e-12) of it
@@ -111,7 +97,7 @@ def test_many_levels_fall_back_to_a_valid_chernoff_bound() -> None:
     for s in (10.0, 25.0, 60.0):
         log_p, method = weighted_log_sf(np.array(weights), s)
         assert method == "chernoff_bound"
-        assert log_p >= hypoexponential_log_sf(weights, s)
+        assert log_p >= hypoexponential_log_tail(weights, s)
 
 
 def test_deep_tails_stay_finite_and_decrease() -> None:
