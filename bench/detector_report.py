@@ -21,6 +21,7 @@ THROUGHPUT = RESULTS / "detector_throughput.json"
 REPORT = RESULTS / "detector.md"
 ROBUSTNESS = RESULTS / "detector_robustness.json"
 REALIGN_COST = RESULTS / "detector_realign_cost.json"
+LIKELIHOOD_RATIO = RESULTS / "detector_likelihood_ratio.md"
 _TESTS = ("whole_text", "verdict", "realigned", "verdict_or_realigned")
 
 
@@ -260,6 +261,9 @@ def main() -> None:
             json.loads(REALIGN_COST.read_text(encoding="utf-8")) if REALIGN_COST.exists() else None
         )
         lines += robustness_section(robust, cost)
+    if LIKELIHOOD_RATIO.exists():  # written by bench.detector_likelihood_ratio; one level down
+        body = LIKELIHOOD_RATIO.read_text(encoding="utf-8").strip()
+        lines += ["", body.replace("# ", "## ", 1), ""]
     REPORT.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"wrote {REPORT}")
 
