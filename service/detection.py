@@ -196,6 +196,7 @@ def add_model_tests(
     entropy_weighting: bool = False,
     likelihood_ratio: bool = False,
     prompt_ids: Sequence[int] | None = None,
+    prompt_field: str = "prompt",
 ) -> dict[str, Any]:
     """Add the tests that read the target's law (``detector.weighted``) to a
     ``multi_key_json`` shape: the entropy-weighted test and/or the likelihood-ratio test.
@@ -215,9 +216,10 @@ def add_model_tests(
             Processing`` (the generation's temperature, top-k, top-p).
         entropy_weighting, likelihood_ratio: which tests (neither: ``shaped`` unchanged).
         prompt_ids: the generation's prompt as the model saw it (``chat_prompt_ids``), or None.
+        prompt_field: the request field the prompt came from (``prompt`` or ``messages``).
     Raises:
-        InvalidInput: ``prompt`` (with a prompt) or the test's field: the prompt and the text
-            are longer than the model's positions.
+        InvalidInput: ``prompt_field`` (with a prompt) or the test's field: the prompt and the
+            text are longer than the model's positions.
     """
     if not (entropy_weighting or likelihood_ratio):
         return shaped
@@ -234,7 +236,7 @@ def add_model_tests(
     limit = getattr(model.config, "max_position_embeddings", None)
     if isinstance(limit, int) and len(prefix) + len(ids) > limit:
         field = (
-            "prompt"
+            prompt_field
             if prompt_ids is not None
             else ("entropy_weighting" if entropy_weighting else "likelihood_ratio")
         )
@@ -417,21 +419,27 @@ class DetectionPool:
                 entropy_weighting=options.entropy_weighting,
                 likelihood_ratio=options.likelihood_ratio,
                 prompt_ids=self.prompt_ids(item),
+                prompt_field="prompt" if item.messages is None else "messages",
             )
         return shaped
 
     def prompt_ids(self, item: DetectInput) -> list[int] | None:
         """The item's ``prompt`` or ``messages`` through the served chat template (None
-        without one). Raises InvalidInput naming ``messages`` for a malformed conversation."""
+        without one; the schema and ``check_detect_input`` have bounded both). Raises
+        InvalidInput naming the field when the template refuses the conversation (a template
+        may raise on, e.g., roles out of order)."""
         if item.prompt is None and item.messages is None:
             return None
+        from jinja2 import TemplateError
+
         from sampler.completion import chat_prompt_ids
 
         messages = None if item.messages is None else [m.model_dump() for m in item.messages]
         try:
             return chat_prompt_ids(self.tokenizer(), item.prompt, messages)
-        except ValueError as e:
-            raise InvalidInput("messages", str(e)) from None
+        except TemplateError as e:
+            field = "prompt" if item.messages is None else "messages"
+            raise InvalidInput(field, f"the served chat template refused it: {e}") from None
 
     def detect_all(
         self,
@@ -441,11 +449,21 @@ class DetectionPool:
         options: DetectOptions,
         max_keys: int,
         model: Any = None,
+        batch: bool = False,
     ) -> list[dict[str, Any]]:
         """Every item against the request's keys (looked up once); ``model``: the served
-        target, for ``entropy_weighting`` and ``likelihood_ratio``."""
+        target, for ``entropy_weighting`` and ``likelihood_ratio``; ``batch``: an item's
+        InvalidInput names it (``items[i].<field>``)."""
         records = self.candidate_keys(store, tenant, options, max_keys)
-        return [self.detect(records, item, options, model) for item in items]
+        if not batch:
+            return [self.detect(records, item, options, model) for item in items]
+        out = []
+        for i, item in enumerate(items):
+            try:
+                out.append(self.detect(records, item, options, model))
+            except InvalidInput as e:  # name the item: items[i].<field>
+                raise InvalidInput(f"items[{i}].{e.field}", e.problem) from None
+        return out
 
 
 def entropy_processing(options: DetectOptions) -> Any:

@@ -69,6 +69,7 @@ async def detect_batch(
         body,
         settings.max_keys_per_detect,
         model,
+        True,
     )
     for result in results:
         metrics.detections.labels(result["verdict"]).inc()

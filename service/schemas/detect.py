@@ -293,7 +293,9 @@ class LikelihoodRatioOut(BaseModel):
     log10_p_value: float
     method: Literal["exact", "chernoff_bound"] = Field(
         description="`exact`: the mixture series (exact to ~1e-10 relative, a valid upper "
-        "bound); `chernoff_bound`: a valid upper bound (many distinct weights or p < 1e-282)."
+        "bound); `chernoff_bound`: a valid, conservative upper bound (more than 16 distinct "
+        "weights, more than 2,048 series terms, or p < 1e-282: most texts past a few dozen "
+        "scored tokens)."
     )
     num_scored: int
     num_weighted: int = Field(description="Scored positions with a weight above 0.")

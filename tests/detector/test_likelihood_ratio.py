@@ -72,13 +72,14 @@ def test_one_level_is_the_gamma_lower_tail(m: int, ratio: float) -> None:
     assert log_p >= reference - 1e-15  # valid: never below the tail
     assert log_p == pytest.approx(reference, rel=1e-12, abs=2e-11)
     # and P + Q = 1 against the upper tail the plain test uses
-    assert math.exp(log_p) + math.exp(aaronson_log_sf(m, x)) == pytest.approx(1.0, abs=1e-12)
+    assert math.exp(log_p) + math.exp(aaronson_log_sf(m, x)) == pytest.approx(1.0, abs=1e-11)
 
 
 def test_gamma_lower_tails_fall_with_the_shape() -> None:
     tails = gamma_log_cdf_many(5, 30.0, 200)
     assert np.all(np.diff(tails) <= 0.0) and np.all(np.isfinite(tails))
-    assert tails[0] == pytest.approx(math.log(mpmath.gammainc(5, 0, 30, regularized=True)))
+    reference = float(mpmath.log(mpmath.gammainc(5, 0, 30, regularized=True)))
+    assert reference <= tails[0] <= reference + 1e-11  # a valid bound within its margin
 
 
 def test_chernoff_bounds_the_exact_lower_tail() -> None:

@@ -267,3 +267,20 @@ def test_a_prompt_and_text_longer_than_the_model_is_422_naming_the_prompt(svc: S
     assert found["field"] == "prompt"
     del body["prompt"]
     assert svc.client.post("/v1/detect", json=body, headers=svc.admin).status_code == 200
+
+
+def test_batch_errors_name_the_item_and_messages_limits_name_their_field(svc: Service) -> None:
+    key_id = svc.create_key()
+    items = [{"text": TEXT}, {"token_ids": [100] * 900, "messages": [
+        {"role": "user", "content": "fox " * 200}]}]  # fmt: skip
+    batch = {"key_id": key_id, "items": items, "likelihood_ratio": True}
+    found = problem(
+        svc.client.post("/v1/detect/batch", json=batch, headers=svc.admin), 422, "invalid-request"
+    )
+    assert found["field"] == "items[1].messages"  # past the model's positions with the prompt
+    halves = [{"role": "user", "content": c * 20_000} for c in "xy"]  # 40,000 > 32,000 chars
+    many = {"text": TEXT, "likelihood_ratio": True, "messages": halves}
+    found = problem(
+        svc.client.post("/v1/detect", json=many, headers=svc.admin), 422, "limit-exceeded"
+    )
+    assert found["field"] == "messages[].content"
