@@ -71,6 +71,8 @@ def tighten(
     for name in ("DetectRequest", "DetectInput"):
         limits.append((name, "text", "maxLength", settings.max_text_chars))
         limits.append((name, "token_ids", "maxItems", settings.max_token_ids))
+        limits.append((name, "prompt", "maxLength", settings.max_prompt_chars))
+        limits.append((name, "messages", "maxItems", messages))
     for model, field, keyword, value in limits:
         for branch in _branches(schemas, model, field):
             branch[keyword] = min(branch.get(keyword, value), value)

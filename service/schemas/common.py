@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from types import UnionType
-from typing import Annotated, Any, Final, Union, get_args, get_origin
+from typing import Annotated, Any, Final, Literal, Union, get_args, get_origin
 
 from pydantic import (
     AfterValidator,
@@ -75,6 +75,14 @@ def _takes_int(annotation: object) -> bool:
     return get_origin(annotation) in (Union, UnionType) and any(
         _takes_int(arg) for arg in get_args(annotation)
     )
+
+
+class ChatMessage(RequestModel):
+    """One message of a chat prompt (``POST /v1/generate`` ``messages``, and the generation's
+    prompt a detect item may carry)."""
+
+    role: Literal["system", "user", "assistant"]
+    content: Text
 
 
 class FieldError(BaseModel):

@@ -20,8 +20,7 @@ from pydantic import (
 from pydantic.config import JsonDict
 
 from detector.scores import SCORE_NAMES
-from service.schemas.common import INTEGRAL, KeyId, RequestModel, Text
-from service.schemas.generate import ChatMessage
+from service.schemas.common import INTEGRAL, ChatMessage, KeyId, RequestModel, Text
 
 if TYPE_CHECKING:
     ScoreName = str
@@ -120,9 +119,13 @@ class DetectInput(RequestModel):
     """The text to test: ``text``, exact ``token_ids``, or both (then the ids are scored and
     ``retokenization_matches`` says whether tokenizing the text gives them)."""
 
-    # The schema says what the validator below checks: at least one of them, not null.
+    # The schema says what the validator below checks: text or token_ids (not null), and not
+    # both prompt and messages.
     model_config = ConfigDict(
-        json_schema_extra={"anyOf": [_given("text", "string"), _given("token_ids", "array")]}
+        json_schema_extra={
+            "anyOf": [_given("text", "string"), _given("token_ids", "array")],
+            "not": {"allOf": [_given("prompt", "string"), _given("messages", "array")]},
+        }
     )
 
     text: Text | None = None

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from sampler.decoder import MAX_DRAFTS, MAX_LOOKAHEAD
 from sampler.methods import DEFAULT_TREE, HTTP_METHODS, TreeMode
-from service.schemas.common import KeyId, RequestModel, Text
+from service.schemas.common import ChatMessage, KeyId, RequestModel, Text
 
 if TYPE_CHECKING:
     from sampler.methods import Method
@@ -17,11 +17,6 @@ else:
     """The methods the API serves: the ``http`` rows of ``sampler.methods.METHODS``."""
 MIN_TEMPERATURE = 0.01
 """Below this (and above 0, greedy) logits / T overflow float64 softmax; refused."""
-
-
-class ChatMessage(RequestModel):
-    role: Literal["system", "user", "assistant"]
-    content: Text
 
 
 class GenerateRequest(RequestModel):
