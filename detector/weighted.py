@@ -451,13 +451,7 @@ def weighted_log_sf(weights: ArrayLike, s: float) -> tuple[float, PValueMethod]:
         return 0.0, "exact"
     if levels.size == 1:  # one level: S_w / v ~ Gamma(n, 1) exactly
         return aaronson_log_sf(int(counts[0]), s / float(levels[0])), "exact"
-    chernoff = chernoff_log_sf(levels, counts, s)
-    if levels.size > MAX_SERIES_LEVELS or chernoff < SERIES_MIN_LOG_P:
-        return chernoff, "chernoff_bound"
-    series = _series_log_tail(levels, counts, s, lower=False)
-    if series is None or series > chernoff:
-        return chernoff, "chernoff_bound"
-    return series, "exact"
+    return _smaller_bound(levels, counts, s, chernoff_log_sf(levels, counts, s), lower=False)
 
 
 def chernoff_log_sf(levels: NDArray[np.float64], counts: NDArray[np.int64], s: float) -> float:
@@ -522,6 +516,24 @@ def _weight_levels(weights: ArrayLike, s: float) -> tuple[NDArray[np.float64], N
         raise ValueError(f"expected a finite weighted score, got {s!r}")
     levels, counts = np.unique(w[w > 0.0], return_counts=True)
     return levels, counts
+
+
+def _smaller_bound(
+    levels: NDArray[np.float64],
+    counts: NDArray[np.int64],
+    s: float,
+    chernoff: float,
+    *,
+    lower: bool,
+) -> tuple[float, PValueMethod]:
+    """The smaller of two valid bounds on a tail's ln p: the mixture series (``"exact"``) where
+    it is cheap and above underflow, else (or where it is larger) the Chernoff bound."""
+    if levels.size > MAX_SERIES_LEVELS or chernoff < SERIES_MIN_LOG_P:
+        return chernoff, "chernoff_bound"
+    series = _series_log_tail(levels, counts, s, lower=lower)
+    if series is None or series > chernoff:
+        return chernoff, "chernoff_bound"
+    return series, "exact"
 
 
 def _series_log_tail(
@@ -655,13 +667,7 @@ def weighted_log_cdf(weights: ArrayLike, s: float) -> tuple[float, PValueMethod]
     s = max(s, 1e-300)
     if levels.size == 1:  # one level: S / v ~ Gamma(n, 1) exactly
         return float(gamma_log_cdf_many(int(counts[0]), s / float(levels[0]), 1)[0]), "exact"
-    chernoff = chernoff_log_cdf(levels, counts, s)
-    if levels.size > MAX_SERIES_LEVELS or chernoff < SERIES_MIN_LOG_P:
-        return chernoff, "chernoff_bound"
-    series = _series_log_tail(levels, counts, s, lower=True)
-    if series is None or series > chernoff:
-        return chernoff, "chernoff_bound"
-    return series, "exact"
+    return _smaller_bound(levels, counts, s, chernoff_log_cdf(levels, counts, s), lower=True)
 
 
 def chernoff_log_cdf(levels: NDArray[np.float64], counts: NDArray[np.int64], s: float) -> float:

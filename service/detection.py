@@ -246,13 +246,13 @@ def add_model_tests(
             f"got {len(prefix)} + {len(ids)}",
         )
     laws = position_laws(model, ids, processing, prefix=prefix)
+    entropy, logp = laws.entropy.numpy(), laws.token_logp.numpy()  # (T,) each, once
+    conditioned = prompt_ids is not None
 
     def run(name: str, detection: Detection) -> dict[str, Any]:
         skip, terms = detection.evidence.skip, detection.evidence.terms["aaronson"]
         if name == "entropy_weighted":
-            return entropy_weighted_test(skip, terms, laws.entropy.numpy()).to_json()
-        conditioned = prompt_ids is not None
-        logp = laws.token_logp.numpy()
+            return entropy_weighted_test(skip, terms, entropy).to_json()
         return likelihood_ratio_test(skip, terms, logp, conditioned_on_prompt=conditioned).to_json()
 
     keys = math.log10(found.num_keys)
