@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from sampler.completion import MAX_MESSAGES
 from service.errors import InvalidInput, LimitExceeded
+from service.schemas.common import ChatMessage
 from service.schemas.detect import DetectInput
 from service.schemas.generate import GenerateRequest
 from service.settings import Settings
@@ -45,13 +46,23 @@ def check_generate(request: GenerateRequest, settings: Settings) -> None:
     _at_most("max_new_tokens", request.max_new_tokens, settings.max_new_tokens)
     _at_most("drafts", request.drafts, settings.max_drafts)
     _at_most("lookahead", request.lookahead, settings.max_lookahead)
-    if request.prompt is not None:
-        _at_most("prompt", len(request.prompt), settings.max_prompt_chars, "characters")
-    if request.messages is not None:
+    check_prompt(request.prompt, request.messages, settings)
+
+
+def check_prompt(
+    prompt: str | None, messages: list[ChatMessage] | None, settings: Settings, where: str = ""
+) -> None:
+    """A chat prompt's limits (``POST /v1/generate``, and the generation's prompt a detect item
+    may carry): ``prompt`` characters, ``messages`` count and their characters in all."""
+    if prompt is not None:
+        _at_most(f"{where}prompt", len(prompt), settings.max_prompt_chars, "characters")
+    if messages is not None:
         limit = min(settings.max_messages, MAX_MESSAGES)  # the chat prompt's own bound
-        _at_most("messages", len(request.messages), limit, "messages")
-        chars = sum(len(m.content) for m in request.messages)
-        _at_most("messages[].content", chars, settings.max_prompt_chars, "characters in all")
+        _at_most(f"{where}messages", len(messages), limit, "messages")
+        chars = sum(len(m.content) for m in messages)
+        _at_most(
+            f"{where}messages[].content", chars, settings.max_prompt_chars, "characters in all"
+        )
 
 
 def check_drafter(spec: str, drafters: tuple[str, ...]) -> None:
@@ -71,15 +82,7 @@ def check_detect_input(
     """Limits of one text, and its ``token_ids`` inside the served tokenizer's vocabulary."""
     if item.text is not None:
         _at_most(f"{where}text", len(item.text), settings.max_text_chars, "characters")
-    if item.prompt is not None:
-        _at_most(f"{where}prompt", len(item.prompt), settings.max_prompt_chars, "characters")
-    if item.messages is not None:
-        limit = min(settings.max_messages, MAX_MESSAGES)  # the chat prompt's own bound
-        _at_most(f"{where}messages", len(item.messages), limit, "messages")
-        chars = sum(len(m.content) for m in item.messages)
-        _at_most(
-            f"{where}messages[].content", chars, settings.max_prompt_chars, "characters in all"
-        )
+    check_prompt(item.prompt, item.messages, settings, where)
     if item.token_ids is not None:
         _at_most(f"{where}token_ids", len(item.token_ids), settings.max_token_ids, "ids")
         for i, token in enumerate(item.token_ids):

@@ -233,7 +233,7 @@ def detect(
         if jsonl is None and (output is not None or workers != 1):
             raise ValueError("--output and --workers go with --jsonl")
         _check_corpus_options(jsonl, output, engine, address, q_values)
-        processing = _entropy_processing(
+        processing = _model_processing(
             entropy_weighting or likelihood_ratio, jsonl, temperature, top_k, top_p
         )
         if prompt is not None and processing is None:
@@ -295,7 +295,7 @@ def detect(
         _show_likelihood_ratio(shaped)
 
 
-def _entropy_processing(
+def _model_processing(
     wanted: bool, jsonl: Path | None, temperature: float, top_k: int, top_p: float
 ) -> Any:
     """The processing of the model tests (``--entropy-weighting``, ``--likelihood-ratio``;
