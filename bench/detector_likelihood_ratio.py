@@ -25,13 +25,21 @@ task, held-out = ranks 20-29). Reported:
   prompt). The weights do not depend on the key, so each text's law is computed once.
 - ``cost``: seconds of the law's forward per token on this CPU.
 
-    python -m bench.detector_likelihood_ratio   # bench/results/detector_likelihood_ratio.{json,md}
+``choose`` reads the design split only: the median scored tokens to α of each candidate rule
+(``CANDIDATES``: the linear grid of session 15 and geometric grids over floor and L), with and
+without the prompt, at both settings, and the share of final p-values that are the exact series.
+The rule is picked by the T = 0.7 with-prompt median (the issue's setting), ties broken by T =
+0.7 without the prompt, then T = 1 with it, then the order of ``CANDIDATES``.
+
+    python -m bench.detector_likelihood_ratio          # -> detector_likelihood_ratio.{json,md}
+    python -m bench.detector_likelihood_ratio choose   # -> detector_likelihood_ratio_design.json
 """
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from typing import Any
 
@@ -48,6 +56,7 @@ from detector.stats import LN10, aaronson_log_sf
 from detector.weighted import (
     ENTROPY_WEIGHTING,
     LIKELIHOOD_RATIO,
+    LikelihoodRatioWeighting,
     likelihood_ratio_test,
     weighted_log_sf,
 )
@@ -61,6 +70,15 @@ H0_KEYS = 10
 REPETITIVE_TEXTS = 150
 OUT_JSON = RESULTS / "detector_likelihood_ratio.json"
 OUT_MD = RESULTS / "detector_likelihood_ratio.md"
+OUT_DESIGN = RESULTS / "detector_likelihood_ratio_design.json"
+CANDIDATES = (
+    LikelihoodRatioWeighting(0.05, 4, "linear"),  # session 15's rule
+    *(
+        LikelihoodRatioWeighting(floor, levels, "geometric")
+        for floor in (0.02, 0.05, 0.1)
+        for levels in (1, 2, 4)
+    ),
+)
 TESTS = ("plain", "entropy_weighted", "lr_no_prompt", "lr_prompt")
 
 
@@ -153,6 +171,77 @@ def tokens_section(model: Model, source: KeyedSource) -> dict[str, Any]:
             result[f"{split}/{setting}"] = cell
             print(split, setting, {t: cell[t]["median_tokens_to_alpha"] for t in TESTS}, flush=True)
     return result
+
+
+def rule_name(rule: LikelihoodRatioWeighting) -> str:
+    return f"{rule.grid}/f{rule.floor}/L{rule.levels}"
+
+
+def choose() -> None:
+    """The design split only: every candidate's median tokens to α (module docstring)."""
+    start = time.perf_counter()
+    model = Model()
+    source = bench_source()
+    prompts = {str(p["id"]): p for p in chosen_prompts(10, 0)}
+    reach: dict[str, dict[str, list[float]]] = {}
+    exact: dict[str, dict[str, list[bool]]] = {}
+    for setting in ("t0.7", "t1"):
+        for row in generations(setting, "design"):
+            ids = row["token_ids"]
+            skip, x = scored(model.tok, source, ids)
+            cut = np.flatnonzero(skip == 0)
+            logps = {
+                "no_prompt": model.laws(ids, setting, None).token_logp.numpy(),
+                "prompt": model.laws(
+                    ids, setting, model.prompt(prompts[row["id"]]["messages"])
+                ).token_logp.numpy(),
+            }
+            for rule in CANDIDATES:
+                for given, logp in logps.items():
+                    cell = f"{setting}/{given}"
+                    curve = []
+                    for n in range(1, x.size + 1):
+                        upto = int(cut[n - 1]) + 1
+                        test = likelihood_ratio_test(skip[:upto], x[:n], logp[:upto], rule)
+                        curve.append(test.log_p / LN10)
+                    reach.setdefault(rule_name(rule), {}).setdefault(cell, []).append(
+                        tokens_to_alpha(np.array(curve))
+                    )
+                    exact.setdefault(rule_name(rule), {}).setdefault(cell, []).append(
+                        test.method == "exact"
+                    )
+        print(setting, "done", flush=True)
+    table = {
+        name: {
+            cell: {
+                "median_tokens_to_alpha": float(np.median(v)),
+                "never_reached": int(sum(map(math.isinf, v))),
+                "exact_share_full_text": float(np.mean(exact[name][cell])),
+            }
+            for cell, v in cells.items()
+        }
+        for name, cells in reach.items()
+    }
+    order = [rule_name(r) for r in CANDIDATES]
+    keys = ("t0.7/prompt", "t0.7/no_prompt", "t1/prompt")
+    best = min(
+        order,
+        key=lambda n: (*(table[n][k]["median_tokens_to_alpha"] for k in keys), order.index(n)),
+    )
+    result = {
+        **run_metadata(),
+        "alpha": ALPHA,
+        "split": "design",
+        "candidates": [r.to_json() for r in CANDIDATES],
+        "median_tokens_to_alpha": table,
+        "chosen": best,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+    for name in order:
+        print(name, {k: v["median_tokens_to_alpha"] for k, v in table[name].items()})
+    print("chosen", best)
+    OUT_DESIGN.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {OUT_DESIGN}")
 
 
 def human_ids(tok: Any) -> list[list[int]]:
@@ -284,4 +373,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    choose() if sys.argv[1:] == ["choose"] else main()

@@ -298,8 +298,10 @@ class DetectionPool:
         *,
         key_cache_ttl_s: float = 0.0,
         key_cache_size: int = 20_000,
+        max_prompt_tokens: int | None = None,
     ) -> None:
         self._tokenizer = tokenizer
+        self.max_prompt_tokens = max_prompt_tokens
         self.fingerprint = fingerprint
         self._local = threading.local()
         self._copy_lock = threading.Lock()
@@ -435,11 +437,15 @@ class DetectionPool:
         from sampler.completion import chat_prompt_ids
 
         messages = None if item.messages is None else [m.model_dump() for m in item.messages]
+        field = "prompt" if item.messages is None else "messages"
         try:
-            return chat_prompt_ids(self.tokenizer(), item.prompt, messages)
+            ids = chat_prompt_ids(self.tokenizer(), item.prompt, messages)
         except TemplateError as e:
-            field = "prompt" if item.messages is None else "messages"
             raise InvalidInput(field, f"the served chat template refused it: {e}") from None
+        if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
+            unit = "tokens after the chat template"
+            raise LimitExceeded(field, self.max_prompt_tokens, len(ids), unit)
+        return ids
 
     def detect_all(
         self,
@@ -463,6 +469,8 @@ class DetectionPool:
                 out.append(self.detect(records, item, options, model))
             except InvalidInput as e:  # name the item: items[i].<field>
                 raise InvalidInput(f"items[{i}].{e.field}", e.problem) from None
+            except LimitExceeded as e:
+                raise LimitExceeded(f"items[{i}].{e.field}", e.limit, e.actual, e.unit) from None
         return out
 
 

@@ -140,6 +140,7 @@ async def open_resources(
             settings.detect_threads,
             key_cache_ttl_s=settings.key_cache_ttl_s,
             key_cache_size=settings.key_cache_size,
+            max_prompt_tokens=settings.max_prompt_tokens,
         )
         stack.callback(pool.close)
         limiter = RateLimiter(

@@ -172,7 +172,12 @@ def test_weights_wiring_and_errors() -> None:
     assert found.log_p == weighted_log_cdf(w, float(w @ y))[0]
     shaped = found.to_json()
     assert shaped["name"] == "likelihood_ratio" and shaped["conditioned_on_prompt"] is True
-    assert shaped["weighting"] == {"rule": "likelihood_ratio", "floor": 0.05, "levels": 4}
+    assert shaped["weighting"] == {
+        "rule": "likelihood_ratio",
+        "floor": 0.05,
+        "levels": 4,
+        "grid": "linear",
+    }
     with pytest.raises(ValueError, match="token_logp of shape"):
         likelihood_ratio_test(skip, x, np.zeros(3))
     with pytest.raises(ValueError, match="3 Aaronson terms"):
@@ -185,3 +190,38 @@ def test_weights_wiring_and_errors() -> None:
         LikelihoodRatioWeighting(floor=1.0)
     with pytest.raises(ValueError, match="levels"):
         LikelihoodRatioWeighting(levels=0)
+    with pytest.raises(ValueError, match="grid"):
+        LikelihoodRatioWeighting(grid="log")
+
+
+def test_geometric_grid_rounds_in_octaves_and_drops_what_is_below_its_smallest_level() -> None:
+    rule = LikelihoodRatioWeighting(floor=0.05, levels=4, grid="geometric")
+    p = np.array([1.0, 0.9, 0.85, 0.8, 0.6, 0.5, 0.3, 0.1, 0.01, 0.0])
+    with np.errstate(divide="ignore"):
+        w = rule.weights(np.log(p))
+    # raw 1/p − 1: 0, 0.111, 0.176 (< 2^−½/4 = 0.177: dropped), 0.25, 0.667, 1, 2.33, 9, 19, 19
+    assert w.tolist() == [0.0, 0.0, 0.0, 0.25, 0.5, 1.0, 2.0, 8.0, 16.0, 16.0]
+    grid = rule.weights(np.log(np.linspace(1e-3, 1.0, 5000)))
+    assert set(np.unique(grid).tolist()) == {0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0}
+    assert LikelihoodRatioWeighting(0.02, 1, "geometric").weights(np.array([-9.0]))[0] == 64.0
+
+
+def test_geometric_grid_keeps_a_long_text_on_the_exact_series() -> None:
+    """The reason for the grid: a 128-token text whose token probabilities spread over the
+    whole range gets a p from the exact series (seven levels), where the linear grid's dozens
+    of levels leave only the Chernoff bound; and the series' p is below that bound for the
+    same weights (it is the tail itself, the bound is above it)."""
+    rng = np.random.default_rng(11)
+    m = 128
+    p = np.exp(rng.uniform(math.log(0.02), 0.0, size=m))  # log-uniform over [0.02, 1]
+    r = rng.beta(1.0 / p, 1.0)  # H1: the chosen token's pivot
+    x = -np.log1p(-r)
+    skip = np.zeros(m, np.int8)
+    geometric = LikelihoodRatioWeighting(0.05, 4, "geometric")
+    found = likelihood_ratio_test(skip, x, np.log(p), geometric)
+    assert found.method == "exact" and found.log_p < math.log(1e-6)
+    w = geometric.weights(np.log(p))
+    levels, counts = np.unique(w[w > 0], return_counts=True)
+    assert found.log_p <= chernoff_log_cdf(levels, counts, found.score)
+    linear = likelihood_ratio_test(skip, x, np.log(p), LikelihoodRatioWeighting(0.05, 4))
+    assert linear.method == "chernoff_bound"

@@ -284,3 +284,28 @@ def test_batch_errors_name_the_item_and_messages_limits_name_their_field(svc: Se
         svc.client.post("/v1/detect", json=many, headers=svc.admin), 422, "limit-exceeded"
     )
     assert found["field"] == "messages[].content"
+
+
+def test_a_prompt_over_max_prompt_tokens_is_limit_exceeded_naming_it(
+    module_services: ServiceFactory,
+) -> None:
+    """Generate's token limit on the chat-templated prompt holds for a detect item's prompt."""
+    small = module_services(max_prompt_tokens=64)  # the template alone is ~30
+    key_id = small.create_key()
+    body = {"key_id": key_id, "text": TEXT, "likelihood_ratio": True, "prompt": "fox " * 80}
+    found = problem(
+        small.client.post("/v1/detect", json=body, headers=small.admin), 422, "limit-exceeded"
+    )
+    assert found["field"] == "prompt"
+    items = [{"text": TEXT, "prompt": "fox"}, {"text": TEXT, "messages": [
+        {"role": "user", "content": "fox " * 80}]}]  # fmt: skip
+    batch = {"key_id": key_id, "items": items, "likelihood_ratio": True}
+    found = problem(
+        small.client.post("/v1/detect/batch", json=batch, headers=small.admin),
+        422,
+        "limit-exceeded",
+    )
+    assert found["field"] == "items[1].messages"
+    body["prompt"] = "fox"  # a short one passes
+    ok = small.client.post("/v1/detect", json=body, headers=small.admin)
+    assert ok.status_code == 200, ok.text
