@@ -22,7 +22,8 @@ const VERDICT_WORDS = {
 };
 
 const $ = (id) => document.getElementById(id);
-let lastAnswer = null; // {text, token_ids, key_id} of the last finished generation
+let lastAnswer = null; // {text, token_ids, key_id, prompt} of the last finished generation
+let generatedFrom = null; // the prompt of the generation under way
 let generation = null; // AbortController of the running generation
 
 // ---- API ------------------------------------------------------------------------------------
@@ -293,6 +294,18 @@ function renderResult(response) {
       best.edit_tolerant.keys_corrected_log10_p_value ?? best.edit_tolerant.log10_p_value;
     addNumber(numbers, "Edit-tolerant test p", formatP(realigned));
   }
+  // the model tests: the server's values, corrected for the keys tested
+  const given = best.likelihood_ratio?.conditioned_on_prompt ? ", given the prompt" : "";
+  if (typeof response.likelihood_ratio_log10_p_value === "number") {
+    addNumber(
+      numbers,
+      `Likelihood-ratio test p${given}`,
+      formatP(response.likelihood_ratio_log10_p_value),
+    );
+  }
+  if (typeof response.entropy_weighted_log10_p_value === "number") {
+    addNumber(numbers, "Entropy-weighted test p", formatP(response.entropy_weighted_log10_p_value));
+  }
   const skipped = Object.entries(best.skipped).filter(([, n]) => n > 0);
   addNumber(
     numbers,
@@ -419,6 +432,21 @@ async function check(event, tokenIds) {
   }
   if (checkKeyId()) body.key_id = checkKeyId();
   if (tokenIds) body.token_ids = tokenIds;
+  if ($("check-realign").checked) body.realign = true;
+  const lr = $("check-lr").checked;
+  const entropy = $("check-entropy").checked;
+  if (lr || entropy) {
+    // the model tests read the target's law under the generation's processing (and prompt)
+    if (lr) body.likelihood_ratio = true;
+    if (entropy) body.entropy_weighting = true;
+    body.processing = {
+      temperature: Number($("check-temperature").value),
+      top_k: Number($("check-top-k").value),
+      top_p: Number($("check-top-p").value),
+    };
+    const prompt = $("check-prompt").value;
+    if (prompt.trim()) body.prompt = prompt;
+  }
   $("check-button").disabled = true;
   say(status, "Checking…");
   try {
@@ -484,6 +512,7 @@ async function generate(event) {
   $("gen-stats").textContent = "";
   $("check-answer").hidden = true;
   lastAnswer = null;
+  generatedFrom = body.prompt;
   generation = new AbortController();
   $("generate-button").disabled = true;
   $("stop-button").disabled = false;
@@ -518,7 +547,12 @@ async function generate(event) {
 }
 
 function finishGeneration(done) {
-  lastAnswer = { text: done.text, token_ids: done.token_ids, key_id: done.key_id };
+  lastAnswer = {
+    text: done.text,
+    token_ids: done.token_ids,
+    key_id: done.key_id,
+    prompt: generatedFrom,
+  };
   $("answer").textContent = done.text;
   const s = done.stats;
   $("gen-stats").textContent =
@@ -533,6 +567,7 @@ function checkAnswer() {
   if (!lastAnswer) return;
   $("check-text").value = lastAnswer.text;
   $("check-key").value = lastAnswer.key_id;
+  $("check-prompt").value = lastAnswer.prompt; // what the model tests read the law after
   $("check-one").checked = true;
   selectTab($("tab-check"));
   check(null, lastAnswer.token_ids);

@@ -216,6 +216,56 @@ def key_that_does_not_flag(service: Service, text: str) -> str:
     raise AssertionError("20 random keys in a row flagged a human text")
 
 
+def numbers(page: Page) -> dict[str, str]:
+    """The result's numbers list as {term: value}."""
+    pairs = page.page.eval_on_selector_all(
+        "#numbers dt", "els => els.map(e => [e.textContent, e.nextElementSibling.textContent])"
+    )
+    return {str(term): str(value) for term, value in pairs}
+
+
+def test_the_model_tests_and_the_prompt_are_sent_and_shown(page: Page, service: Service) -> None:
+    """The 'More tests' panel: the edit-tolerant, likelihood-ratio and entropy-weighted tests
+    are requested with the processing and prompt typed, and their p-values shown beside the
+    verdict are the API's for the same request."""
+    key = service.create_key()
+    answer = watermarked(service, key, tokens=64)
+    page.sign_in(service.admin)
+    page.page.click("#more-tests summary")
+    for box in ("#check-realign", "#check-lr", "#check-entropy"):
+        page.page.check(box)
+    page.page.fill("#check-prompt", "Tell me a story.")
+    page.page.fill("#check-temperature", "0.7")
+    sent: list[dict[str, Any]] = []
+    page.page.on(
+        "request",
+        lambda r: (
+            sent.append(json.loads(r.post_data or "{}")) if r.url.endswith("/v1/detect") else None
+        ),
+    )
+    assert page.check(answer["text"], key) == "watermarked"
+    body = sent[-1]
+    assert body["realign"] and body["likelihood_ratio"] and body["entropy_weighting"]
+    assert body["prompt"] == "Tell me a story."
+    assert body["processing"] == {"temperature": 0.7, "top_k": 50, "top_p": 1}
+    api = service.client.post(
+        "/v1/detect", json={k: v for k, v in body.items() if k != "evidence"}, headers=service.admin
+    ).json()
+    shown = numbers(page)
+    formatted = page.page.evaluate(
+        "(values) => values.map(formatP)",
+        [
+            api["likelihood_ratio_log10_p_value"],
+            api["entropy_weighted_log10_p_value"],
+            api["results"][0]["edit_tolerant"]["log10_p_value"],
+        ],
+    )
+    assert shown["Likelihood-ratio test p, given the prompt"] == formatted[0]
+    assert shown["Entropy-weighted test p"] == formatted[1]
+    assert shown["Edit-tolerant test p"] == formatted[2]
+    page.screenshot("more-tests.png")
+
+
 def test_human_text_is_not_flagged_and_skips_are_explained(page: Page, service: Service) -> None:
     key = key_that_does_not_flag(service, human_text(3))
     page.sign_in(service.admin)
@@ -392,6 +442,9 @@ def test_generate_streams_then_one_click_checks(
     tab.page.wait_for_selector("#result:not([hidden]) #verdict[data-verdict]", timeout=60_000)
     assert tab.page.is_visible("#panel-check")
     assert tab.page.input_value("#check-text") == final
+    assert tab.page.input_value("#check-prompt") == (
+        "Explain why the sky is blue in three sentences."
+    )  # the model tests, if ticked, read the law after the generation's prompt
     assert tab.page.get_attribute("#verdict", "data-verdict") == "watermarked"
     tab.screenshot("generate-check.png")
     tab.close()
