@@ -401,6 +401,7 @@ class DetectionPool:
             scores=options.scores,
             spans=options.spans,
             realign=options.realign,
+            reference_mean_score=options.reference_mean_score,
         )
         found = detect_keys(
             self.tokenizer(),

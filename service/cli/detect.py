@@ -30,6 +30,7 @@ from rich.progress import (
 from rich.text import Text
 
 from detector import SCORE_NAMES, DetectOptions, ScoreFamily, lattimore_score, li_score
+from detector.combined import REFERENCE_MEAN_SCORE
 from service.cli.common import (
     Json,
     ModelOpt,
@@ -107,6 +108,15 @@ def detect(
             "aaronson is always computed and decides the verdict).",
         ),
     ] = None,
+    reference_mean_score: Annotated[
+        float,
+        typer.Option(
+            "--reference-mean-score",
+            help="Per-token mean Aaronson term of a typically watermarked text (> 1; human "
+            "text averages 1): a text too short to reach --alpha at this mean is "
+            "insufficient_evidence.",
+        ),
+    ] = REFERENCE_MEAN_SCORE,
     li_delta: Annotated[float, typer.Option("--li-delta", help="Δ of the li score.")] = 0.1,
     lattimore_epsilon: Annotated[
         float, typer.Option("--lattimore-epsilon", help="ε of the lattimore score.")
@@ -241,7 +251,13 @@ def detect(
         if jsonl is not None and key is None:
             raise ValueError("--jsonl needs --key (corpus mode tests one key)")
         families = score_families(score or [], li_delta, lattimore_epsilon)
-        options = DetectOptions(alpha=alpha, scores=families, spans=spans, realign=realign)
+        options = DetectOptions(
+            alpha=alpha,
+            scores=families,
+            spans=spans,
+            realign=realign,
+            reference_mean_score=reference_mean_score,
+        )
         ids = parse_token_ids(token_ids)
         # --file and stdin as their bytes say (UTF-8; no newline translation: "\r\n" stays,
         # so offsets index the file and the same bytes give the same result either way)

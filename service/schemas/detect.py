@@ -19,6 +19,7 @@ from pydantic import (
 )
 from pydantic.config import JsonDict
 
+from detector.combined import REFERENCE_MEAN_SCORE
 from detector.scores import SCORE_NAMES
 from service.schemas.common import INTEGRAL, ChatMessage, KeyId, RequestModel, Text
 
@@ -65,6 +66,16 @@ class DetectOptions(RequestModel):
         default=False,
         description="Report the span search (the strongest windows of evidence; the verdict's "
         "test scans the windows either way).",
+    )
+    reference_mean_score: float = Field(
+        default=REFERENCE_MEAN_SCORE,
+        gt=1.0,
+        le=100.0,
+        description="The per-token mean Aaronson term of a typically watermarked text (human "
+        "text averages 1): a result that is not significant is `insufficient_evidence` when the "
+        "mean its length would need exceeds it, and `min_scored_tokens` is the length this mean "
+        "reaches alpha at. The default 1.5 is SmolLM2 at T = 0.7 with margin (T = 1 averages "
+        "about 2.6); set it to your generations' strength.",
     )
     realign: bool = Field(
         default=False,

@@ -214,8 +214,19 @@ def test_keys_generate_detect_round_trip(cli_env):
         (["detect", "--key", "pmk_0000000000000000", "--text", "x", "--alpha", "2"], "alpha"),
         (["detect", "--key", "pmk_0000000000000000", "--text", "hello"], "pmk_0000000000000000"),
         (["detect", "--key", "pmk_0000000000000000", "--token-ids", "[1,"], "token-ids"),
+        (
+            [
+                "detect",
+                "--key",
+                "pmk_0000000000000000",
+                "--text",
+                "x",
+                *["--reference-mean-score", "1"],
+            ],
+            "reference_mean_score",
+        ),
     ],
-    ids=["drafts0", "bad_method", "alpha2", "unknown_key", "bad_ids_json"],
+    ids=["drafts0", "bad_method", "alpha2", "unknown_key", "bad_ids_json", "reference1"],
 )
 def test_bad_input_is_one_clear_line(cli_env, args, needle):
     # In process (typer's CliRunner): a subprocess per case costs ~11 s of imports; the round

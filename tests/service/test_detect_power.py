@@ -1,0 +1,32 @@
+"""``POST /v1/detect``'s power-aware verdict with the caller's ``reference_mean_score``."""
+
+from __future__ import annotations
+
+from detector.combined import needed_tokens
+from tests.service.conftest import ServiceFactory
+from tests.service.test_api_keys import problem
+
+SHORT = "A short note, twelve words or so, that no key has seen."
+
+
+def test_the_reference_strength_sets_what_too_short_means(
+    module_services: ServiceFactory,
+) -> None:
+    svc = module_services()
+    key_id = svc.create_key()
+    plain = svc.client.post("/v1/detect", json={"key_id": key_id, "text": SHORT}, headers=svc.admin)
+    assert plain.status_code == 200, plain.text
+    default = plain.json()
+    assert default["verdict"] == "insufficient_evidence"  # ~12 scored tokens < 28 at 1.5
+    assert default["min_scored_tokens"] == needed_tokens(0.01)
+    strong = {"key_id": key_id, "text": SHORT, "reference_mean_score": 8.0}
+    found = svc.client.post("/v1/detect", json=strong, headers=svc.admin).json()
+    # a watermark of mean 8 per token would show within a few tokens: this one did not
+    assert found["min_scored_tokens"] == needed_tokens(0.01, 8.0) < default["min_scored_tokens"]
+    assert found["verdict"] == "not_detected"
+    assert found["power"]["reference_mean_score"] == 8.0
+    assert found["log10_p_value"] == default["log10_p_value"]  # the test itself is unchanged
+    for bad in (1.0, 101.0, "high"):
+        body = {"key_id": key_id, "text": SHORT, "reference_mean_score": bad}
+        r = svc.client.post("/v1/detect", json=body, headers=svc.admin)
+        assert problem(r, 422, "invalid-request")["field"] == "body.reference_mean_score"
