@@ -199,16 +199,15 @@ def choose() -> None:
             for rule in CANDIDATES:
                 for given, logp in logps.items():
                     cell = f"{setting}/{given}"
-                    curve = []
-                    for n in range(1, x.size + 1):
-                        upto = int(cut[n - 1]) + 1
-                        test = likelihood_ratio_test(skip[:upto], x[:n], logp[:upto], rule)
-                        curve.append(test.log_p / LN10)
-                    reach.setdefault(rule_name(rule), {}).setdefault(cell, []).append(
-                        tokens_to_alpha(np.array(curve))
-                    )
-                    exact.setdefault(rule_name(rule), {}).setdefault(cell, []).append(
-                        test.method == "exact"
+                    tests = [
+                        likelihood_ratio_test(skip[:upto], x[:n], logp[:upto], rule)
+                        for n, upto in enumerate(cut + 1, start=1)
+                    ]  # one per prefix of n scored tokens (none when nothing is scored)
+                    curve = np.array([t.log_p / LN10 for t in tests])
+                    name = rule_name(rule)
+                    reach.setdefault(name, {}).setdefault(cell, []).append(tokens_to_alpha(curve))
+                    exact.setdefault(name, {}).setdefault(cell, []).append(
+                        bool(tests) and tests[-1].method == "exact"
                     )
         print(setting, "done", flush=True)
     table = {

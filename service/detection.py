@@ -53,6 +53,7 @@ from detector.tokens import Tokenizer, check_tokenizer
 from service.errors import InvalidInput, LimitExceeded, NoKeys
 from service.key_record import KeyRecord
 from service.keystore import KeyStore
+from service.limits import check_prompt_tokens
 from service.schemas.detect import DetectInput, DetectOptions
 
 T = TypeVar("T")
@@ -288,6 +289,8 @@ class DetectionPool:
         key_cache_ttl_s: seconds a record stays cached (0: no cache).
         key_cache_size: at most this many cached records (least recently used go first); at
             least the keys of a multi-key detection, or each one reads most of them again.
+        max_prompt_tokens: the most tokens a detect item's templated prompt may have (the
+            ``max_prompt_tokens`` setting; None: no limit).
     """
 
     def __init__(
@@ -391,11 +394,12 @@ class DetectionPool:
         item: DetectInput,
         options: DetectOptions,
         model: Any = None,
+        prompt_ids: list[int] | None = None,
     ) -> dict[str, Any]:
         """One text against ``records``: the ``DetectResponse`` wire shape; with
         ``options.entropy_weighting`` or ``options.likelihood_ratio``, those tests too
-        (``add_model_tests`` with ``model``, the served target, after the item's prompt when
-        it has one)."""
+        (``add_model_tests`` with ``model``, the served target, after ``prompt_ids``, the
+        item's checked prompt from ``prompt_ids()``, when it has one)."""
         wanted = DetectorOptions(
             alpha=options.alpha,
             scores=options.scores,
@@ -421,16 +425,21 @@ class DetectionPool:
                 entropy_processing(options),
                 entropy_weighting=options.entropy_weighting,
                 likelihood_ratio=options.likelihood_ratio,
-                prompt_ids=self.prompt_ids(item),
+                prompt_ids=prompt_ids,
                 prompt_field="prompt" if item.messages is None else "messages",
             )
         return shaped
 
     def prompt_ids(self, item: DetectInput) -> list[int] | None:
         """The item's ``prompt`` or ``messages`` through the served chat template (None
-        without one; the schema and ``check_detect_input`` have bounded both). Raises
-        InvalidInput naming the field when the template refuses the conversation (a template
-        may raise on, e.g., roles out of order)."""
+        without one; the schema and ``check_detect_input`` have bounded their characters).
+
+        Raises:
+            InvalidInput: naming the field, when the template refuses the conversation (a
+                template may raise on, e.g., roles out of order).
+            LimitExceeded: naming the field, when the templated prompt has more than
+                ``max_prompt_tokens`` tokens (generate's limit, the same setting).
+        """
         if item.prompt is None and item.messages is None:
             return None
         from jinja2 import TemplateError
@@ -443,9 +452,8 @@ class DetectionPool:
             ids = chat_prompt_ids(self.tokenizer(), item.prompt, messages)
         except TemplateError as e:
             raise InvalidInput(field, f"the served chat template refused it: {e}") from None
-        if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
-            unit = "tokens after the chat template"
-            raise LimitExceeded(field, self.max_prompt_tokens, len(ids), unit)
+        if self.max_prompt_tokens is not None:
+            check_prompt_tokens(len(ids), self.max_prompt_tokens, field)
         return ids
 
     def detect_all(
@@ -459,20 +467,41 @@ class DetectionPool:
         batch: bool = False,
     ) -> list[dict[str, Any]]:
         """Every item against the request's keys (looked up once); ``model``: the served
-        target, for ``entropy_weighting`` and ``likelihood_ratio``; ``batch``: an item's
-        InvalidInput names it (``items[i].<field>``)."""
+        target, for ``entropy_weighting`` and ``likelihood_ratio``, whose prompts are all
+        templated and checked before any key is read or text scored; ``batch``: an item's
+        InvalidInput or LimitExceeded names it (``items[i].<field>``)."""
+        model_tests = options.entropy_weighting or options.likelihood_ratio
+        prompts = _each_item(
+            items, batch, lambda item: self.prompt_ids(item) if model_tests else None
+        )
         records = self.candidate_keys(store, tenant, options, max_keys)
-        if not batch:
-            return [self.detect(records, item, options, model) for item in items]
-        out = []
-        for i, item in enumerate(items):
-            try:
-                out.append(self.detect(records, item, options, model))
-            except InvalidInput as e:  # name the item: items[i].<field>
-                raise InvalidInput(f"items[{i}].{e.field}", e.problem) from None
-            except LimitExceeded as e:
-                raise LimitExceeded(f"items[{i}].{e.field}", e.limit, e.actual, e.unit) from None
-        return out
+        return _each_item(
+            list(zip(items, prompts, strict=True)),
+            batch,
+            lambda pair: self.detect(records, pair[0], options, model, pair[1]),
+        )
+
+
+_Item = TypeVar("_Item")
+_Out = TypeVar("_Out")
+
+
+def _each_item(items: Sequence[_Item], batch: bool, work: Callable[[_Item], _Out]) -> list[_Out]:
+    """``work`` on every item in order; in a batch, an item's InvalidInput or LimitExceeded is
+    raised again naming it (``items[i].<field>``)."""
+    out = []
+    for i, item in enumerate(items):
+        try:
+            out.append(work(item))
+        except InvalidInput as e:
+            if not batch:
+                raise
+            raise InvalidInput(f"items[{i}].{e.field}", e.problem) from None
+        except LimitExceeded as e:
+            if not batch:
+                raise
+            raise LimitExceeded(f"items[{i}].{e.field}", e.limit, e.actual, e.unit) from None
+    return out
 
 
 def entropy_processing(options: DetectOptions) -> Any:

@@ -72,8 +72,11 @@ def check_drafter(spec: str, drafters: tuple[str, ...]) -> None:
         raise InvalidInput("drafter", f"expected one of {', '.join(drafters)} for the served model")
 
 
-def check_prompt_tokens(count: int, settings: Settings) -> None:
-    _at_most("prompt", count, settings.max_prompt_tokens, "tokens after the chat template")
+def check_prompt_tokens(count: int, limit: int, field: str = "prompt") -> None:
+    """A prompt's token count after the chat template (``max_prompt_tokens``), for generate,
+    the OpenAI-compatible routes and a detect item's prompt; ``field`` names the request field
+    it came from (``prompt`` or ``messages``)."""
+    _at_most(field, count, limit, "tokens after the chat template")
 
 
 def check_detect_input(

@@ -142,7 +142,9 @@ async def generate(
     record = await to_thread.run_sync(store.get_active, body.key_id, principal.tenant)
     generation = prepare(record, resources.fingerprint, wanted)
     ids = await pool.run(encode_chat_prompt, pool, body, resources.loaded)
-    check_prompt_tokens(len(ids), settings)
+    check_prompt_tokens(
+        len(ids), settings.max_prompt_tokens, "prompt" if body.messages is None else "messages"
+    )
     job = worker.submit(ids, generation.config, generation.source, generation.drafter)
     tokenizer = resources.loaded.tokenizer  # decode only (immutable) on the event loop
     if body.stream:

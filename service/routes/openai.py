@@ -36,7 +36,7 @@ from service.api_tokens import Principal
 from service.auth import CanGenerate
 from service.deps import MetricsDep, PoolDep, ResourcesDep, SettingsDep, StoreDep, WorkerDep
 from service.detection import DetectionPool
-from service.errors import KEY_ID_PATTERN, LimitExceeded
+from service.errors import KEY_ID_PATTERN
 from service.generation import from_body, prepare
 from service.keystore import KeyStore
 from service.limits import check_prompt_tokens
@@ -148,11 +148,7 @@ async def _start(
     ids = await pool.run(
         encode_raw_prompt if raw else encode_chat_prompt, pool, wanted, resources.loaded
     )
-    try:
-        check_prompt_tokens(len(ids), settings)
-    except LimitExceeded as exc:
-        field = "prompt" if raw else "messages"
-        raise LimitExceeded(field, exc.limit, exc.actual, exc.unit) from None
+    check_prompt_tokens(len(ids), settings.max_prompt_tokens, "prompt" if raw else "messages")
     job = worker.submit(ids, generation.config, generation.source, generation.drafter)
     loaded = resources.loaded
     model = served_model(resources)

@@ -145,7 +145,9 @@ class DetectInput(RequestModel):
         default=None,
         description="The generation's prompt (one user message, as `POST /v1/generate`), when "
         "you have it: `entropy_weighting` and `likelihood_ratio` read the target's law after "
-        "it instead of after BOS. Never changes the verdict; ignored without those tests.",
+        "it instead of after BOS. Never changes the verdict; ignored without those tests. "
+        "With them, at most the server's `max_prompt_tokens` tokens after the chat template "
+        "(generate's limit; 422 `limit-exceeded` naming the field).",
     )
     messages: list[ChatMessage] | None = Field(
         default=None,

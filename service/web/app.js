@@ -439,11 +439,16 @@ async function check(event, tokenIds) {
     // the model tests read the target's law under the generation's processing (and prompt)
     if (lr) body.likelihood_ratio = true;
     if (entropy) body.entropy_weighting = true;
-    body.processing = {
-      temperature: Number($("check-temperature").value),
-      top_k: Number($("check-top-k").value),
-      top_p: Number($("check-top-p").value),
-    };
+    // a field left empty is left out: the server's default applies (1, 50, 1), never 0
+    body.processing = {};
+    for (const [id, name] of [
+      ["check-temperature", "temperature"],
+      ["check-top-k", "top_k"],
+      ["check-top-p", "top_p"],
+    ]) {
+      const value = $(id).value.trim();
+      if (value !== "") body.processing[name] = Number(value);
+    }
     const prompt = $("check-prompt").value;
     if (prompt.trim()) body.prompt = prompt;
   }
@@ -567,7 +572,12 @@ function checkAnswer() {
   if (!lastAnswer) return;
   $("check-text").value = lastAnswer.text;
   $("check-key").value = lastAnswer.key_id;
-  $("check-prompt").value = lastAnswer.prompt; // what the model tests read the law after
+  // what the model tests read the law after: the generation's prompt and processing (the page
+  // generates at the server's defaults)
+  $("check-prompt").value = lastAnswer.prompt;
+  $("check-temperature").value = "1";
+  $("check-top-k").value = "50";
+  $("check-top-p").value = "1";
   $("check-one").checked = true;
   selectTab($("tab-check"));
   check(null, lastAnswer.token_ids);

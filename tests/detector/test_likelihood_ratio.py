@@ -204,6 +204,11 @@ def test_geometric_grid_rounds_in_octaves_and_drops_what_is_below_its_smallest_l
     grid = rule.weights(np.log(np.linspace(1e-3, 1.0, 5000)))
     assert set(np.unique(grid).tolist()) == {0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0}
     assert LikelihoodRatioWeighting(0.02, 1, "geometric").weights(np.array([-9.0]))[0] == 64.0
+    spread = np.log(np.linspace(0.02, 1.0, 2000))
+    for levels in range(1, 9):  # the grid is anchored on 1/L, whatever L
+        w = LikelihoodRatioWeighting(0.05, levels, "geometric").weights(spread)
+        octaves = np.log2(w[w > 0] * levels)
+        assert w[w > 0].min() == 1.0 / levels and np.all(octaves == np.rint(octaves)), levels
 
 
 def test_geometric_grid_keeps_a_long_text_on_the_exact_series() -> None:
@@ -219,6 +224,8 @@ def test_geometric_grid_keeps_a_long_text_on_the_exact_series() -> None:
     skip = np.zeros(m, np.int8)
     geometric = LikelihoodRatioWeighting(0.05, 4, "geometric")
     found = likelihood_ratio_test(skip, x, np.log(p), geometric)
+    # seed 11: ln p ≈ −159 (the text is strongly watermarked); 1e-6 only checks that the
+    # test sees it, the point is the method
     assert found.method == "exact" and found.log_p < math.log(1e-6)
     w = geometric.weights(np.log(p))
     levels, counts = np.unique(w[w > 0], return_counts=True)

@@ -63,6 +63,13 @@ def svc(module_services: ServiceFactory) -> Service:
             40,
             id="prompt_tokens",
         ),
+        pytest.param(
+            "/v1/generate",
+            {"prompt": None, "messages": [{"role": "user", "content": " ".join(["hi"] * 12)}]},
+            "messages",
+            40,
+            id="messages_tokens",
+        ),
         pytest.param("/v1/detect", {"text": "t" * 101}, "text", 100, id="text_chars"),
         pytest.param("/v1/detect", {"token_ids": [1] * 11}, "token_ids", 10, id="token_ids"),
         pytest.param(

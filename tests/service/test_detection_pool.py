@@ -116,3 +116,25 @@ def test_multi_key_detection_always_lists_from_redis(store: CountingStore) -> No
     second = store.create(FINGERPRINT, tenant="acme")
     listed = pool.candidate_keys(store, "acme", DetectOptions(), 64)  # type: ignore[arg-type]
     assert [r.key_id for r in listed] == [first.key_id, second.key_id]
+
+
+def test_detect_prompts_are_checked_before_any_key_is_read(
+    store: CountingStore,
+    real_tokenizer: Any,
+) -> None:
+    """A batch whose second item's prompt is over ``max_prompt_tokens`` fails naming it before
+    the pool reads a key or scores the first item (no model is given: scoring would fail)."""
+    from service.errors import LimitExceeded
+    from service.schemas.detect import DetectInput
+
+    key = store.create(FINGERPRINT, tenant="acme")
+    pool = DetectionPool(real_tokenizer, FINGERPRINT, 1, max_prompt_tokens=40)
+    items = [DetectInput(text="a", prompt="x"), DetectInput(text="b", prompt="hi " * 40)]
+    options = DetectOptions(key_id=key.key_id, likelihood_ratio=True)
+    with pytest.raises(LimitExceeded) as raised:
+        pool.detect_all(store, "acme", items, options, 64, model=None, batch=True)  # type: ignore[arg-type]
+    assert (raised.value.field, raised.value.limit) == ("items[1].prompt", 40)
+    assert store.gets == 0
+    with pytest.raises(LimitExceeded) as alone:  # one item: the field as sent
+        pool.detect_all(store, "acme", items[1:], options, 64)  # type: ignore[arg-type]
+    assert alone.value.field == "prompt"

@@ -264,6 +264,11 @@ def test_the_model_tests_and_the_prompt_are_sent_and_shown(page: Page, service: 
     assert shown["Entropy-weighted test p"] == formatted[1]
     assert shown["Edit-tolerant test p"] == formatted[2]
     page.screenshot("more-tests.png")
+    page.page.fill("#check-top-k", "")  # left empty: left out, the server's default applies
+    with page.page.expect_request(lambda r: r.url.endswith("/v1/detect")) as request:
+        page.page.click("#check-button")
+    assert json.loads(request.value.post_data)["processing"] == {"temperature": 0.7, "top_p": 1}
+    page.page.wait_for_selector("#check-button:not([disabled])")
 
 
 def test_human_text_is_not_flagged_and_skips_are_explained(page: Page, service: Service) -> None:
@@ -438,6 +443,8 @@ def test_generate_streams_then_one_click_checks(
     final = tab.page.text_content("#answer")
     assert len([g for g in growth if 0 < g < len(final)]) >= 2, growth  # partial text shown
     assert "watermark applied" in tab.page.text_content("#gen-stats")
+    # typed for an earlier check (the panel is hidden now: set, not typed)
+    tab.page.eval_on_selector("#check-temperature", "e => { e.value = '0.5'; }")
     tab.page.click("#check-answer")
     tab.page.wait_for_selector("#result:not([hidden]) #verdict[data-verdict]", timeout=60_000)
     assert tab.page.is_visible("#panel-check")
@@ -445,6 +452,7 @@ def test_generate_streams_then_one_click_checks(
     assert tab.page.input_value("#check-prompt") == (
         "Explain why the sky is blue in three sentences."
     )  # the model tests, if ticked, read the law after the generation's prompt
+    assert tab.page.input_value("#check-temperature") == "1"  # and under its processing
     assert tab.page.get_attribute("#verdict", "data-verdict") == "watermarked"
     tab.screenshot("generate-check.png")
     tab.close()
