@@ -259,3 +259,40 @@ def test_a_costly_explore_waits_until_its_loss_fits_the_budget():
         autotree.EXPLORE_BUDGET * step
     )
     assert cheap.explore_interval() == max(EXPLORE_EVERY, floor) < EXPLORE_MAX
+
+
+def test_choose_is_the_argmax_of_expected_tokens_over_expected_seconds():
+    """``choose`` computes its table in one pass; it must pick what the public cost model
+    (``expected_tokens`` / ``expected_seconds``, ``acceptance``) picks, over 300 random steps
+    on a measured-looking profile (seed 3: trees and one-token steps both chosen)."""
+    import random
+
+    rng = random.Random(3)
+    profile = ForwardProfile(
+        (1, 2, 3, 5, 9, 17, 33), (0.0137, 0.0183, 0.0222, 0.0329, 0.052, 0.086, 0.15)
+    )
+    chooser = TreeChooser(profile, 8, 4)
+    picked = set()
+    for _ in range(300):
+        remaining = rng.choice([1, 2, 3, 100])
+        cap = min(chooser.max_depth, remaining)
+        rates = {(1, 0): 1.0 / chooser.expected_seconds(1, 0)}
+        for b in chooser.drafts_options:
+            for depth in range(1, cap + 1):
+                rate = chooser.expected_tokens(b, depth) / chooser.expected_seconds(b, depth)
+                if (b, depth) not in rates:
+                    rates[(b, depth)] = rate
+        trees = {k: v for k, v in rates.items() if k[1] > 0}
+        best_tree = max(trees, key=lambda k: (trees[k], -k[0], -k[1]))  # the first of a tie
+        want = best_tree if trees[best_tree] > rates[(1, 0)] else (1, 0)
+        got = chooser.choose(remaining)
+        if chooser._exploring:
+            assert want == (1, 0) and got == (1, 1)
+        else:
+            assert got == want
+        picked.add(got[1] > 0)
+        drafts, depth = chooser.record(*got)
+        proposed = drafts * depth if rng.random() < 0.8 else 0
+        accepted = min(depth, rng.choice([0, 0, 1, 2, 4])) if proposed else 0
+        chooser.observe(drafts, depth, proposed, accepted, False, 1e-4 * depth, 2e-4, None)
+    assert picked == {True, False}
