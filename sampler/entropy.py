@@ -10,6 +10,10 @@ The detector sees the text, not the prompt: position t is conditioned on ``prefi
 tokenizer's BOS, or nothing) and ids[:t]. Without a prefix position 0 has no context and its
 entropy is reported as 0.0 (no weight). Shapes: T tokens, V vocabulary, C rows per chunk.
 
+The logits come from the backend the model serves generation with (``cached_lm.open_cache``:
+llama.cpp for precision gguf, the row-invariant bfloat16 runner, or transformers), so the law
+read here is the one the keyed race sampled from, not a float32 approximation of it.
+
 Cost (measured in ``bench/results/detector_entropy.json``, ``entropy_cpu``): one causal forward
 of the model over the text plus the processing of T rows of V logits in float64.
 """
@@ -22,8 +26,9 @@ from dataclasses import dataclass
 from typing import Final
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
+from sampler.cached_lm import open_cache
 from sampler.processing import Processing, process
 
 DEFAULT_CHUNK: Final = 128
@@ -75,7 +80,7 @@ def position_laws(
 
     Args:
         model: the target causal LM (eval mode, any device and dtype; logits are processed in
-            float64).
+            float64), read through its generation backend (``cached_lm.open_cache``).
         ids: (T,) token ids of the text, as the detector tokenized it.
         processing: the generation's temperature, top-k, top-p; T = 0 (greedy): entropy 0.0,
             ``token_logp`` 0.0 for the arg-max token and -inf for any other.
@@ -107,15 +112,15 @@ def position_laws(
     if not ids:
         return PositionLaws(entropy, token_logp, raw_rank)
     device = next(model.parameters()).device
-    cache = DynamicCache(config=model.config)
+    lm = open_cache(model)  # the generation's backend: its law, not a float32 copy of it
     # The logits after token j predict token j + 1: text position t comes from tokens index
     # len(prefix) + t - 1. Only the text's last token needs no forward.
     inputs = tokens[:-1]
     first = len(prefix) - 1  # index in ``inputs`` whose logits predict text position 0
     for start in range(0, len(inputs), chunk):
-        piece = torch.tensor([inputs[start : start + chunk]], dtype=torch.long, device=device)
-        logits = model(input_ids=piece, cache=cache, use_cache=True).logits[0]  # (C, V)
-        rows = torch.arange(start, start + piece.shape[1])  # (C,) indices into inputs
+        piece = inputs[start : start + chunk]
+        logits = lm.extend(piece).to(device)  # (C, V)
+        rows = torch.arange(start, start + len(piece))  # (C,) indices into inputs
         keep = rows >= first
         if not bool(keep.any()):
             continue

@@ -225,3 +225,28 @@ def test_a_forward_longer_than_a_micro_batch_is_copied_in_place(gguf_model, monk
     one = torch.cat([alone.extend([t]) for t in PREFIX])
     assert together.shape == (len(PREFIX), small.vocab_size)
     assert torch.equal(together, one)
+
+
+def test_position_laws_read_the_generation_backend(
+    gguf_model, target: GgufTarget, data_dir
+) -> None:  # type: ignore[no-untyped-def]
+    """The detector's model tests read the law the keyed race sampled from: on precision
+    gguf, ``position_laws`` processes llama.cpp's logits (the same bits as a decoding step's
+    forward over the same context), not a float32 transformers copy's."""
+    from sampler.entropy import position_laws
+    from sampler.processing import process
+
+    processing = Processing(0.7, 0, 0.95)
+    laws = position_laws(gguf_model.model, CHAIN, processing, prefix=PREFIX, chunk=3)
+    cache = target.new_cache()
+    logits = cache.extend(PREFIX + CHAIN[:-1])[len(PREFIX) - 1 :].double()  # (T, V) -> CHAIN[t]
+    support = process(logits, processing)
+    own = torch.tensor(CHAIN)[:, None]
+    hit = support.tokens == own
+    expected = torch.where(hit, support.logp, torch.full_like(support.logp, -torch.inf))
+    assert torch.equal(laws.token_logp, expected.max(dim=-1).values)
+    assert torch.equal(laws.raw_rank, (logits > logits.gather(1, own)).sum(-1))
+    # the transformers float32 law differs: the backends' logits are not the same numbers
+    plain = load_model(DEFAULT_MODEL, data_dir, device="cpu", precision="float32")
+    other = position_laws(plain.model, CHAIN, processing, prefix=PREFIX)
+    assert not torch.equal(other.token_logp, laws.token_logp)
