@@ -29,10 +29,15 @@ import torch
 from transformers import PreTrainedModel
 
 from sampler.cached_lm import open_cache
+from sampler.gguf_target import gguf_of
 from sampler.processing import Processing, process
 
 DEFAULT_CHUNK: Final = 128
 """Tokens per forward: the KV cache carries the context from chunk to chunk (one causal pass)."""
+GGUF_CHUNK: Final = 32
+"""At most this many per forward on llama.cpp, whose decode calls share one lock with the
+generation steps of the same model: a detection holds it ~0.2-0.3 s at a time (2 CPU cores),
+not the ~1 s of 128 rows with their logits."""
 
 
 def support_entropy(logp: torch.Tensor) -> torch.Tensor:
@@ -113,6 +118,8 @@ def position_laws(
         return PositionLaws(entropy, token_logp, raw_rank)
     device = next(model.parameters()).device
     lm = open_cache(model)  # the generation's backend: its law, not a float32 copy of it
+    if gguf_of(model) is not None:
+        chunk = min(chunk, GGUF_CHUNK)
     # The logits after token j predict token j + 1: text position t comes from tokens index
     # len(prefix) + t - 1. Only the text's last token needs no forward.
     inputs = tokens[:-1]
