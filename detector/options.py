@@ -17,6 +17,10 @@ from detector.spans import DEFAULT_MAX_SPANS, MAX_SPANS_LIMIT
 
 DEFAULT_ALPHA: Final = 0.01
 MAX_ALPHA: Final = 0.5
+MIN_REFERENCE_MEAN_SCORE: Final = 1.2
+"""The weakest watermark strength a caller may assume (per-token mean Aaronson term; H0's is
+1): nearer 1 the tokens a text would need grow as 1/(μ − 1)², and at μ = 1 + 2e-16 past any
+bound (the fuzzers' 500); at 1.2 the slowest case, α near 1e-300, takes ~0.15 s."""
 DEFAULT_SCORES: tuple[str, ...] = ("aaronson",)
 """Scores computed by default: Aaronson alone (exact p, the most powerful of the four on real
 SmolLM2 generations at 16-128 scored tokens: ``bench/results/detector.md``)."""
@@ -40,9 +44,9 @@ class DetectOptions:
         realign: also run the edit-tolerant re-aligned test (``detector.realign``; ~5× the
             per-token key cost at m = 4), reported beside the verdict's test, not in it.
         reference_mean_score: the per-token mean Aaronson term of a typically watermarked
-            text, > 1: a text whose minimum detectable mean score at its M exceeds it is
-            ``insufficient_evidence`` when not significant (``detector.combined``; default
-            1.5, DESIGN §4).
+            text, in [``MIN_REFERENCE_MEAN_SCORE``, 100]: a text whose minimum detectable
+            mean score at its M exceeds it is ``insufficient_evidence`` when not significant
+            (``detector.combined``; default 1.5, DESIGN §4).
         families: derived, not an argument: ``resolve_scores(scores)``, Aaronson first.
     Raises:
         ValueError: naming the field and the limit — alpha outside (0, 0.5], a key_id that is
@@ -76,9 +80,12 @@ class DetectOptions:
         if (
             isinstance(ref, bool)
             or not isinstance(ref, float | int)
-            or not (math.isfinite(ref) and 1.0 < ref <= 100.0)
+            or not (math.isfinite(ref) and MIN_REFERENCE_MEAN_SCORE <= ref <= 100.0)
         ):
-            raise ValueError(f"expected reference_mean_score a number in (1, 100], got {ref!r}")
+            raise ValueError(
+                f"expected reference_mean_score a number in [{MIN_REFERENCE_MEAN_SCORE}, 100], "
+                f"got {ref!r}"
+            )
         max_spans = self.max_spans
         is_int = isinstance(max_spans, int) and not isinstance(max_spans, bool)
         if not (is_int and 1 <= max_spans <= MAX_SPANS_LIMIT):

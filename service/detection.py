@@ -53,7 +53,6 @@ from detector.tokens import Tokenizer, check_tokenizer
 from service.errors import InvalidInput, LimitExceeded, NoKeys
 from service.key_record import KeyRecord
 from service.keystore import KeyStore
-from service.limits import check_prompt_tokens
 from service.schemas.detect import DetectInput, DetectOptions
 
 T = TypeVar("T")
@@ -445,6 +444,7 @@ class DetectionPool:
         from jinja2 import TemplateError
 
         from sampler.completion import chat_prompt_ids
+        from service.limits import check_prompt_tokens  # imports sampler: torch
 
         messages = None if item.messages is None else [m.model_dump() for m in item.messages]
         field = "prompt" if item.messages is None else "messages"

@@ -112,7 +112,7 @@ def detect(
         float,
         typer.Option(
             "--reference-mean-score",
-            help="Per-token mean Aaronson term of a typically watermarked text (> 1; human "
+            help="Per-token mean Aaronson term of a typically watermarked text (1.2-100; human "
             "text averages 1): a text too short to reach --alpha at this mean is "
             "insufficient_evidence.",
         ),

@@ -20,6 +20,7 @@ from pydantic import (
 from pydantic.config import JsonDict
 
 from detector.combined import REFERENCE_MEAN_SCORE
+from detector.options import MIN_REFERENCE_MEAN_SCORE
 from detector.scores import SCORE_NAMES
 from service.schemas.common import INTEGRAL, ChatMessage, KeyId, RequestModel, Text
 
@@ -69,7 +70,7 @@ class DetectOptions(RequestModel):
     )
     reference_mean_score: float = Field(
         default=REFERENCE_MEAN_SCORE,
-        gt=1.0,
+        ge=MIN_REFERENCE_MEAN_SCORE,
         le=100.0,
         description="The per-token mean Aaronson term of a typically watermarked text (human "
         "text averages 1): a result that is not significant is `insufficient_evidence` when the "

@@ -135,3 +135,5 @@ def test_power_in_the_wire_shape(real_tokenizer) -> None:  # type: ignore[no-unt
     assert strong.verdict != "insufficient_evidence"  # detectable at this M: a plain answer
     with pytest.raises(ValueError, match="reference_mean_score"):
         DetectOptions(reference_mean_score=1.0)
+    with pytest.raises(ValueError, match="reference_mean_score"):
+        DetectOptions(reference_mean_score=1.1)  # below MIN_REFERENCE_MEAN_SCORE

@@ -26,7 +26,7 @@ def test_the_reference_strength_sets_what_too_short_means(
     assert found["verdict"] == "not_detected"
     assert found["power"]["reference_mean_score"] == 8.0
     assert found["log10_p_value"] == default["log10_p_value"]  # the test itself is unchanged
-    for bad in (1.0, 101.0, "high"):
+    for bad in (1.0, 1.0000000000000002, 1.19, 101.0, "high"):  # 1 + 2e-16: the fuzzers' 500
         body = {"key_id": key_id, "text": SHORT, "reference_mean_score": bad}
         r = svc.client.post("/v1/detect", json=body, headers=svc.admin)
         assert problem(r, 422, "invalid-request")["field"] == "body.reference_mean_score"
