@@ -31,8 +31,14 @@ without the prompt, at both settings, and the share of final p-values that are t
 The rule is picked by the T = 0.7 with-prompt median (the issue's setting), ties broken by T =
 0.7 without the prompt, then T = 1 with it, then the order of ``CANDIDATES``.
 
+``laws`` (session 16): the LR test's median tokens to α on both splits with the law read
+through transformers float32 (what the main run used) and through the served default backend
+(llama.cpp where it is built: the law the generations were sampled from), after BOS and after
+the prompt, and each backend's cost per token.
+
     python -m bench.detector_likelihood_ratio          # -> detector_likelihood_ratio.{json,md}
     python -m bench.detector_likelihood_ratio choose   # -> detector_likelihood_ratio_design.json
+    python -m bench.detector_likelihood_ratio laws     # -> detector_likelihood_ratio_laws.json
 """
 
 from __future__ import annotations
@@ -71,6 +77,7 @@ REPETITIVE_TEXTS = 150
 OUT_JSON = RESULTS / "detector_likelihood_ratio.json"
 OUT_MD = RESULTS / "detector_likelihood_ratio.md"
 OUT_DESIGN = RESULTS / "detector_likelihood_ratio_design.json"
+OUT_LAWS = RESULTS / "detector_likelihood_ratio_laws.json"
 CANDIDATES = (
     LikelihoodRatioWeighting(0.05, 4, "linear"),  # session 15's rule
     *(
@@ -83,12 +90,13 @@ TESTS = ("plain", "entropy_weighted", "lr_no_prompt", "lr_prompt")
 
 
 class Model:
-    """The float32 target, its tokenizer, and the position laws of a text (timed)."""
+    """The target at ``precision`` (the main run: float32), its tokenizer, and the position laws
+    of a text through that backend (timed)."""
 
-    def __init__(self) -> None:
+    def __init__(self, precision: str = "float32") -> None:
         from sampler.models import DEFAULT_MODEL, load_model
 
-        self.loaded = load_model(DEFAULT_MODEL, data_home(), device="cpu", precision="float32")
+        self.loaded = load_model(DEFAULT_MODEL, data_home(), device="cpu", precision=precision)
         self.tok = self.loaded.tokenizer
         bos = self.tok.bos_token_id
         self.bos = [] if bos is None else [int(bos)]
@@ -177,6 +185,23 @@ def rule_name(rule: LikelihoodRatioWeighting) -> str:
     return f"{rule.grid}/f{rule.floor}/L{rule.levels}"
 
 
+def lr_prefixes(
+    skip: np.ndarray,
+    x: np.ndarray,
+    logp: np.ndarray,
+    rule: LikelihoodRatioWeighting = LIKELIHOOD_RATIO,
+) -> tuple[float, bool]:
+    """(scored tokens until the LR p first falls below α, inf if never; whether the whole
+    text's p is the exact series), from the test on every prefix of n scored tokens."""
+    cut = np.flatnonzero(skip == 0)
+    tests = [
+        likelihood_ratio_test(skip[:upto], x[:n], logp[:upto], rule)
+        for n, upto in enumerate(cut + 1, start=1)
+    ]
+    curve = np.array([t.log_p / LN10 for t in tests])
+    return tokens_to_alpha(curve), bool(tests) and tests[-1].method == "exact"
+
+
 def choose() -> None:
     """The design split only: every candidate's median tokens to α (module docstring)."""
     start = time.perf_counter()
@@ -189,7 +214,6 @@ def choose() -> None:
         for row in generations(setting, "design"):
             ids = row["token_ids"]
             skip, x = scored(model.tok, source, ids)
-            cut = np.flatnonzero(skip == 0)
             logps = {
                 "no_prompt": model.laws(ids, setting, None).token_logp.numpy(),
                 "prompt": model.laws(
@@ -198,17 +222,10 @@ def choose() -> None:
             }
             for rule in CANDIDATES:
                 for given, logp in logps.items():
-                    cell = f"{setting}/{given}"
-                    tests = [
-                        likelihood_ratio_test(skip[:upto], x[:n], logp[:upto], rule)
-                        for n, upto in enumerate(cut + 1, start=1)
-                    ]  # one per prefix of n scored tokens (none when nothing is scored)
-                    curve = np.array([t.log_p / LN10 for t in tests])
-                    name = rule_name(rule)
-                    reach.setdefault(name, {}).setdefault(cell, []).append(tokens_to_alpha(curve))
-                    exact.setdefault(name, {}).setdefault(cell, []).append(
-                        bool(tests) and tests[-1].method == "exact"
-                    )
+                    cell, name = f"{setting}/{given}", rule_name(rule)
+                    tokens, is_exact = lr_prefixes(skip, x, logp, rule)
+                    reach.setdefault(name, {}).setdefault(cell, []).append(tokens)
+                    exact.setdefault(name, {}).setdefault(cell, []).append(is_exact)
         print(setting, "done", flush=True)
     table = {
         name: {
@@ -241,6 +258,53 @@ def choose() -> None:
     print("chosen", best)
     OUT_DESIGN.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {OUT_DESIGN}")
+
+
+def laws() -> None:
+    """Both splits: the LR test (``LIKELIHOOD_RATIO``) with the law read through transformers
+    float32 and through the served default backend (``precision`` auto: llama.cpp where it is
+    built), after BOS and after the prompt (module docstring)."""
+    start = time.perf_counter()
+    models = {"float32": Model("float32"), "served": Model("auto")}
+    source = bench_source()
+    table: dict[str, dict[str, Any]] = {}
+    for split, offset in (("design", 0), ("heldout", 20)):
+        prompts = {str(p["id"]): p for p in chosen_prompts(10, offset)}
+        for setting in ("t0.7", "t1"):
+            reach: dict[str, list[float]] = {"plain": []}
+            for row in generations(setting, split):
+                ids = row["token_ids"]
+                skip, x = scored(models["float32"].tok, source, ids)
+                plain = [
+                    aaronson_log_sf(n, float(x[:n].sum())) / LN10 for n in range(1, x.size + 1)
+                ]
+                reach["plain"].append(tokens_to_alpha(np.array(plain)))
+                prefix = models["float32"].prompt(prompts[row["id"]]["messages"])
+                for law, model in models.items():
+                    for given, pre in (("bos", None), ("prompt", prefix)):
+                        logp = model.laws(ids, setting, pre).token_logp.numpy()
+                        reach.setdefault(f"{law}/{given}", []).append(lr_prefixes(skip, x, logp)[0])
+            table[f"{split}/{setting}"] = {
+                name: {
+                    "median_tokens_to_alpha": float(np.median(v)),
+                    "never_reached": int(sum(map(math.isinf, v))),
+                }
+                for name, v in reach.items()
+            }
+            print(split, setting, table[f"{split}/{setting}"], flush=True)
+    result = {
+        **run_metadata(),
+        "alpha": ALPHA,
+        "rule": LIKELIHOOD_RATIO.to_json(),
+        "served_precision": models["served"].loaded.precision,
+        "median_tokens_to_alpha": table,
+        "law_ms_per_token": {
+            law: 1000.0 * m.seconds / max(m.tokens, 1) for law, m in models.items()
+        },
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+    OUT_LAWS.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {OUT_LAWS}")
 
 
 def human_ids(tok: Any) -> list[list[int]]:
@@ -372,4 +436,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    choose() if sys.argv[1:] == ["choose"] else main()
+    {"choose": choose, "laws": laws}.get(" ".join(sys.argv[1:]), main)()
