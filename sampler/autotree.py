@@ -286,16 +286,12 @@ class TreeChooser:
         for b in self.drafts_options:
             if b > drafts:
                 break
-            best = max(best, self._posterior(b, level))
+            reached = self._reached.get(b, [])
+            accepted = self._accepted.get(b, [])
+            r = reached[level - 1] if level <= len(reached) else 0
+            a = accepted[level - 1] if level <= len(accepted) else 0
+            best = max(best, (a + PRIOR_ACCEPTED) / (r + PRIOR_ACCEPTED + PRIOR_REJECTED))
         return best
-
-    def _posterior(self, drafts: int, level: int) -> float:
-        """The posterior mean acceptance at ``level`` of the steps with exactly ``drafts``."""
-        reached = self._reached.get(drafts, [])
-        accepted = self._accepted.get(drafts, [])
-        r = reached[level - 1] if level <= len(reached) else 0
-        a = accepted[level - 1] if level <= len(accepted) else 0
-        return (a + PRIOR_ACCEPTED) / (r + PRIOR_ACCEPTED + PRIOR_REJECTED)
 
     def proposal_rate(self) -> float:
         """π: the share of this request's tree steps where the drafter proposed a node (1
@@ -333,19 +329,12 @@ class TreeChooser:
         depth_cap = min(self.max_depth, max(remaining, 0))
         best, best_rate = (1, 0), 1.0 / self.expected_seconds(1, 0)
         best_tree, best_tree_rate = None, 0.0
-        # expected_tokens and expected_seconds of every (B, ℓ), their terms read once per step
-        # (this runs every step, trees or not: ~2x fewer Python calls than calling them)
-        other, per_level = self._other.get(0.0), self._draft_level.get(0.0)
-        scale, fill, proposing = self.forward_scale(True), self._fill.get(1.0), self.proposal_rate()
-        floor = [0.0] * depth_cap  # a_ℓ(B): never below a smaller B's (``acceptance``)
-        for drafts in self.drafts_options:  # increasing
-            floor = [max(f, self._posterior(drafts, level)) for level, f in enumerate(floor, 1)]
-            tokens, survive = 1.0, proposing
+        for drafts in self.drafts_options:
+            tokens, survive = 1.0, self.proposal_rate()
             for depth in range(1, depth_cap + 1):  # the sum of expected_tokens, incrementally
-                survive *= floor[depth - 1]
+                survive *= self.acceptance(drafts, depth)
                 tokens += survive
-                forward = scale * self.profile.cost(1 + fill * drafts * depth)
-                rate = tokens / (forward + depth * per_level + other)
+                rate = tokens / self.expected_seconds(drafts, depth)
                 if rate > best_tree_rate:
                     best_tree, best_tree_rate = (drafts, depth), rate
         if best_tree is not None and best_tree_rate > best_rate:
