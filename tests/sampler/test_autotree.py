@@ -262,9 +262,10 @@ def test_a_costly_explore_waits_until_its_loss_fits_the_budget():
 
 
 def test_choose_is_the_argmax_of_expected_tokens_over_expected_seconds():
-    """``choose`` computes its table in one pass; it must pick what the public cost model
-    (``expected_tokens`` / ``expected_seconds``, ``acceptance``) picks, over 300 random steps
-    on a measured-looking profile (seed 3: trees and one-token steps both chosen)."""
+    """``choose`` picks what the public cost model (``expected_tokens`` /
+    ``expected_seconds``, ``acceptance``) picks — the first of a tie, else an explore where no
+    tree beats a one-token step — over 300 random steps on a measured-looking profile (seed 3:
+    trees and one-token steps both chosen). It guards any faster rewrite of ``choose``."""
     import random
 
     rng = random.Random(3)
