@@ -99,7 +99,7 @@ class DetectOptions(RequestModel):
         "`processing` (key-independent weights, exact null; small S is evidence). The most "
         "powerful test where p_t is right, so it pays when the item carries the generation's "
         "`prompt` or `messages` (at T = 0.7: α after 0.67x the plain test's tokens; without "
-        "the prompt 1.0x) and the text is unedited (after 30 % random edits it finds ~10 % of "
+        "the prompt 0.9-1.0x) and the text is unedited (after 30 % random edits it finds ~10 % of "
         "texts, the plain test 80 %: `bench/results/detector_likelihood_ratio.md`). "
         "One forward of the served model over the prompt and the text. `likelihood_ratio` in "
         "each result, reported beside the verdict, not used by it.",
