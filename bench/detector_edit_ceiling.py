@@ -155,6 +155,30 @@ def statistics(
     }
 
 
+def per_answer(
+    tok: Any, source: Any, generations: list[dict[str, Any]], rows: dict[str, list[dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """Per generation: length, scored tokens and plain log10 p unedited, and how many of its
+    copies each test detects at each rate (which answers the misses come from)."""
+    out = []
+    for i, g in enumerate(generations):
+        found = detect(tok, source, token_ids=g["token_ids"], options=DetectOptions())
+        copies = {rate: cells[i * COPIES : (i + 1) * COPIES] for rate, cells in rows.items()}
+        out.append(
+            {
+                "id": g["id"],
+                "length": len(g["token_ids"]),
+                "scored": found.num_scored,
+                "log10_p_unedited": round(found.p_value.log10_p_value, 2),
+                "detected_of_copies": {
+                    rate: {t: int(sum(c[t] for c in cells)) for t in TESTS}
+                    for rate, cells in copies.items()
+                },
+            }
+        )
+    return out
+
+
 def rates(rows: list[dict[str, Any]]) -> dict[str, Any]:
     full = [r for r in rows if r["length"] >= 128]
     return {
@@ -190,8 +214,10 @@ def main() -> None:
     pool = np.concatenate([np.asarray(h, dtype=np.int64) for h in human])
     rng = np.random.default_rng(20261203)
     edits: dict[str, dict[str, Any]] = {}
+    answers: dict[str, list[dict[str, Any]]] = {}
     for name, generations in splits.items():
         edits[name] = {}
+        split_rows: dict[str, list[dict[str, Any]]] = {}
         for rate in RATES:
             rows = [
                 statistics(tok, source, edit(g["token_ids"], rate, "mixed", pool, rng), *law)
@@ -200,7 +226,9 @@ def main() -> None:
                 for _ in range(COPIES)
             ]
             edits[name][str(rate)] = rates(rows)
+            split_rows[str(rate)] = rows
             print(name, rate, edits[name][str(rate)], flush=True)
+        answers[name] = per_answer(tok, source, generations, split_rows)
     h0 = [
         statistics(tok, bench_source(f"h0-ceiling-{k}"), ids, *law)
         for ids in human
@@ -227,6 +255,7 @@ def main() -> None:
             "design_pivots": int(intact.size),
         },
         "edits_mixed": edits,
+        "per_answer": answers,
         "h0_human": h0_row,
         "seconds": round(time.perf_counter() - begin, 1),
     }
