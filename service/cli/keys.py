@@ -31,7 +31,14 @@ audit = logging.getLogger("poissonmark.audit")
 @app.command("create")
 def create(
     context_width: Annotated[
-        int, typer.Option("--context-width", min=1, max=64, help="Label width m.")
+        int,
+        typer.Option(
+            "--context-width",
+            min=1,
+            max=64,
+            help="Label width m: 2 for text that will be edited, 4 (default) for text quoted "
+            "inside other text (bench/results/detector_width.md).",
+        ),
     ] = 4,
     no_masking: Annotated[
         bool, typer.Option("--no-masking", help="Turn the repeated-context rule off.")

@@ -15,7 +15,13 @@ class KeyCreateRequest(RequestModel):
         default=DEFAULT_CONTEXT_WIDTH,
         ge=CONTEXT_WIDTH_MIN,
         le=CONTEXT_WIDTH_MAX,
-        description="m, token ids per context label.",
+        description=(
+            "m, token ids per context label. An edit destroys the labels of the m + 1 tokens "
+            "from it on, so a smaller m keeps more of an edited text detectable and a larger m "
+            "repeats less (more tokens scored): at 30 % random edits 0.915 of texts are found "
+            "at m = 2 against 0.885 at m = 4; a 128-token answer inside 15 times as much human "
+            "text 0.95 against 1.0 (bench/results/detector_width.md)."
+        ),
     )
     masking: bool = Field(default=True, description="Apply the repeated-context rule.")
 
