@@ -5,9 +5,9 @@ The test (``detector.weighted.likelihood_ratio_test``, rule ``LIKELIHOOD_RATIO``
 design split before this bench read the held-out one): S = Σ w_t (−ln r_t) with w_t =
 round(4(1/max(p_t, 0.05) − 1))/4, p_t the processed probability of the text's own token
 (``sampler.entropy.position_laws``: one forward of the target over the text through the served
-default backend, llama.cpp where it is built, as the service does since session 16; before that
-this run read a transformers float32 copy; after the tokenizer's BOS, or after the generation's
-chat-templated prompt when the caller gives it);
+default backend, llama.cpp where it is built, which is what the service has read since session
+16; this run read a transformers float32 copy until session 17), after the tokenizer's BOS, or
+after the generation's chat-templated prompt when the caller gives it;
 p = P(S' <= S) under H0, exact (``weighted_log_cdf``).
 
 Data: the generations of ``bench.detector_entropy`` (SmolLM2-135M-Instruct, mpfr, 128 tokens,

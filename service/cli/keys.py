@@ -36,8 +36,8 @@ def create(
             "--context-width",
             min=1,
             max=64,
-            help="Label width m: 2 for text that will be edited, 4 (default) for text quoted "
-            "inside other text (bench/results/detector_width.md).",
+            help="Label width m: a smaller m survives edits better, a larger one scores more "
+            "tokens and is harder to learn (bench/results/detector_width.md).",
         ),
     ] = 4,
     no_masking: Annotated[

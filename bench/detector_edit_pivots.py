@@ -1,4 +1,4 @@
-"""How much can any per-token test of the keyed race gain on edited text? (issue 15)
+"""Do tests that look for the intact labels among the pivots gain on edited text? (issue 15)
 
 At context width m = 4, random edits at rate ε leave ≈ (1 − ε)^(m+1) of the labels intact (0.17
 at ε = 0.3); the rest carry pivots that are U(0, 1), as under H0. The plain Aaronson test sums
@@ -9,11 +9,12 @@ labels in the pivots themselves does better, with three statistics of the scored
 - ``thresholded``: S_c = Σ max(−ln(1 − r_t) − c, 0), c = 1. Exact null: the excess of an Exp(1)
   over c is Exp(1) with probability e^−c, so S_c ~ Gamma(K, 1) with K ~ Binomial(M, e^−c);
   p = Σ_k P(K = k)·Q(k, S_c).
-- ``mixture``: the Neyman–Pearson statistic for "a share q of the positions is intact",
-  Σ ln(1 − q + q·h(r_t)), q = 0.3, with h the law of an intact pivot: a mixture of Beta(a, 1)
-  (a = 1/p for a token of probability p; a ∈ {1, 2, 4, …, 256}) fitted by EM to the pivots of
-  the unedited *design* generations. Its 1 % critical value is simulated under H0 (``NULL_DRAWS``
-  draws per M): this row is a power ceiling, not a p-value the product could report.
+- ``mixture``: Σ ln(1 − q + q·h(r_t)), q = 0.3, the Neyman–Pearson statistic against its own
+  alternative (positions independently intact with probability q; q = 0.3 is ε ≈ 0.21 at m = 4),
+  with h the law of an intact pivot: a mixture of Beta(a, 1) (a = 1/p for a token of probability
+  p; a ∈ {1, 2, 4, …, 256}) fitted by EM to the pivots of the unedited *design* generations (so
+  the design rows are in-sample for h). Its 1 % critical value is simulated under H0
+  (``NULL_DRAWS`` draws per M): a calibrated comparison, not a p-value the product could report.
 - ``hmm``: a likelihood ratio over the edit process itself: a chain over "steps since the last
   edit" (0..m, then intact), an edit at each position with probability ε, emission h(r) on an
   intact scored label and 1 otherwise, averaged over ε ∈ ``HMM_RATES``. It is an e-value
@@ -24,11 +25,15 @@ Data: the 40 design generations (``detector_generations.jsonl``, basic-uwm, T = 
 128 tokens); ``COPIES`` copies per generation and rate of ``bench.detector_robustness.edit``'s
 mixed edits (fixed seed); H0: the 227 human passages × ``H0_KEYS`` keys. TPR = share with p <
 α = 0.01 (``mixture``: above the simulated critical value), over all answers and over the
-full-length ones (the held-out set has four that end early, at 11, 30, 81 and 90 tokens).
+full-length ones (``max_new_tokens`` reached: 160 on the design split, 128 held out; the
+held-out set has four answers that end early, at 11, 30, 81 and 90 tokens). ``paired``: each test
+against plain on the same copies, the copies only it detects and only plain detects, with an exact
+sign-test p over those discordant copies, and over the generations (more copies detected than
+plain against fewer): the copies of one generation are not independent, the generations are.
 
-Writes ``bench/results/detector_edit_ceiling.json``.
+Writes ``bench/results/detector_edit_pivots.json``.
 
-    python -m bench.detector_edit_ceiling
+    python -m bench.detector_edit_pivots
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ from detector.stats import aaronson_log_sf
 from sampler.models import DEFAULT_MODEL, load_tokenizer
 
 HELDOUT = RESULTS / "detector_heldout.jsonl"
-OUT_JSON = RESULTS / "detector_edit_ceiling.json"
+OUT_JSON = RESULTS / "detector_edit_pivots.json"
 ALPHA = 0.01
 RATES = (0.2, 0.3, 0.4)
 COPIES = 10
@@ -180,7 +185,7 @@ def per_answer(
 
 
 def rates(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    full = [r for r in rows if r["length"] >= 128]
+    full = [r for r in rows if r["full"]]
     return {
         "n": len(rows),
         "tpr": {t: float(np.mean([r[t] for r in rows])) for t in TESTS},
@@ -188,6 +193,31 @@ def rates(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "n": len(full),
             "tpr": {t: float(np.mean([r[t] for r in full])) for t in TESTS},
         },
+        "paired": {t: paired(rows, t) for t in TESTS[1:]},
+    }
+
+
+def paired(rows: list[dict[str, Any]], test: str) -> dict[str, Any]:
+    """``test`` against plain on the same copies (module docstring)."""
+    only_test = sum(r[test] and not r["plain"] for r in rows)
+    only_plain = sum(r["plain"] and not r[test] for r in rows)
+    by_generation = [
+        sum(r[test] for r in rows[i : i + COPIES]) - sum(r["plain"] for r in rows[i : i + COPIES])
+        for i in range(0, len(rows), COPIES)
+    ]
+    more = sum(d > 0 for d in by_generation)
+    fewer = sum(d < 0 for d in by_generation)
+
+    def sign_p(a: int, b: int) -> float:
+        return float(stats.binomtest(a, a + b).pvalue) if a + b else 1.0
+
+    return {
+        "copies_only_this": only_test,
+        "copies_only_plain": only_plain,
+        "copies_sign_test_p": sign_p(only_test, only_plain),
+        "generations_more": more,
+        "generations_fewer": fewer,
+        "generations_sign_test_p": sign_p(more, fewer),
     }
 
 
@@ -221,7 +251,7 @@ def main() -> None:
         for rate in RATES:
             rows = [
                 statistics(tok, source, edit(g["token_ids"], rate, "mixed", pool, rng), *law)
-                | {"length": len(g["token_ids"])}
+                | {"full": len(g["token_ids"]) >= g["max_new_tokens"]}
                 for g in generations
                 for _ in range(COPIES)
             ]
@@ -254,6 +284,7 @@ def main() -> None:
             "mean_log_h_nats": float(log_h(intact, weights).mean()),
             "design_pivots": int(intact.size),
         },
+        "h_fitted_on": "design (its rows are in-sample for mixture and hmm)",
         "edits_mixed": edits,
         "per_answer": answers,
         "h0_human": h0_row,
