@@ -69,18 +69,28 @@ def edit(
     ids: list[int], rate: float, kind: str, pool: np.ndarray, rng: np.random.Generator
 ) -> list[int]:
     """``ids`` after round(rate·n) random edits of ``kind`` (module docstring)."""
+    return edit_with_origins(ids, rate, kind, pool, rng)[0]
+
+
+def edit_with_origins(
+    ids: list[int], rate: float, kind: str, pool: np.ndarray, rng: np.random.Generator
+) -> tuple[list[int], list[int]]:
+    """``edit``'s copy (the same draws from ``rng``) and, per token of it, the index of the
+    original token it is (-1: substituted or inserted)."""
     out = list(ids)
+    origin = list(range(len(ids)))
     for _ in range(round(rate * len(ids))):
         which = kind if kind != "mixed" else ("sub", "ins", "del")[int(rng.integers(3))]
         j = int(rng.integers(len(out)))
         token = int(pool[rng.integers(pool.size)])
         if which == "sub":
-            out[j] = token
+            out[j], origin[j] = token, -1
         elif which == "ins":
             out.insert(j, token)
+            origin.insert(j, -1)
         elif len(out) > 1:
-            del out[j]
-    return out
+            del out[j], origin[j]
+    return out, origin
 
 
 def dilute(ids: list[int], human: list[list[int]], rng: np.random.Generator) -> list[int]:

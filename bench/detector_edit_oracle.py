@@ -1,0 +1,210 @@
+"""How far could any position filter take the plain test on edited text? (issue 15)
+
+At context width m an edit destroys the labels of its own position and of the m after it; the
+plain Aaronson test still sums every scored position, so the destroyed labels add H0 noise. A
+test that knew which labels survived would score only those; its null stays exact (Gamma(K, 1)
+for K kept positions) whenever the choice does not depend on the key. This bench measures,
+on the same mixed-edit copies (``bench.detector_robustness.edit_with_origins``, which records
+where every token came from), the plain test against:
+
+- ``oracle_intact``: scores only the labels that are intact (the token and its m predecessors
+  are the original tokens, consecutive). It needs the edit record, so it is *not a test*: it is
+  the most any filter of positions can give the Aaronson sum on these copies;
+- ``oracle_flagged``: leaves out every position whose label window t − m .. t holds a
+  substituted or inserted token, as a perfect detector of foreign tokens would (deletions leave
+  no foreign token and stay unseen). Also not a test;
+- ``rank_filter_R``: the same, with a foreign token guessed as one that ranks R or lower in the
+  target's raw law at its position (``sampler.entropy.position_laws`` after BOS, no prompt,
+  read through the served backend; ``detector.weighted.ModelWeighting``'s ``max_rank``). It is a
+  test: key-independent, so its p is the exact Gamma tail. Reported with the share of foreign
+  tokens it flags (recall) and of original tokens it flags (false flags), and under H0.
+
+Data: the 20 held-out generations (``detector_heldout.jsonl``: mpfr, T = 1, top-k 50, 128
+tokens, m = 4) and, for the oracles only, the 40 design generations (``detector_generations
+.jsonl``). ``COPIES`` copies per generation and rate for each of the ``SEEDS`` (the copies'
+noise is large at 20 answers: a seed is a fresh set of copies). The rank filter is run at 30 %
+only. H0: the 227 human passages × ``H0_KEYS`` keys, count of p < α against the binomial 99 %
+bound. TPR = share with p < α = 0.01.
+
+Writes ``bench/results/detector_edit_oracle.json``.
+
+    python -m bench.detector_edit_oracle
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from bench.common import RESULTS
+from bench.detector_common import DATA, GENERATIONS, bench_source, data_home, run_metadata
+from bench.detector_robustness import edit_with_origins
+from detector import DetectOptions, detect
+from detector.stats import aaronson_log_sf
+from sampler.entropy import position_laws
+from sampler.models import DEFAULT_MODEL, load_model
+from sampler.processing_config import Processing
+
+HELDOUT = RESULTS / "detector_heldout.jsonl"
+OUT_JSON = RESULTS / "detector_edit_oracle.json"
+ALPHA = 0.01
+RATES = (0.2, 0.3, 0.4)
+FILTER_RATE = 0.3
+COPIES = 10
+SEEDS = (20261204, 20261205, 20261206, 20261207)
+MAX_RANKS = (200, 1000, 3000)
+H0_KEYS = 10
+WIDTH = 4
+GENERATION_PROCESSING = Processing(temperature=1.0, top_k=50)
+
+
+def intact_labels(origin: list[int], width: int) -> np.ndarray:
+    """(T,) bool: the token at t and its ``width`` predecessors are original and consecutive
+    (positions before the text count as intact only where the original had them too)."""
+    o = np.asarray(origin, dtype=np.int64)
+    ok = o >= 0
+    for k in range(1, width + 1):
+        before = np.full(o.size, -1, dtype=np.int64)
+        if k < o.size:
+            before[k:] = o[:-k]
+        inside = np.arange(o.size) >= k
+        ok &= np.where(inside, before == o - k, o - k < 0)
+    return ok
+
+
+def window_clear(flag: np.ndarray, width: int) -> np.ndarray:
+    """(T,) bool: no flagged token among t − width .. t."""
+    csum = np.concatenate(([0], np.cumsum(flag.astype(np.int64))))
+    t = np.arange(flag.size)
+    return np.asarray(csum[t + 1] - csum[np.maximum(t - width, 0)] == 0, dtype=bool)
+
+
+def kept_log10_p(terms: np.ndarray, keep: np.ndarray) -> float:
+    """log10 of the Aaronson p over the kept scored positions (exact: Gamma(K, 1) tail)."""
+    return aaronson_log_sf(int(keep.sum()), float(terms[keep].sum())) / math.log(10)
+
+
+def scored_terms(tok: Any, source: Any, ids: list[int]) -> tuple[float, np.ndarray, np.ndarray]:
+    """The plain log10 p, the scored mask (T,) and the scored terms −ln(1 − r_t)."""
+    found = detect(tok, source, token_ids=ids, options=DetectOptions())
+    scored = found.evidence.skip == 0
+    return found.p_value.log10_p_value, scored, -np.log1p(-found.evidence.pivots)
+
+
+def tpr(hits: list[bool]) -> float:
+    return float(np.mean(hits))
+
+
+def main() -> None:
+    begin = time.perf_counter()
+    loaded = load_model(DEFAULT_MODEL, data_home(), device="cpu")
+    tok = loaded.tokenizer
+    prefix = [tok.bos_token_id] if tok.bos_token_id is not None else []
+    source = bench_source()
+    splits = {}
+    for name, path in (("design", GENERATIONS), ("heldout", HELDOUT)):
+        with path.open(encoding="utf-8") as f:
+            splits[name] = [json.loads(line) for line in f if line.strip()]
+    with (DATA / "human-pydoc.jsonl").open(encoding="utf-8") as f:
+        texts = [json.loads(line)["text"] for line in f]
+    human = [list(tok(t, add_special_tokens=False)["input_ids"]) for t in texts]
+    pool = np.concatenate([np.asarray(h, dtype=np.int64) for h in human])
+    level = math.log10(ALPHA)
+
+    oracles: dict[str, Any] = {}
+    misses: dict[str, int] = {}
+    for name, generations in splits.items():
+        oracles[name] = {}
+        for rate in RATES:
+            per_seed = []
+            for seed in SEEDS:
+                rng = np.random.default_rng(seed)
+                with_filter = name == "heldout" and rate == FILTER_RATE
+                hits: dict[str, list[bool]] = {
+                    t: [] for t in ("plain", "oracle_intact", "oracle_flagged")
+                }
+                if with_filter:
+                    hits |= {f"rank_filter_{r}": [] for r in MAX_RANKS}
+                    recall: dict[int, list[float]] = {r: [] for r in MAX_RANKS}
+                    false_flags: dict[int, list[float]] = {r: [] for r in MAX_RANKS}
+                for g in generations:
+                    for _ in range(COPIES):
+                        ids, origin = edit_with_origins(g["token_ids"], rate, "mixed", pool, rng)
+                        plain, scored, terms = scored_terms(tok, source, ids)
+                        foreign = np.asarray(origin) < 0
+                        intact = intact_labels(origin, WIDTH)[scored]
+                        flagged = window_clear(foreign, WIDTH)[scored]
+                        hits["plain"].append(plain < level)
+                        hits["oracle_intact"].append(kept_log10_p(terms, intact) < level)
+                        hits["oracle_flagged"].append(kept_log10_p(terms, flagged) < level)
+                        if with_filter and seed == SEEDS[0] and not hits["oracle_intact"][-1]:
+                            misses[g["id"]] = misses.get(g["id"], 0) + 1
+                        if not with_filter:
+                            continue
+                        rank = position_laws(
+                            loaded.model, ids, GENERATION_PROCESSING, prefix=prefix
+                        ).raw_rank.numpy()
+                        for r in MAX_RANKS:
+                            flag = rank >= r
+                            keep = window_clear(flag, WIDTH)[scored]
+                            hits[f"rank_filter_{r}"].append(kept_log10_p(terms, keep) < level)
+                            if foreign.any():
+                                recall[r].append(float(flag[foreign].mean()))
+                            false_flags[r].append(float(flag[~foreign].mean()))
+                row: dict[str, Any] = {"seed": seed, "n": len(hits["plain"])}
+                row["tpr"] = {t: tpr(h) for t, h in hits.items()}
+                if with_filter:
+                    row["flags"] = {
+                        str(r): {
+                            "recall_foreign": float(np.mean(recall[r])),
+                            "false_flag_original": float(np.mean(false_flags[r])),
+                        }
+                        for r in MAX_RANKS
+                    }
+                per_seed.append(row)
+                print(name, rate, row, flush=True)
+            names = per_seed[0]["tpr"].keys()
+            oracles[name][str(rate)] = {
+                "per_seed": per_seed,
+                "mean_tpr": {t: float(np.mean([r["tpr"][t] for r in per_seed])) for t in names},
+            }
+
+    h0_hits = {f"rank_filter_{r}": 0 for r in MAX_RANKS} | {"plain": 0}
+    for ids in human:
+        ranks = position_laws(loaded.model, ids, GENERATION_PROCESSING, prefix=prefix).raw_rank
+        for k in range(H0_KEYS):
+            plain, scored, terms = scored_terms(tok, bench_source(f"h0-oracle-{k}"), ids)
+            h0_hits["plain"] += plain < level
+            for r in MAX_RANKS:
+                keep = window_clear(ranks.numpy() >= r, WIDTH)[scored]
+                h0_hits[f"rank_filter_{r}"] += kept_log10_p(terms, keep) < level
+    n_h0 = len(human) * H0_KEYS
+    h0 = {
+        "n": n_h0,
+        "bound_99": int(stats.binom.ppf(0.995, n_h0, ALPHA)),
+        "rejections": {t: int(v) for t, v in h0_hits.items()},
+    }
+    print("h0", h0, flush=True)
+    result = {
+        **run_metadata(),
+        "law_precision": loaded.precision,
+        "alpha": ALPHA,
+        "copies": COPIES,
+        "seeds": list(SEEDS),
+        "context_width": WIDTH,
+        "edits_mixed": oracles,
+        "heldout_oracle_intact_misses_by_answer_first_seed": misses,
+        "h0_human": h0,
+        "seconds": round(time.perf_counter() - begin, 1),
+    }
+    OUT_JSON.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {OUT_JSON} in {result['seconds']} s")
+
+
+if __name__ == "__main__":
+    main()
