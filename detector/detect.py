@@ -176,6 +176,7 @@ def detect_tokenized(
         min_detectable_mean_score=mu,
         reference_mean_score=options.reference_mean_score,
         realigned=realigned,
+        context_width=source.context_width,
     )
 
 

@@ -219,6 +219,7 @@ class Detection:
         reference_mean_score: the typical watermarked mean term the verdict compares μ* to.
         realigned: the edit-tolerant re-aligned test (``detect(..., realign=True)``), else
             None; reported, not used by the verdict.
+        context_width: m of the key the text was tested under (None: a hand-made Detection).
     """
 
     key_id: str | None
@@ -237,6 +238,7 @@ class Detection:
     min_detectable_mean_score: float | None = None
     reference_mean_score: float = 1.5
     realigned: RealignedTest | None = None
+    context_width: int | None = None
 
     def __post_init__(self) -> None:
         if self.num_tokens != len(self.evidence.ids):
