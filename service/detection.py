@@ -159,6 +159,7 @@ def multi_key_json(found: MultiKeyDetection, *, tokens: bool) -> dict[str, Any]:
             edit["keys_corrected_p_value"] = 10.0**log10
         shaped["entropy_weighted"] = None  # with entropy_weighting: add_model_tests
         shaped["likelihood_ratio"] = None  # with likelihood_ratio: add_model_tests
+        shaped["edit_filtered"] = None  # with edit_filter: add_model_tests
         results.append(shaped)
     mu = found.min_detectable_mean_score
     span = found.span_log10_p_value
@@ -177,6 +178,8 @@ def multi_key_json(found: MultiKeyDetection, *, tokens: bool) -> dict[str, Any]:
         "entropy_weighted_log10_p_value": None,
         "likelihood_ratio_p_value": None,
         "likelihood_ratio_log10_p_value": None,
+        "edit_filtered_p_value": None,
+        "edit_filtered_log10_p_value": None,
         "min_scored_tokens": found.min_scored_tokens,
         "power": {
             "min_detectable_mean_score": mu,
@@ -195,35 +198,48 @@ def add_model_tests(
     *,
     entropy_weighting: bool = False,
     likelihood_ratio: bool = False,
+    edit_filter: bool = False,
     prompt_ids: Sequence[int] | None = None,
     prompt_field: str = "prompt",
 ) -> dict[str, Any]:
     """Add the tests that read the target's law (``detector.weighted``) to a
-    ``multi_key_json`` shape: the entropy-weighted test and/or the likelihood-ratio test.
+    ``multi_key_json`` shape: the entropy-weighted test, the likelihood-ratio test and/or the
+    edit-filtered test (``RankFilter``, with each key's own context width).
 
     The law at every position of the text (``sampler.entropy.position_laws``: one causal
     forward of ``model`` over the ids, after the generation's chat-templated prompt when the
     caller gives it, else after the tokenizer's BOS when it has one) is computed once — it
     does not depend on the key — and weighs each detailed key's scored positions:
-    ``entropy_weighted`` / ``likelihood_ratio`` in each of ``results`` (with its p times K, as
-    ``edit_tolerant``: the keys are ranked by the verdict's p), and at the top
-    ``entropy_weighted_p_value`` / ``likelihood_ratio_p_value``, K times the smallest of them
+    ``entropy_weighted`` / ``likelihood_ratio`` / ``edit_filtered`` in each of ``results`` (with
+    its p times K, as ``edit_tolerant``: the keys are ranked by the verdict's p), and at the
+    top ``<name>_p_value``, K times the smallest of them
     (a subset of the keys: still valid for "one of the K keys").
 
     Args:
         shaped: ``multi_key_json(found, ...)``, changed in place and returned.
         model: the target (``LoadedModel.model``). processing: a ``sampler.processing.
             Processing`` (the generation's temperature, top-k, top-p).
-        entropy_weighting, likelihood_ratio: which tests (neither: ``shaped`` unchanged).
+        entropy_weighting, likelihood_ratio, edit_filter: which tests (none: ``shaped``
+            unchanged).
         prompt_ids: the generation's prompt as the model saw it (``chat_prompt_ids``), or None.
         prompt_field: the request field the prompt came from (``prompt`` or ``messages``).
     Raises:
         InvalidInput: ``prompt_field`` (with a prompt) or the test's field: the prompt and the
             text are longer than the model's positions.
     """
-    if not (entropy_weighting or likelihood_ratio):
+    wanted = (
+        ("entropy_weighted", entropy_weighting, "entropy_weighting"),
+        ("likelihood_ratio", likelihood_ratio, "likelihood_ratio"),
+        ("edit_filtered", edit_filter, "edit_filter"),
+    )
+    asked = [(name, field) for name, on, field in wanted if on]
+    if not asked:
         return shaped
-    from detector.weighted import entropy_weighted_test, likelihood_ratio_test
+    from detector.weighted import (
+        entropy_weighted_test,
+        likelihood_ratio_test,
+        rank_filtered_test,
+    )
     from sampler.entropy import position_laws  # torch: only when asked for
 
     first = next(iter(found.results.values()))
@@ -235,11 +251,7 @@ def add_model_tests(
         prefix = [int(t) for t in prompt_ids]
     limit = getattr(model.config, "max_position_embeddings", None)
     if isinstance(limit, int) and len(prefix) + len(ids) > limit:
-        field = (
-            prompt_field
-            if prompt_ids is not None
-            else ("entropy_weighting" if entropy_weighting else "likelihood_ratio")
-        )
+        field = prompt_field if prompt_ids is not None else asked[0][1]
         raise InvalidInput(
             field,
             f"expected the prompt and the text within {limit} tokens (the model's positions), "
@@ -247,17 +259,20 @@ def add_model_tests(
         )
     laws = position_laws(model, ids, processing, prefix=prefix)
     entropy, logp = laws.entropy.numpy(), laws.token_logp.numpy()  # (T,) each, once
+    rank = laws.raw_rank.numpy()
     conditioned = prompt_ids is not None
 
     def run(name: str, detection: Detection) -> dict[str, Any]:
         skip, terms = detection.evidence.skip, detection.evidence.terms["aaronson"]
         if name == "entropy_weighted":
             return entropy_weighted_test(skip, terms, entropy).to_json()
+        if name == "edit_filtered":
+            assert detection.context_width is not None, "detect() sets it"
+            return rank_filtered_test(skip, terms, rank, detection.context_width).to_json()
         return likelihood_ratio_test(skip, terms, logp, conditioned_on_prompt=conditioned).to_json()
 
     keys = math.log10(found.num_keys)
-    wanted = (("entropy_weighted", entropy_weighting), ("likelihood_ratio", likelihood_ratio))
-    for name in [name for name, on in wanted if on]:
+    for name, _ in asked:
         best: float | None = None
         for result, detection in zip(shaped["results"], found.results.values(), strict=True):
             test = run(name, detection)
@@ -396,9 +411,9 @@ class DetectionPool:
         prompt_ids: list[int] | None = None,
     ) -> dict[str, Any]:
         """One text against ``records``: the ``DetectResponse`` wire shape; with
-        ``options.entropy_weighting`` or ``options.likelihood_ratio``, those tests too
-        (``add_model_tests`` with ``model``, the served target, after ``prompt_ids``, the
-        item's checked prompt from ``prompt_ids()``, when it has one)."""
+        ``options.reads_model`` (entropy weighting, likelihood ratio, edit filter), those
+        tests too (``add_model_tests`` with ``model``, the served target, after
+        ``prompt_ids``, the item's checked prompt from ``prompt_ids()``, when it has one)."""
         wanted = DetectorOptions(
             alpha=options.alpha,
             scores=options.scores,
@@ -415,7 +430,7 @@ class DetectionPool:
             detailed=options.max_results,
         )
         shaped = multi_key_json(found, tokens=options.evidence)
-        if options.entropy_weighting or options.likelihood_ratio:
+        if options.reads_model:
             assert model is not None, "the route passes the served model"
             shaped = add_model_tests(
                 shaped,
@@ -424,6 +439,7 @@ class DetectionPool:
                 entropy_processing(options),
                 entropy_weighting=options.entropy_weighting,
                 likelihood_ratio=options.likelihood_ratio,
+                edit_filter=options.edit_filter,
                 prompt_ids=prompt_ids,
                 prompt_field="prompt" if item.messages is None else "messages",
             )
@@ -467,10 +483,10 @@ class DetectionPool:
         batch: bool = False,
     ) -> list[dict[str, Any]]:
         """Every item against the request's keys (looked up once); ``model``: the served
-        target, for ``entropy_weighting`` and ``likelihood_ratio``, whose prompts are all
+        target, for the tests that read its law (``options.reads_model``), whose prompts are all
         templated and checked before any key is read or text scored; ``batch``: an item's
         InvalidInput or LimitExceeded names it (``items[i].<field>``)."""
-        model_tests = options.entropy_weighting or options.likelihood_ratio
+        model_tests = options.reads_model
         prompts = _each_item(
             items, batch, lambda item: self.prompt_ids(item) if model_tests else None
         )
