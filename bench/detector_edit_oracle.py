@@ -13,18 +13,19 @@ where every token came from), the plain test against:
 - ``oracle_flagged``: leaves out every position whose label window t − m .. t holds a
   substituted or inserted token, as a perfect detector of foreign tokens would (deletions leave
   no foreign token and stay unseen). Also not a test;
-- ``rank_filter_R``: the same, with a foreign token guessed as one that ranks R or lower in the
-  target's raw law at its position (``sampler.entropy.position_laws`` after BOS, no prompt,
-  read through the served backend; ``detector.weighted.ModelWeighting``'s ``max_rank``). It is a
-  test: key-independent, so its p is the exact Gamma tail. Reported with the share of foreign
-  tokens it flags (recall) and of original tokens it flags (false flags), and under H0.
+- ``rank_filter_R``: the product's edit-filtered test (``detector.weighted.rank_filtered_test``
+  with ``RankFilter(R)``; R = 1000 is the served ``RANK_FILTER``): a foreign token guessed as
+  one that ranks R or lower in the target's raw law at its position
+  (``sampler.entropy.position_laws`` after BOS, no prompt, read through the served backend). It
+  is a test: key-independent, so its p is the exact Gamma tail. Reported with the share of
+  foreign tokens it flags (recall) and of original tokens it flags (false flags), and under H0.
 
 Data: the 20 held-out generations (``detector_heldout.jsonl``: mpfr, T = 1, top-k 50, 128
 tokens, m = 4) and, for the oracles only, the 40 design generations (``detector_generations
 .jsonl``). ``COPIES`` copies per generation and rate for each of the ``SEEDS`` (the copies'
 noise is large at 20 answers: a seed is a fresh set of copies). The rank filter is run at 30 %
 only. H0: the 227 human passages × ``H0_KEYS`` keys, count of p < α against the binomial 99 %
-bound. TPR = share with p < α = 0.01.
+bound, at α = 0.01 and 0.1. TPR = share with p < α = 0.01.
 
 Writes ``bench/results/detector_edit_oracle.json``.
 
@@ -46,6 +47,7 @@ from bench.detector_common import DATA, GENERATIONS, bench_source, data_home, ru
 from bench.detector_robustness import edit_with_origins
 from detector import DetectOptions, detect
 from detector.stats import aaronson_log_sf
+from detector.weighted import RankFilter, label_windows_flagged, rank_filtered_test
 from sampler.entropy import position_laws
 from sampler.models import DEFAULT_MODEL, load_model
 from sampler.processing_config import Processing
@@ -58,7 +60,8 @@ FILTER_RATE = 0.3
 COPIES = 10
 SEEDS = (20261204, 20261205, 20261206, 20261207)
 MAX_RANKS = (200, 1000, 3000)
-H0_KEYS = 10
+H0_KEYS = 30
+H0_ALPHAS = (0.01, 0.1)
 WIDTH = 4
 GENERATION_PROCESSING = Processing(temperature=1.0, top_k=50)
 
@@ -77,23 +80,21 @@ def intact_labels(origin: list[int], width: int) -> np.ndarray:
     return ok
 
 
-def window_clear(flag: np.ndarray, width: int) -> np.ndarray:
-    """(T,) bool: no flagged token among t − width .. t."""
-    csum = np.concatenate(([0], np.cumsum(flag.astype(np.int64))))
-    t = np.arange(flag.size)
-    return np.asarray(csum[t + 1] - csum[np.maximum(t - width, 0)] == 0, dtype=bool)
-
-
 def kept_log10_p(terms: np.ndarray, keep: np.ndarray) -> float:
     """log10 of the Aaronson p over the kept scored positions (exact: Gamma(K, 1) tail)."""
     return aaronson_log_sf(int(keep.sum()), float(terms[keep].sum())) / math.log(10)
 
 
 def scored_terms(tok: Any, source: Any, ids: list[int]) -> tuple[float, np.ndarray, np.ndarray]:
-    """The plain log10 p, the scored mask (T,) and the scored terms −ln(1 − r_t)."""
+    """The plain log10 p, the skip codes (T,) and the scored terms −ln(1 − r_t)."""
     found = detect(tok, source, token_ids=ids, options=DetectOptions())
-    scored = found.evidence.skip == 0
-    return found.p_value.log10_p_value, scored, -np.log1p(-found.evidence.pivots)
+    return found.p_value.log10_p_value, found.evidence.skip, found.evidence.terms["aaronson"]
+
+
+def filtered_log10_p(skip: np.ndarray, terms: np.ndarray, rank: np.ndarray, max_rank: int) -> float:
+    """The product's edit-filtered log10 p at R = ``max_rank``."""
+    test = rank_filtered_test(skip, terms, rank, WIDTH, RankFilter(max_rank))
+    return test.log_p / math.log(10)
 
 
 def tpr(hits: list[bool]) -> float:
@@ -135,10 +136,11 @@ def main() -> None:
                 for g in generations:
                     for _ in range(COPIES):
                         ids, origin = edit_with_origins(g["token_ids"], rate, "mixed", pool, rng)
-                        plain, scored, terms = scored_terms(tok, source, ids)
+                        plain, skip, terms = scored_terms(tok, source, ids)
+                        scored = skip == 0
                         foreign = np.asarray(origin) < 0
                         intact = intact_labels(origin, WIDTH)[scored]
-                        flagged = window_clear(foreign, WIDTH)[scored]
+                        flagged = ~label_windows_flagged(foreign, WIDTH)[scored]
                         hits["plain"].append(plain < level)
                         hits["oracle_intact"].append(kept_log10_p(terms, intact) < level)
                         hits["oracle_flagged"].append(kept_log10_p(terms, flagged) < level)
@@ -151,8 +153,8 @@ def main() -> None:
                         ).raw_rank.numpy()
                         for r in MAX_RANKS:
                             flag = rank >= r
-                            keep = window_clear(flag, WIDTH)[scored]
-                            hits[f"rank_filter_{r}"].append(kept_log10_p(terms, keep) < level)
+                            filtered = filtered_log10_p(skip, terms, rank, r)
+                            hits[f"rank_filter_{r}"].append(filtered < level)
                             if foreign.any():
                                 recall[r].append(float(flag[foreign].mean()))
                             false_flags[r].append(float(flag[~foreign].mean()))
@@ -174,20 +176,30 @@ def main() -> None:
                 "mean_tpr": {t: float(np.mean([r["tpr"][t] for r in per_seed])) for t in names},
             }
 
-    h0_hits = {f"rank_filter_{r}": 0 for r in MAX_RANKS} | {"plain": 0}
+    tests = ("plain", *(f"rank_filter_{r}" for r in MAX_RANKS))
+    h0_hits = {str(a): dict.fromkeys(tests, 0) for a in H0_ALPHAS}
     for ids in human:
         ranks = position_laws(loaded.model, ids, GENERATION_PROCESSING, prefix=prefix).raw_rank
         for k in range(H0_KEYS):
-            plain, scored, terms = scored_terms(tok, bench_source(f"h0-oracle-{k}"), ids)
-            h0_hits["plain"] += plain < level
-            for r in MAX_RANKS:
-                keep = window_clear(ranks.numpy() >= r, WIDTH)[scored]
-                h0_hits[f"rank_filter_{r}"] += kept_log10_p(terms, keep) < level
+            plain, skip, terms = scored_terms(tok, bench_source(f"h0-oracle-{k}"), ids)
+            log10 = {"plain": plain} | {
+                f"rank_filter_{r}": filtered_log10_p(skip, terms, ranks.numpy(), r)
+                for r in MAX_RANKS
+            }
+            for a in H0_ALPHAS:
+                for t in tests:
+                    h0_hits[str(a)][t] += log10[t] < math.log10(a)
     n_h0 = len(human) * H0_KEYS
     h0 = {
         "n": n_h0,
-        "bound_99": int(stats.binom.ppf(0.995, n_h0, ALPHA)),
-        "rejections": {t: int(v) for t, v in h0_hits.items()},
+        "keys": H0_KEYS,
+        "by_alpha": {
+            str(a): {
+                "bound_99": int(stats.binom.ppf(0.995, n_h0, a)),
+                "rejections": {t: int(v) for t, v in h0_hits[str(a)].items()},
+            }
+            for a in H0_ALPHAS
+        },
     }
     print("h0", h0, flush=True)
     result = {

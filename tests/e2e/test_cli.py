@@ -141,6 +141,24 @@ def test_keys_generate_detect_round_trip(cli_env):
     assert lk["likelihood_ratio"]["num_scored"] == k["num_scored"]
     assert d_lr["likelihood_ratio_log10_p_value"] < -2  # a 96-token generation at T = 1
     assert d_lr["entropy_weighted_log10_p_value"] is None
+    # --edit-filter: an unedited generation keeps nearly all its labels (its tokens rank
+    # within the target's top 1,000) and stays detected; the human-readable line says so
+    ef = run(
+        cli_env, "detect", "--key", key["key_id"], "--token-ids", json.dumps(g["token_ids"]),
+        "--edit-filter",
+    )  # fmt: skip
+    assert ef.returncode == 0, ef.stderr
+    assert "edit-filtered test: log10 p" in ef.stdout and "scored positions kept" in ef.stdout
+    ef_json = run(
+        cli_env, "detect", "--key", key["key_id"], "--json", "--token-ids",
+        json.dumps(g["token_ids"]), "--edit-filter",
+    )  # fmt: skip
+    d_ef = json.loads(ef_json.stdout)
+    assert DetectResponse.model_validate(d_ef).model_dump() == d_ef
+    (fk,) = d_ef["results"]
+    assert fk["edit_filtered"]["num_weighted"] >= 0.8 * fk["edit_filtered"]["num_scored"]
+    assert d_ef["edit_filtered_log10_p_value"] < -2
+    assert d_ef["log10_p_value"] == d["log10_p_value"]
     lonely = run(cli_env, "detect", "--key", key["key_id"], "--text", "x", "--prompt", "y")
     assert lonely.returncode != 0 and "--prompt goes with" in lonely.stderr
 

@@ -309,3 +309,55 @@ def test_a_prompt_over_max_prompt_tokens_is_limit_exceeded_naming_it(
     body["prompt"] = "fox"  # a short one passes
     ok = small.client.post("/v1/detect", json=body, headers=small.admin)
     assert ok.status_code == 200, ok.text
+
+
+def test_the_edit_filtered_test_is_reported_per_key_with_its_own_width(
+    svc: Service, tiny_loaded: LoadedModel
+) -> None:
+    """``edit_filter``: each detailed key's test equals the detector's ``rank_filtered_test``
+    on the served model's raw ranks after BOS with that key's context width; the top p is K
+    times the smallest; the verdict is the plain one's. The text is the tiny model's greedy
+    continuation of BOS (rank 0 everywhere) with three foreign tokens inside (ranked past
+    1,000 by the random model), so some labels are left out and some kept."""
+    from detector.weighted import rank_filtered_test
+    from sampler.entropy import position_laws
+
+    wide, narrow = svc.create_key(context_width=4), svc.create_key(context_width=1)
+    bos = tiny_loaded.tokenizer.bos_token_id
+    greedy = _greedy_after(tiny_loaded, [bos], 40)
+    ids = [*greedy[:20], 504, 2365, 6354, *greedy[20:]]
+    rank = position_laws(tiny_loaded.model, ids, Processing(1.0, 50, 1.0), prefix=[bos]).raw_rank
+    assert 0 < int((rank >= 1000).sum()) < len(ids) // 2
+    plain_body = {"token_ids": ids}
+    plain = svc.client.post("/v1/detect", json=plain_body, headers=svc.admin).json()
+    assert plain["edit_filtered_p_value"] is None
+    assert plain["results"][0]["edit_filtered"] is None
+    body = {"token_ids": ids, "edit_filter": True}
+    r = svc.client.post("/v1/detect", json=body, headers=svc.admin)
+    assert r.status_code == 200, r.text
+    found = r.json()
+    assert found["verdict"] == plain["verdict"]  # beside the verdict, not in it
+    assert found["log10_p_value"] == plain["log10_p_value"]
+    assert found["entropy_weighted_p_value"] is None  # only the test asked for
+    by_key = {result["key_id"]: result["edit_filtered"] for result in found["results"]}
+    kept = {}
+    for key_id, width in ((wide, 4), (narrow, 1)):
+        source = svc.store.get(key_id, None).source(0)
+        assert source.context_width == width
+        direct = detect(tiny_loaded.tokenizer, source, token_ids=ids, options=DetectOptions())
+        expected = rank_filtered_test(
+            direct.evidence.skip, direct.evidence.terms["aaronson"], rank.numpy(), width
+        )
+        test = by_key[key_id]
+        assert test["name"] == "edit_filtered" and test["method"] == "exact"
+        assert test["log10_p_value"] == pytest.approx(expected.log_p / math.log(10), abs=1e-12)
+        assert 0 < test["num_weighted"] == expected.num_weighted < test["num_scored"]
+        kept[width] = test["num_weighted"] / test["num_scored"]
+    assert kept[1] > kept[4]  # a wider label holds a flagged token more often
+    smallest = min(t["log10_p_value"] for t in by_key.values())
+    assert found["edit_filtered_log10_p_value"] == pytest.approx(
+        min(0.0, smallest + math.log10(found["num_keys"]))
+    )
+    bad = {"token_ids": ids, "edit_filter": 2}
+    r = svc.client.post("/v1/detect", json=bad, headers=svc.admin)
+    assert problem(r, 422, "invalid-request")["field"] == "body.edit_filter"
