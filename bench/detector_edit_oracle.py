@@ -103,6 +103,7 @@ def tpr(hits: list[bool]) -> float:
 
 def main() -> None:
     begin = time.perf_counter()
+    metadata = run_metadata()  # the code measured is the tree at the start
     loaded = load_model(DEFAULT_MODEL, data_home(), device="cpu")
     tok = loaded.tokenizer
     prefix = [tok.bos_token_id] if tok.bos_token_id is not None else []
@@ -203,7 +204,7 @@ def main() -> None:
     }
     print("h0", h0, flush=True)
     result = {
-        **run_metadata(),
+        **metadata,
         "law_precision": loaded.precision,
         "alpha": ALPHA,
         "copies": COPIES,
