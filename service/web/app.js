@@ -306,6 +306,9 @@ function renderResult(response) {
   if (typeof response.entropy_weighted_log10_p_value === "number") {
     addNumber(numbers, "Entropy-weighted test p", formatP(response.entropy_weighted_log10_p_value));
   }
+  if (typeof response.edit_filtered_log10_p_value === "number") {
+    addNumber(numbers, "Edit-filtered test p", formatP(response.edit_filtered_log10_p_value));
+  }
   const skipped = Object.entries(best.skipped).filter(([, n]) => n > 0);
   addNumber(
     numbers,
@@ -435,10 +438,12 @@ async function check(event, tokenIds) {
   if ($("check-realign").checked) body.realign = true;
   const lr = $("check-lr").checked;
   const entropy = $("check-entropy").checked;
-  if (lr || entropy) {
+  const editFilter = $("check-edit-filter").checked;
+  if (lr || entropy || editFilter) {
     // the model tests read the target's law under the generation's processing (and prompt)
     if (lr) body.likelihood_ratio = true;
     if (entropy) body.entropy_weighting = true;
+    if (editFilter) body.edit_filter = true;
     // a field left empty is left out: the server's default applies (1, 50, 1), never 0
     body.processing = {};
     for (const [id, name] of [

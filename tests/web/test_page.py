@@ -225,14 +225,14 @@ def numbers(page: Page) -> dict[str, str]:
 
 
 def test_the_model_tests_and_the_prompt_are_sent_and_shown(page: Page, service: Service) -> None:
-    """The 'More tests' panel: the edit-tolerant, likelihood-ratio and entropy-weighted tests
-    are requested with the processing and prompt typed, and their p-values shown beside the
+    """The 'More tests' panel: the edit-tolerant, likelihood-ratio, entropy-weighted and
+    edit-filtered tests are requested with the processing and prompt typed, and their p-values shown beside the
     verdict are the API's for the same request."""
     key = service.create_key()
     answer = watermarked(service, key, tokens=64)
     page.sign_in(service.admin)
     page.page.click("#more-tests summary")
-    for box in ("#check-realign", "#check-lr", "#check-entropy"):
+    for box in ("#check-realign", "#check-lr", "#check-entropy", "#check-edit-filter"):
         page.page.check(box)
     page.page.fill("#check-prompt", "Tell me a story.")
     page.page.fill("#check-temperature", "0.7")
@@ -246,6 +246,7 @@ def test_the_model_tests_and_the_prompt_are_sent_and_shown(page: Page, service: 
     assert page.check(answer["text"], key) == "watermarked"
     body = sent[-1]
     assert body["realign"] and body["likelihood_ratio"] and body["entropy_weighting"]
+    assert body["edit_filter"]
     assert body["prompt"] == "Tell me a story."
     assert body["processing"] == {"temperature": 0.7, "top_k": 50, "top_p": 1}
     api = service.client.post(
@@ -258,11 +259,13 @@ def test_the_model_tests_and_the_prompt_are_sent_and_shown(page: Page, service: 
             api["likelihood_ratio_log10_p_value"],
             api["entropy_weighted_log10_p_value"],
             api["results"][0]["edit_tolerant"]["log10_p_value"],
+            api["edit_filtered_log10_p_value"],
         ],
     )
     assert shown["Likelihood-ratio test p, given the prompt"] == formatted[0]
     assert shown["Entropy-weighted test p"] == formatted[1]
     assert shown["Edit-tolerant test p"] == formatted[2]
+    assert shown["Edit-filtered test p"] == formatted[3]
     page.screenshot("more-tests.png")
     page.page.fill("#check-top-k", "")  # left empty: left out, the server's default applies
     with page.page.expect_request(lambda r: r.url.endswith("/v1/detect")) as request:
