@@ -226,8 +226,8 @@ def numbers(page: Page) -> dict[str, str]:
 
 def test_the_model_tests_and_the_prompt_are_sent_and_shown(page: Page, service: Service) -> None:
     """The 'More tests' panel: the edit-tolerant, likelihood-ratio, entropy-weighted and
-    edit-filtered tests are requested with the processing and prompt typed, and their p-values shown beside the
-    verdict are the API's for the same request."""
+    edit-filtered tests are requested with the processing and prompt typed, and their
+    p-values shown beside the verdict are the API's for the same request."""
     key = service.create_key()
     answer = watermarked(service, key, tokens=64)
     page.sign_in(service.admin)
