@@ -320,11 +320,11 @@ def detect(
     else:
         show(found.best)
     if entropy_weighting:
-        _show_entropy_weighted(shaped)
+        _show_weighted(shaped, "entropy_weighted", "entropy-weighted", "weighted")
     if likelihood_ratio:
         _show_likelihood_ratio(shaped)
     if edit_filter:
-        _show_edit_filtered(shaped)
+        _show_weighted(shaped, "edit_filtered", "edit-filtered", "kept")
 
 
 def _model_processing(
@@ -354,25 +354,14 @@ def _model_processing(
     return Processing(temperature, top_k, top_p)
 
 
-def _show_entropy_weighted(shaped: dict[str, Any]) -> None:
-    """The entropy-weighted test's line (the best detailed key, corrected for the keys)."""
-    log10 = shaped["entropy_weighted_log10_p_value"]
-    test = shaped["results"][0]["entropy_weighted"]
+def _show_weighted(shaped: dict[str, Any], name: str, title: str, counted: str) -> None:
+    """A weighted test's line (``name``: ``entropy_weighted`` or ``edit_filtered``; the best
+    detailed key, corrected for the keys)."""
+    log10 = shaped[f"{name}_log10_p_value"]
+    test = shaped["results"][0][name]
     out.print(
-        f"entropy-weighted test: log10 p {log10:.2f} ({test['method']}), "
-        f"{test['num_weighted']} of {test['num_scored']} scored positions weighted, "
-        f"corrected for {shaped['num_keys']} key(s)",
-        highlight=False,
-    )
-
-
-def _show_edit_filtered(shaped: dict[str, Any]) -> None:
-    """The edit-filtered test's line (the best detailed key, corrected for the keys)."""
-    log10 = shaped["edit_filtered_log10_p_value"]
-    test = shaped["results"][0]["edit_filtered"]
-    out.print(
-        f"edit-filtered test: log10 p {log10:.2f} ({test['method']}), "
-        f"{test['num_weighted']} of {test['num_scored']} scored positions kept, "
+        f"{title} test: log10 p {log10:.2f} ({test['method']}), "
+        f"{test['num_weighted']} of {test['num_scored']} scored positions {counted}, "
         f"corrected for {shaped['num_keys']} key(s)",
         highlight=False,
     )
