@@ -141,8 +141,11 @@ def test_keys_generate_detect_round_trip(cli_env):
     assert lk["likelihood_ratio"]["num_scored"] == k["num_scored"]
     assert d_lr["likelihood_ratio_log10_p_value"] < -2  # a 96-token generation at T = 1
     assert d_lr["entropy_weighted_log10_p_value"] is None
-    # --edit-filter: an unedited generation keeps nearly all its labels (its tokens rank
-    # within the target's top 1,000) and stays detected; the human-readable line says so
+    # --edit-filter: the human-readable line says what was kept; after the generation's
+    # --prompt every token was drawn from the target's top 50 (top-k 50), so under the rule
+    # "rank within the top 1,000" no token is flagged and no label is dropped: the filtered
+    # test is the plain one. (Without the prompt the first tokens are ranked under the BOS
+    # law and a few may be flagged: a generation-dependent count, not asserted.)
     ef = run(
         cli_env, "detect", "--key", key["key_id"], "--token-ids", json.dumps(g["token_ids"]),
         "--edit-filter",
@@ -151,12 +154,17 @@ def test_keys_generate_detect_round_trip(cli_env):
     assert "edit-filtered test: log10 p" in ef.stdout and "scored positions kept" in ef.stdout
     ef_json = run(
         cli_env, "detect", "--key", key["key_id"], "--json", "--token-ids",
-        json.dumps(g["token_ids"]), "--edit-filter",
+        json.dumps(g["token_ids"]), "--edit-filter", "--prompt",
+        "Explain like I'm five: how do magnets work?",
     )  # fmt: skip
+    assert ef_json.returncode == 0, ef_json.stderr
     d_ef = json.loads(ef_json.stdout)
     assert DetectResponse.model_validate(d_ef).model_dump() == d_ef
     (fk,) = d_ef["results"]
-    assert fk["edit_filtered"]["num_weighted"] >= 0.8 * fk["edit_filtered"]["num_scored"]
+    assert fk["edit_filtered"]["num_scored"] == k["num_scored"]
+    assert fk["edit_filtered"]["num_weighted"] == k["num_scored"]
+    plain_log10_p = k["scores"]["aaronson"]["log10_p_value"]
+    assert fk["edit_filtered"]["log10_p_value"] == pytest.approx(plain_log10_p, rel=1e-9)
     assert d_ef["edit_filtered_log10_p_value"] < -2
     assert d_ef["log10_p_value"] == d["log10_p_value"]
     lonely = run(cli_env, "detect", "--key", key["key_id"], "--text", "x", "--prompt", "y")
