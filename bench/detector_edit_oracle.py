@@ -25,7 +25,8 @@ tokens, m = 4) and, for the oracles only, the 40 design generations (``detector_
 .jsonl``). ``COPIES`` copies per generation and rate for each of the ``SEEDS`` (the copies'
 noise is large at 20 answers: a seed is a fresh set of copies). The rank filter is run at 30 %
 only. H0: the 227 human passages × ``H0_KEYS`` keys, count of p < α against the binomial 99 %
-bound, at α = 0.01 and 0.1. TPR = share with p < α = 0.01.
+bound, at α = 0.01 and 0.1. TPR = share with p < α = 0.01. The filter against plain is also
+paired on the generations (copies detected per generation over all seeds; exact sign test).
 
 Writes ``bench/results/detector_edit_oracle.json``.
 
@@ -68,7 +69,12 @@ GENERATION_PROCESSING = Processing(temperature=1.0, top_k=50)
 
 def intact_labels(origin: list[int], width: int) -> np.ndarray:
     """(T,) bool: the token at t and its ``width`` predecessors are original and consecutive
-    (positions before the text count as intact only where the original had them too)."""
+    (positions before the text count as intact only where the original had them too).
+
+    ``origin`` is ``edit_with_origins``'s record: the original index of each token, −1 for a
+    substituted or inserted one. Approximate as a ceiling in one way: a position whose context
+    repeated in the original (skipped there, its token drawn off the keyed labels) can be scored
+    in the copy when an edit removed the first use; it counts as intact here."""
     o = np.asarray(origin, dtype=np.int64)
     ok = o >= 0
     for k in range(1, width + 1):
@@ -76,7 +82,7 @@ def intact_labels(origin: list[int], width: int) -> np.ndarray:
         if k < o.size:
             before[k:] = o[:-k]
         inside = np.arange(o.size) >= k
-        ok &= np.where(inside, before == o - k, o - k < 0)
+        ok &= np.where(inside, (before >= 0) & (before == o - k), o - k < 0)
     return ok
 
 
@@ -101,6 +107,21 @@ def tpr(hits: list[bool]) -> float:
     return float(np.mean(hits))
 
 
+def paired_by_generation(detected: dict[str, dict[str, int]], test: str) -> dict[str, Any]:
+    """``test`` against plain, paired on the generations (the independent unit; copies of one
+    generation are not): how many generations it detects in more copies, in fewer, and the
+    two-sided exact sign test over those that differ."""
+    more = sum(c[test] > c["plain"] for c in detected.values())
+    fewer = sum(c[test] < c["plain"] for c in detected.values())
+    p = float(stats.binomtest(more, more + fewer, 0.5).pvalue) if more + fewer else 1.0
+    return {
+        "generations_more": more,
+        "generations_fewer": fewer,
+        "sign_test_p": p,
+        "copies_detected": {g: {"plain": c["plain"], test: c[test]} for g, c in detected.items()},
+    }
+
+
 def main() -> None:
     begin = time.perf_counter()
     metadata = run_metadata()  # the code measured is the tree at the start
@@ -120,6 +141,8 @@ def main() -> None:
 
     oracles: dict[str, Any] = {}
     misses: dict[str, int] = {}
+    # held-out, FILTER_RATE: copies detected per generation over all seeds, per test
+    detected: dict[str, dict[str, int]] = {}
     for name, generations in splits.items():
         oracles[name] = {}
         for rate in RATES:
@@ -141,10 +164,10 @@ def main() -> None:
                         scored = skip == 0
                         foreign = np.asarray(origin) < 0
                         intact = intact_labels(origin, WIDTH)[scored]
-                        flagged = ~label_windows_flagged(foreign, WIDTH)[scored]
+                        unflagged = ~label_windows_flagged(foreign, WIDTH)[scored]
                         hits["plain"].append(plain < level)
                         hits["oracle_intact"].append(kept_log10_p(terms, intact) < level)
-                        hits["oracle_flagged"].append(kept_log10_p(terms, flagged) < level)
+                        hits["oracle_flagged"].append(kept_log10_p(terms, unflagged) < level)
                         if with_filter and seed == SEEDS[0] and not hits["oracle_intact"][-1]:
                             misses[g["id"]] = misses.get(g["id"], 0) + 1
                         if not with_filter:
@@ -152,10 +175,14 @@ def main() -> None:
                         rank = position_laws(
                             loaded.model, ids, GENERATION_PROCESSING, prefix=prefix
                         ).raw_rank.numpy()
+                        counts = detected.setdefault(g["id"], {})
+                        counts["plain"] = counts.get("plain", 0) + bool(plain < level)
                         for r in MAX_RANKS:
                             flag = rank >= r
                             filtered = filtered_log10_p(skip, terms, rank, r)
                             hits[f"rank_filter_{r}"].append(filtered < level)
+                            test = f"rank_filter_{r}"
+                            counts[test] = counts.get(test, 0) + bool(filtered < level)
                             if foreign.any():
                                 recall[r].append(float(flag[foreign].mean()))
                             false_flags[r].append(float(flag[~foreign].mean()))
@@ -176,6 +203,9 @@ def main() -> None:
                 "per_seed": per_seed,
                 "mean_tpr": {t: float(np.mean([r["tpr"][t] for r in per_seed])) for t in names},
             }
+
+    paired = {str(r): paired_by_generation(detected, f"rank_filter_{r}") for r in MAX_RANKS}
+    print("paired", paired, flush=True)
 
     tests = ("plain", *(f"rank_filter_{r}" for r in MAX_RANKS))
     h0_hits = {str(a): dict.fromkeys(tests, 0) for a in H0_ALPHAS}
@@ -212,6 +242,7 @@ def main() -> None:
         "context_width": WIDTH,
         "edits_mixed": oracles,
         "heldout_oracle_intact_misses_by_answer_first_seed": misses,
+        "heldout_rank_filter_paired_by_generation": paired,
         "h0_human": h0,
         "seconds": round(time.perf_counter() - begin, 1),
     }

@@ -252,6 +252,9 @@ class Detection:
             raise ValueError(f"expected an 'aaronson' score, got {sorted(self.scores)}")
         if not 0.0 < self.alpha <= 0.5:
             raise ValueError(f"expected alpha in (0, 0.5], got {self.alpha}")
+        m = self.context_width
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
+            raise ValueError(f"expected context_width None or an int >= 1, got {m!r}")
 
     @functools.cached_property
     def tokens(self) -> tuple[TokenEvidence, ...]:

@@ -119,7 +119,8 @@ class DetectOptions(RequestModel):
         default=None,
         description="With `entropy_weighting` or `likelihood_ratio`: the generation's "
         "temperature, top-k and top-p (default the generate defaults: 1.0, 50, 1.0). Ignored "
-        "without them (a schema-valid request is never refused for it).",
+        "without them (a schema-valid request is never refused for it); `edit_filter` reads "
+        "the raw law's ranks, which processing does not change.",
     )
     max_results: int = Field(
         default=10,
@@ -325,9 +326,8 @@ class EditFilteredOut(BaseModel):
     score: float
     p_value: float
     log10_p_value: float
-    method: Literal["exact", "chernoff_bound"] = Field(
-        description="`exact` (one weight level: the Gamma tail); `chernoff_bound` only past "
-        "the series' range (p < 1e-282)."
+    method: Literal["exact"] = Field(
+        description="Always `exact`: the Gamma(K, 1) tail for the K kept positions."
     )
     num_scored: int
     num_weighted: int = Field(description="Scored positions kept (not filtered out).")
