@@ -7,6 +7,7 @@ and the date (``bench.common.environment``), so a number can be traced to what p
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import platform
 from pathlib import Path
@@ -41,3 +42,11 @@ def run_metadata() -> dict[str, Any]:
     env = environment()
     env["hardware"] = {**env["hardware"], "platform": platform.platform()}  # type: ignore[dict-item]
     return {"model": MODEL, **env}
+
+
+def human_token_ids(tok: Any) -> list[list[int]]:
+    """The 227 human passages of ``data/human-pydoc.jsonl`` as ``tok`` tokenizes them (no
+    special tokens): the H0 texts of the detector benches."""
+    with (DATA / "human-pydoc.jsonl").open(encoding="utf-8") as f:
+        texts = [json.loads(line)["text"] for line in f]
+    return [list(tok(t, add_special_tokens=False)["input_ids"]) for t in texts]

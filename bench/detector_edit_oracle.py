@@ -44,7 +44,13 @@ import numpy as np
 from scipy import stats
 
 from bench.common import RESULTS
-from bench.detector_common import DATA, GENERATIONS, bench_source, data_home, run_metadata
+from bench.detector_common import (
+    GENERATIONS,
+    bench_source,
+    data_home,
+    human_token_ids,
+    run_metadata,
+)
 from bench.detector_robustness import edit_with_origins
 from detector import DetectOptions, detect
 from detector.stats import aaronson_log_sf
@@ -133,9 +139,7 @@ def main() -> None:
     for name, path in (("design", GENERATIONS), ("heldout", HELDOUT)):
         with path.open(encoding="utf-8") as f:
             splits[name] = [json.loads(line) for line in f if line.strip()]
-    with (DATA / "human-pydoc.jsonl").open(encoding="utf-8") as f:
-        texts = [json.loads(line)["text"] for line in f]
-    human = [list(tok(t, add_special_tokens=False)["input_ids"]) for t in texts]
+    human = human_token_ids(tok)
     pool = np.concatenate([np.asarray(h, dtype=np.int64) for h in human])
     level = math.log10(ALPHA)
 

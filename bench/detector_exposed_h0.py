@@ -27,6 +27,7 @@ Writes ``bench/results/detector_exposed_h0.json``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -36,7 +37,7 @@ import numpy as np
 from scipy import stats
 
 from bench.common import RESULTS
-from bench.detector_common import DATA, bench_source, data_home, run_metadata
+from bench.detector_common import bench_source, data_home, human_token_ids, run_metadata
 from detector import DetectOptions, detect
 from detector.weighted import (
     ENTROPY_WEIGHTING,
@@ -104,9 +105,7 @@ def main() -> None:
     loaded = load_model(DEFAULT_MODEL, data_home(), device="cpu")
     tok = loaded.tokenizer
     prefix = [tok.bos_token_id] if tok.bos_token_id is not None else []
-    with (DATA / "human-pydoc.jsonl").open(encoding="utf-8") as f:
-        texts = [json.loads(line)["text"] for line in f]
-    human = [list(tok(t, add_special_tokens=False)["input_ids"]) for t in texts]
+    human = human_token_ids(tok)
     rng = np.random.default_rng(REPETITIVE_SEED)
     repetitive = [repetitive_ids(rng, i % 3) for i in range(REPETITIVE_TEXTS)]
 
@@ -127,7 +126,7 @@ def main() -> None:
     result = {
         **metadata,
         "law_precision": loaded.precision,
-        "processing": {"temperature": 1.0, "top_k": 50, "top_p": 1.0},
+        "processing": dataclasses.asdict(PROCESSING),
         "context_width": WIDTH,
         "weightings": {
             "entropy_weighted": ENTROPY_WEIGHTING.to_json(),
