@@ -5,6 +5,8 @@ stops its generation (the worker is free again within a step)."""
 from __future__ import annotations
 
 import asyncio
+import copy
+import dataclasses
 import json
 import random
 import time
@@ -15,6 +17,7 @@ import pytest
 
 from keyed import KeyedSource, Secret
 from sampler.decoder import SamplerConfig
+from sampler.models import LoadedModel
 from service.errors import GenerationCancelled
 from service.streaming import IncrementalDecoder, decode_text
 from service.worker import Failed, Finished, GenerationWorker, Tokens
@@ -114,8 +117,23 @@ def metric(svc: Service, name: str) -> float:
     return 0.0
 
 
-def test_client_disconnect_cancels_generation(live) -> None:  # type: ignore[no-untyped-def]
-    svc: Service = live()
+def slowed(loaded: LoadedModel, seconds: float) -> LoadedModel:
+    """``loaded`` with a copy of its model that sleeps ``seconds`` in every forward pass, so
+    that a long generation outlasts a client's timeout on any machine (the tiny model alone
+    runs 512 tokens in 0.5–1 s, which a fast CPU brings under the timeout)."""
+    model = copy.deepcopy(loaded.model)
+    forward = model.forward
+
+    def sleepy(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(seconds)
+        return forward(*args, **kwargs)
+
+    model.forward = sleepy  # type: ignore[method-assign]
+    return dataclasses.replace(loaded, model=model)
+
+
+def test_client_disconnect_cancels_generation(live, tiny_loaded) -> None:  # type: ignore[no-untyped-def]
+    svc: Service = live(slowed(tiny_loaded, 0.02))  # 512 steps take over 10 s
     key_id = svc.create_key()
     long = {"key_id": key_id, "prompt": "Go on.", "max_new_tokens": 512, "method": "basic-uwm"}
     worker = svc.resources.worker
