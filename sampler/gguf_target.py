@@ -48,7 +48,14 @@ import torch
 
 log = logging.getLogger("poissonmark.gguf")
 
-__all__ = ["GgufCache", "GgufTarget", "GgufUnavailable", "RowInvarianceError", "available"]
+__all__ = [
+    "GgufCache",
+    "GgufTarget",
+    "GgufUnavailable",
+    "RowInvarianceError",
+    "available",
+    "repacking_safe",
+]
 
 MAX_LEAVES = 64
 """Leaves of one draft tree = sequence ids in use per context (``sampler.methods.MAX_DRAFTS``)."""
@@ -81,6 +88,24 @@ def available() -> bool:
     except ImportError:
         return False
     return True
+
+
+PATCHED_BUILD = "+poissonmark.amx"
+"""The local version label ``scripts/setup.sh`` gives its llama-cpp-python build, which carries
+``scripts/llama-cpp-amx-tilecfg.patch``: without it, with GCC 12, ggml's AMX kernels load a
+garbage tile configuration and the process dies (SIGSEGV/SIGILL) on the first batch of >= 2
+tokens, which no probe can catch."""
+
+
+def repacking_safe() -> bool:
+    """Whether llama.cpp's weight repacking into its extra CPU buffer types (AMX tiles where the
+    CPU has them) can be switched on: the installed llama-cpp-python is ``scripts/setup.sh``'s
+    patched build (``PATCHED_BUILD`` in its version). False when llama_cpp does not import."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return False
+    return PATCHED_BUILD in str(getattr(llama_cpp, "__version__", ""))
 
 
 def _lib() -> Any:
@@ -127,24 +152,32 @@ class GgufTarget:
         path: the GGUF file.
         vocab_size: V, llama.cpp's vocabulary (logits width).
         context_cells: KV cells per sequence.
-        weights: the file's dominant tensor type, e.g. ``"gguf:Q4_1"`` (machine fingerprint).
+        weights: the file's dominant tensor type, e.g. ``"gguf:Q4_1"``, with ``"+repacked"``
+            when ``repack`` (machine fingerprint: the step costs differ).
         threads: llama.cpp threads per forward.
+        repack: whether the weights were repacked into llama.cpp's extra CPU buffer types
+            (AMX int8 tiles on a CPU with AMX: a one-token forward ~1.7x and a 5-token one
+            ~2.2x faster on the 2-core Xeon of session 20, ``bench.gguf_forward_costs``).
     Raises (at construction):
         GgufUnavailable: no llama-cpp-python; FileNotFoundError: no such file.
     """
 
-    def __init__(self, path: Path, threads: int | None = None) -> None:
+    def __init__(self, path: Path, threads: int | None = None, repack: bool | None = None) -> None:
+        """``repack`` None: on exactly where it is safe (``repacking_safe``). Whether the rows
+        stay batch-invariant with it is for ``probe`` to say (``sampler.models.gguf_target``
+        falls back to ``repack=False`` when it fails)."""
         self.lib = _lib()
         if not path.is_file():
             raise FileNotFoundError(path)
         self.path = path
         self.threads = threads or cpu_threads()
+        self.repack = repacking_safe() if repack is None else repack
         params = self.lib.llama_model_default_params()
         params.n_gpu_layers = 0
-        # No weight repacking into llama.cpp's extra CPU buffer types: on an Intel Xeon with AMX
-        # they segfaulted on the first batch of >= 2 tokens (issue 18); on the AMD EPYC here
-        # they changed nothing for this file (ad-hoc probe: 10.0 vs 10.2 ms a forward).
-        params.use_extra_bufts = False
+        # Repacking into the extra buffer types crashes an unpatched build on an AMX CPU
+        # (PATCHED_BUILD); on the AMD EPYC measured it changed nothing for this file (10.0 vs
+        # 10.2 ms a forward), since x86 has no repacked Q4_1 kernel outside AMX.
+        params.use_extra_bufts = self.repack
         self.model = self.lib.llama_model_load_from_file(str(path).encode(), params)
         if not self.model:
             raise GgufUnavailable(f"llama.cpp could not load {path.name}")
@@ -156,6 +189,8 @@ class GgufTarget:
         desc = ctypes.create_string_buffer(256)
         self.lib.llama_model_desc(self.model, desc, len(desc))
         self.weights = "gguf:" + (desc.value.decode(errors="replace").split()[-1] or "?")
+        if self.repack:
+            self.weights += "+repacked"
         self._free: list[Any] = []  # idle contexts, reused by new caches
         self._lock = threading.Lock()
         self.hidden_size = int(self.lib.llama_model_n_embd(self.model))

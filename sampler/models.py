@@ -114,6 +114,13 @@ def gguf_target(name: str, path: Path, model: PreTrainedModel) -> GgufTarget:
             f"llama.cpp's vocabulary ({target.vocab_size}) differs from the model's "
             f"({model.config.vocab_size})"
         )
+    if target.repack:
+        try:
+            target.probe()
+            return target
+        except GgufRowInvarianceError as exc:
+            log.info("precision gguf: weight repacking off (%s)", exc)
+            target = GgufTarget(source, repack=False)
     target.probe()
     return target
 

@@ -22,26 +22,41 @@ pipq "torch==2.13.0"
 pipq -e ".[test,bench]"
 # llama.cpp (precision gguf, sampler/gguf_target.py): llama-cpp-python has no binary wheel on
 # PyPI, so its sdist is built here for THIS CPU (GGML_NATIVE: AVX-512/AMX where present), ~6 min
-# on 2 cores, once per CPU: the wheel is kept under a key of the CPU's model, flags and versions.
+# on 2 cores, once per CPU: the wheel is kept under a key of the CPU's model, flags, versions
+# and patch.
 # GGML_OPENMP=OFF: ggml's own thread pool. With OpenMP (torch's libgomp, shared) a forward from
 # any thread but the main one ran at about half speed (the service decodes on a worker thread).
+# scripts/llama-cpp-amx-tilecfg.patch: with GCC 12 (Debian 12) ggml's AMX kernels loaded a
+# garbage tile config and crashed on the first batch of >= 2 tokens (issue 18); the patch names
+# the whole config to the compiler and marks the version `+poissonmark.amx1`, which is how
+# sampler/gguf_target.py knows that llama.cpp's AMX weight repacking is safe to switch on.
 LLAMA_CPP_VERSION=0.3.36
+LLAMA_CPP_BUILD="$LLAMA_CPP_VERSION+poissonmark.amx1"
+LLAMA_CPP_PATCH="$PWD/scripts/llama-cpp-amx-tilecfg.patch"
 LLAMA_CPP_CMAKE="-DGGML_NATIVE=ON -DGGML_OPENMP=OFF -DLLAVA_BUILD=OFF -DLLAMA_CURL=OFF"
-cpu_key=$( { grep -m1 '^model name' /proc/cpuinfo; grep -m1 '^flags' /proc/cpuinfo; python -VV; echo "$LLAMA_CPP_VERSION $LLAMA_CPP_CMAKE"; } | sha256sum | cut -c1-16)
+cpu_key=$( { grep -m1 '^model name' /proc/cpuinfo; grep -m1 '^flags' /proc/cpuinfo; python -VV; echo "$LLAMA_CPP_BUILD $LLAMA_CPP_CMAKE"; cat "$LLAMA_CPP_PATCH"; } | sha256sum | cut -c1-16)
 wheels="${XDG_CACHE_HOME:-$HOME/.cache}/poissonmark/wheels/$cpu_key"
 stamp=.venv/llama-cpp-build
 if [ "$(cat "$stamp" 2>/dev/null)" != "$cpu_key" ]; then
-  if ! ls "$wheels"/llama_cpp_python-"$LLAMA_CPP_VERSION"-*.whl >/dev/null 2>&1; then
-    echo "setup: building llama-cpp-python $LLAMA_CPP_VERSION for this CPU (once, ~6 min)" >&2
+  if ! ls "$wheels"/llama_cpp_python-"$LLAMA_CPP_BUILD"-*.whl >/dev/null 2>&1; then
+    echo "setup: building llama-cpp-python $LLAMA_CPP_BUILD for this CPU (once, ~6 min)" >&2
     mkdir -p "$wheels"
-    if ! CMAKE_ARGS="$LLAMA_CPP_CMAKE" python -m pip wheel -q \
-      --no-deps --no-cache-dir -w "$wheels" "llama-cpp-python==$LLAMA_CPP_VERSION" >>"$log" 2>&1; then
+    src=$(mktemp -d)
+    tree="$src/llama_cpp_python-$LLAMA_CPP_VERSION"
+    if ! { python -m pip download -q --no-deps --no-binary :all: -d "$src" \
+             "llama-cpp-python==$LLAMA_CPP_VERSION" \
+           && tar -xzf "$src/llama_cpp_python-$LLAMA_CPP_VERSION.tar.gz" -C "$src" \
+           && patch -s -d "$tree" -p1 <"$LLAMA_CPP_PATCH" \
+           && CMAKE_ARGS="$LLAMA_CPP_CMAKE" python -m pip wheel -q \
+             --no-deps --no-cache-dir -w "$wheels" "$tree"; } >>"$log" 2>&1; then
       tail -n 30 "$log" >&2
       echo "setup: building llama-cpp-python failed (full log: $log)" >&2
+      rm -rf "$src"
       exit 1
     fi
+    rm -rf "$src"
   fi
-  pipq --no-deps --force-reinstall "$wheels"/llama_cpp_python-"$LLAMA_CPP_VERSION"-*.whl
+  pipq --no-deps --force-reinstall "$wheels"/llama_cpp_python-"$LLAMA_CPP_BUILD"-*.whl
   pipq "diskcache>=5.6.1" "jinja2>=2.11.3" "numpy>=1.20.0" "typing-extensions>=4.5.0"
   echo "$cpu_key" >"$stamp"
 fi

@@ -18,7 +18,14 @@ from keyed import KeyedSource, Secret
 from sampler.cached_lm import forward_many, open_cache
 from sampler.completion import CompletionRequest, complete, complete_many, prompt_ids
 from sampler.decoder import SamplerConfig
-from sampler.gguf_target import GgufCache, GgufTarget, gguf_of
+from sampler.gguf_target import (
+    PATCHED_BUILD,
+    GgufCache,
+    GgufTarget,
+    RowInvarianceError,
+    gguf_of,
+    repacking_safe,
+)
 from sampler.models import DEFAULT_MODEL, load_model
 from sampler.processing import Processing
 
@@ -250,3 +257,41 @@ def test_position_laws_read_the_generation_backend(
     plain = load_model(DEFAULT_MODEL, data_dir, device="cpu", precision="float32")
     other = position_laws(plain.model, CHAIN, processing, prefix=PREFIX)
     assert not torch.equal(other.token_logp, laws.token_logp)
+
+
+def test_the_patched_build_repacks_and_stays_row_invariant(target: GgufTarget) -> None:
+    """scripts/setup.sh's build carries the AMX tile-config patch (``PATCHED_BUILD``), so the
+    served target repacks its weights (AMX int8 tiles on a CPU with AMX), and a batch of 17
+    tokens, which took the crashing AMX path before the patch, decodes to the same bits as
+    the chain token by token. Without the patch nothing repacks."""
+    import llama_cpp
+
+    assert repacking_safe() == (PATCHED_BUILD in llama_cpp.__version__)
+    assert target.repack == repacking_safe()
+    assert target.weights.endswith("+repacked") == target.repack
+    chain = [(91 * i + 3) % 40000 + 100 for i in range(17)]
+    alone, joint = target.new_cache(), target.new_cache()
+    for cache in (alone, joint):
+        cache.extend(PREFIX)
+    one = torch.cat([alone.extend([t]) for t in chain])
+    assert torch.equal(joint.extend(chain), one)
+
+
+def test_repacking_is_switched_off_when_the_probe_fails(gguf_model, data_dir, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """``sampler.models.gguf_target`` keeps a repacked target only if the row-invariance
+    probe passes on it; else it reloads without repacking (and probes that). The probe is
+    made to fail for repacked targets only: the unit under test is the fallback."""
+    from sampler import models
+
+    if not repacking_safe():
+        pytest.skip("llama-cpp-python is not scripts/setup.sh's patched build: nothing repacks")
+    real = GgufTarget.probe
+
+    def failing_when_repacked(self: GgufTarget) -> None:
+        if self.repack:
+            raise RowInvarianceError("a repacked row differs (simulated)")
+        real(self)
+
+    monkeypatch.setattr(GgufTarget, "probe", failing_when_repacked)
+    found = models.gguf_target(DEFAULT_MODEL, data_dir, gguf_model.model)  # an alias: its file
+    assert not found.repack and not found.weights.endswith("+repacked")
