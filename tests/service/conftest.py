@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import copy
+import dataclasses
 import secrets
 import socket
 import threading
@@ -28,6 +30,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from sampler.completion import eos_ids
 from sampler.models import LoadedModel
 from service.api_tokens import TokenStore
 from service.app import create_app
@@ -70,6 +73,29 @@ def tiny_loaded(real_tokenizer: Any) -> LoadedModel:
     )
     model = LlamaForCausalLM(config).eval()
     return LoadedModel("tiny", model, real_tokenizer, torch.device("cpu"), torch.float32)
+
+
+def slowed(loaded: LoadedModel, seconds: float) -> LoadedModel:
+    """``loaded`` with a copy of its model that sleeps ``seconds`` in every forward pass and
+    never ends a text, so that a long generation outlasts a client's timeout on any machine (the
+    tiny model alone runs 512 tokens in 0.5-1 s, which a fast CPU brings under the timeout).
+
+    The copy's logits of the end-of-sequence ids (``sampler.completion.eos_ids``) are -inf: the
+    near-uniform tiny model otherwise ends a generation within its first ~25 steps about once in
+    2,000 runs (EOS is 1 of ~49k tokens), and a generation that ended by itself before the
+    client went away is not the cancellation these tests wait for."""
+    model = copy.deepcopy(loaded.model)
+    forward = model.forward
+    ends = torch.tensor(sorted(eos_ids(loaded)), dtype=torch.long)
+
+    def sleepy(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(seconds)
+        out = forward(*args, **kwargs)
+        out.logits = out.logits.index_fill(-1, ends.to(out.logits.device), -torch.inf)
+        return out
+
+    model.forward = sleepy  # type: ignore[method-assign]
+    return dataclasses.replace(loaded, model=model)
 
 
 def make_settings(home: Path, redis_url: str | None = None, **overrides: Any) -> Settings:

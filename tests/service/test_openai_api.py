@@ -31,7 +31,7 @@ from sampler.models import LoadedModel
 from service.deps import get_worker
 from service.errors import InvalidInput
 from service.worker import GenerationWorker, Job
-from tests.service.conftest import LiveServer, Service, ServiceFactory, make_settings
+from tests.service.conftest import LiveServer, Service, ServiceFactory, make_settings, slowed
 from tests.service.test_api_errors import BlockingWorker
 from tests.service.test_api_keys import problem
 
@@ -342,12 +342,14 @@ def test_http_level_errors_keep_the_openai_shape(tiny: Service) -> None:
     )
 
 
-def test_client_disconnect_cancels_generation(live: Any) -> None:
+def test_client_disconnect_cancels_generation(live: Any, tiny_loaded: LoadedModel) -> None:
     """An SDK client that stops reading a stream, or times out, frees the worker (the
-    generation stops within a step), as for ``/v1/generate``."""
+    generation stops within a step), as for ``/v1/generate``. The model sleeps 20 ms a step
+    and never ends a text (``slowed``): 512 tokens take over 10 s on any CPU, so the 0.5 s
+    client timeout always comes first."""
     from tests.service.test_streaming import metric
 
-    svc: Service = live()
+    svc: Service = live(slowed(tiny_loaded, 0.02))
     key_id = svc.create_key()
     long: dict[str, Any] = {
         "max_tokens": 512,

@@ -5,8 +5,6 @@ stops its generation (the worker is free again within a step)."""
 from __future__ import annotations
 
 import asyncio
-import copy
-import dataclasses
 import json
 import random
 import time
@@ -17,11 +15,10 @@ import pytest
 
 from keyed import KeyedSource, Secret
 from sampler.decoder import SamplerConfig
-from sampler.models import LoadedModel
 from service.errors import GenerationCancelled
 from service.streaming import IncrementalDecoder, decode_text
 from service.worker import Failed, Finished, GenerationWorker, Tokens
-from tests.service.conftest import Service, ServiceFactory
+from tests.service.conftest import Service, ServiceFactory, slowed
 
 SAMPLES = [
     "héllo wörld 😀 ok , you ' re",
@@ -115,21 +112,6 @@ def metric(svc: Service, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[1])
     return 0.0
-
-
-def slowed(loaded: LoadedModel, seconds: float) -> LoadedModel:
-    """``loaded`` with a copy of its model that sleeps ``seconds`` in every forward pass, so
-    that a long generation outlasts a client's timeout on any machine (the tiny model alone
-    runs 512 tokens in 0.5–1 s, which a fast CPU brings under the timeout)."""
-    model = copy.deepcopy(loaded.model)
-    forward = model.forward
-
-    def sleepy(*args: Any, **kwargs: Any) -> Any:
-        time.sleep(seconds)
-        return forward(*args, **kwargs)
-
-    model.forward = sleepy  # type: ignore[method-assign]
-    return dataclasses.replace(loaded, model=model)
 
 
 def test_client_disconnect_cancels_generation(live, tiny_loaded) -> None:  # type: ignore[no-untyped-def]
