@@ -170,16 +170,30 @@ def test_keys_generate_detect_round_trip(cli_env):
     lonely = run(cli_env, "detect", "--key", key["key_id"], "--text", "x", "--prompt", "y")
     assert lonely.returncode != 0 and "--prompt goes with" in lonely.stderr
 
-    human = run(
-        cli_env,
-        "detect",
-        "--key",
-        key["key_id"],
-        "--json",
-        stdin="The quick brown fox jumps over the lazy dog. " * 3
-        + "Python's for statement iterates over the items of any sequence.",
-    )
-    assert json.loads(human.stdout)["verdict"] != "watermarked"
+    # Human text from stdin: a valid p-value, not flagged. A random key flags a human text with
+    # probability alpha = 0.01 by design (the false-positive rate is tests/detector's), so a
+    # flag under this key is checked again under a new one: three flags in a row (probability
+    # 1e-6 at alpha) would mean the rate is broken. The extra keys are deleted again: the
+    # multi-key checks below count the tenant's keys.
+    plain = "The quick brown fox jumps over the lazy dog. " * 3
+    plain += "Python's for statement iterates over the items of any sequence."
+    human_key, verdicts, extra = key["key_id"], [], []
+    for _ in range(3):
+        human = run(cli_env, "detect", "--key", human_key, "--json", stdin=plain)
+        assert human.returncode == 0, human.stderr
+        h = json.loads(human.stdout)
+        assert 0 < h["p_value"] <= 1 and h["log10_p_value"] <= 0
+        verdicts.append(h["verdict"])
+        if h["verdict"] != "watermarked":
+            break
+        fresh = run(cli_env, "keys", "create", "--json")
+        assert fresh.returncode == 0, fresh.stderr
+        human_key = json.loads(fresh.stdout)["key_id"]
+        extra.append(human_key)
+    for key_id in extra:
+        deleted = run(cli_env, "keys", "delete", key_id, "--yes", "--json")
+        assert deleted.returncode == 0, deleted.stderr
+    assert verdicts[-1] != "watermarked", verdicts
 
     people = run(cli_env, "detect", "--key", key["key_id"], "--text", g["text"])
     assert "verdict: watermarked" in people.stdout and "log10 p" in people.stdout
