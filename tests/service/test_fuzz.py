@@ -75,6 +75,7 @@ def fuzz_service(tmp_path_factory: pytest.TempPathFactory, tiny_loaded: Any) -> 
     max_examples=25,
     deadline=None,
     database=None,
+    derandomize=True,  # the same examples on every run: a fresh CI clone cannot draw new ones
     suppress_health_check=list(HealthCheck),
 )
 def test_no_server_error_and_responses_match_the_schema(case: Any, fuzz_service: Service) -> None:

@@ -59,7 +59,9 @@ def test_keys_created_in_one_microsecond_and_during_the_listing(store: KeyStore)
         secret=Secret(bytes(32)),
         tokenizer=TOKENIZER,
         tenant="acme",
-        created_at="2030-01-01T00:00:00.000001+00:00",
+        # after any real now (the test needs it to sort after the keys created below), and
+        # exact as a score: µs since the epoch stay below 2^53, a float64's, until 2255
+        created_at="2200-01-01T00:00:00.000001+00:00",
     )
     tied = sorted(new_key_id() for _ in range(5))
     for key_id in tied:
@@ -73,7 +75,7 @@ def test_keys_created_in_one_microsecond_and_during_the_listing(store: KeyStore)
         if page.next_cursor is None:
             break
         cursor = page.next_cursor
-    present = later + tied  # created_at 2030 sorts after now
+    present = later + tied  # created_at 2200 sorts after now
     assert [k for k in seen if k in present] == present and len(seen) == len(set(seen))
 
 

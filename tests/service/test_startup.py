@@ -7,6 +7,7 @@ then runs on a loopback port with a loader that waits for the test's signal.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import threading
 import time
@@ -28,7 +29,10 @@ def test_ready_only_once_the_model_has_loaded(
     loading = threading.Event()
 
     def slow_loader(_: object) -> LoadedModel:
-        loading.wait(10)  # released by the test (or after 10 s, for the old code's sake)
+        # Released by the test. The timeout only frees the server's thread if the test never
+        # does (the old code loaded before the port opened: LiveServer gives up after 60 s);
+        # 10 s let an overloaded machine finish the "load" before /readyz was asked.
+        loading.wait(120)
         return tiny_loaded
 
     served: list[Any] = []
@@ -37,7 +41,12 @@ def test_ready_only_once_the_model_has_loaded(
     settings = make_settings(tmp_path / f"home-{secrets.token_hex(4)}")
     server.run_server(settings, host="127.0.0.1", port=0, workers=1, log_level="warning")
     (app,) = served
-    with LiveServer(app) as live, httpx.Client(base_url=live.url, timeout=30) as client:
+    with (
+        LiveServer(app) as live,
+        contextlib.ExitStack() as stack,
+        httpx.Client(base_url=live.url, timeout=30) as client,
+    ):
+        stack.callback(loading.set)  # a failing test frees the loader before the server stops
         assert client.get("/healthz").status_code == 200
         r = client.get("/readyz")
         assert r.status_code == 503 and r.json()["status"] == "not_ready", r.text

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -38,6 +39,14 @@ JOBS = [  # (prompt, config, drafter): mixed lengths, methods, processing, B, L
 ]
 
 
+def _wide(loaded):  # type: ignore[no-untyped-def]
+    """``loaded`` on a float64 copy of its model: in float32 a batched forward rounds the last
+    bits differently from a solo one, so a near-tie of the race can flip between the two (the
+    batching is what is tested, not float32 rounding)."""
+    wide = copy.deepcopy(loaded.model).double()
+    return dataclasses.replace(loaded, model=wide, dtype=torch.float64)
+
+
 def _solo(loaded, i: int):  # type: ignore[no-untyped-def]
     prompt, config, spec = JOBS[i]
     drafter = make_drafter(spec, loaded.model) if spec else None
@@ -57,13 +66,15 @@ async def _collect(job: Job) -> tuple[list[int], Finished | Failed]:
 
 def test_concurrent_jobs_batch_and_equal_solo(tiny_loaded) -> None:  # type: ignore[no-untyped-def]
     """Seven jobs, at most four stepping together, the rest waiting in the queue: each one's
-    streamed tokens are exactly its solo output (no other job's), and the batch gauge saw 4."""
+    streamed tokens are exactly its solo output (no other job's), and the batch gauge saw 4.
+    Both run the tiny model in float64 (``_wide``)."""
+    loaded = _wide(tiny_loaded)
     sizes: list[int] = []
     waiting: list[int] = []
 
     async def scenario() -> list[tuple[list[int], Finished | Failed]]:
         worker = GenerationWorker(
-            tiny_loaded, 8, 1, max_batch=4, on_batch=sizes.append, on_waiting=waiting.append
+            loaded, 8, 1, max_batch=4, on_batch=sizes.append, on_waiting=waiting.append
         )
         try:
             jobs = [worker.submit(p, c, _source(i), d) for i, (p, c, d) in enumerate(JOBS)]
@@ -74,7 +85,7 @@ def test_concurrent_jobs_batch_and_equal_solo(tiny_loaded) -> None:  # type: ign
     outcomes = asyncio.run(scenario())
     for i, (streamed, final) in enumerate(outcomes):
         assert isinstance(final, Finished), final
-        solo = _solo(tiny_loaded, i)
+        solo = _solo(loaded, i)
         assert final.result.token_ids == solo.token_ids, i
         assert tuple(streamed) == solo.token_ids, i  # each stream carries only its tokens
         assert final.result.finish_reason == solo.finish_reason
@@ -190,14 +201,9 @@ def test_concurrent_streams_over_http_each_get_their_own_tokens(live, tiny_loade
     gauge is served. The tiny model runs in float64: in float32 a batched forward rounds the
     last bits differently from a solo one, and over ~1,250 tokens a near-tie of the race
     flipped once (a fresh-clone CI run here)."""
-    import dataclasses
-
     import httpx
 
-    wide = copy.deepcopy(tiny_loaded.model).double()
-    svc = live(
-        dataclasses.replace(tiny_loaded, model=wide, dtype=torch.float64), generation_batch=4
-    )
+    svc = live(_wide(tiny_loaded), generation_batch=4)
     key_id = svc.create_key()
     bodies = [
         {
