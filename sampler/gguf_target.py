@@ -90,11 +90,12 @@ def available() -> bool:
     return True
 
 
-PATCHED_BUILD = "+poissonmark.amx"
+PATCHED_BUILD = "+poissonmark.amx2"
 """The local version label ``scripts/setup.sh`` gives its llama-cpp-python build, which carries
 ``scripts/llama-cpp-amx-tilecfg.patch``: without it, with GCC 12, ggml's AMX kernels load a
 garbage tile configuration and the process dies (SIGSEGV/SIGILL) on the first batch of >= 2
-tokens, which no probe can catch."""
+tokens, which no probe can catch; ``amx1`` (session 20's first patch) still loaded it once per
+thread, and died after another AMX user (torch's oneDNN bfloat16 matmul) released the tiles."""
 
 
 def repacking_safe() -> bool:

@@ -28,10 +28,11 @@ pipq -e ".[test,bench]"
 # any thread but the main one ran at about half speed (the service decodes on a worker thread).
 # scripts/llama-cpp-amx-tilecfg.patch: with GCC 12 (Debian 12) ggml's AMX kernels loaded a
 # garbage tile config and crashed on the first batch of >= 2 tokens (issue 18); the patch names
-# the whole config to the compiler and marks the version `+poissonmark.amx1`, which is how
+# the whole config to the compiler, loads it before every kernel (torch's oneDNN releases the
+# tiles on the same thread) and marks the version `+poissonmark.amx2`, which is how
 # sampler/gguf_target.py knows that llama.cpp's AMX weight repacking is safe to switch on.
 LLAMA_CPP_VERSION=0.3.36
-LLAMA_CPP_BUILD="$LLAMA_CPP_VERSION+poissonmark.amx1"
+LLAMA_CPP_BUILD="$LLAMA_CPP_VERSION+poissonmark.amx2"
 LLAMA_CPP_PATCH="$PWD/scripts/llama-cpp-amx-tilecfg.patch"
 LLAMA_CPP_CMAKE="-DGGML_NATIVE=ON -DGGML_OPENMP=OFF -DLLAVA_BUILD=OFF -DLLAMA_CURL=OFF"
 cpu_key=$( { grep -m1 '^model name' /proc/cpuinfo; grep -m1 '^flags' /proc/cpuinfo; python -VV; echo "$LLAMA_CPP_BUILD $LLAMA_CPP_CMAKE"; cat "$LLAMA_CPP_PATCH"; } | sha256sum | cut -c1-16)

@@ -295,3 +295,33 @@ def test_repacking_is_switched_off_when_the_probe_fails(gguf_model, data_dir, mo
     monkeypatch.setattr(GgufTarget, "probe", failing_when_repacked)
     found = models.gguf_target(DEFAULT_MODEL, data_dir, gguf_model.model)  # an alias: its file
     assert not found.repack and not found.weights.endswith("+repacked")
+
+
+INTERLEAVED = """
+import torch, torch.nn.functional as F
+from sampler.gguf_target import GgufTarget
+from sampler.model_files import gguf_path
+from sampler.models import DEFAULT_MODEL
+target = GgufTarget(gguf_path(DEFAULT_MODEL))
+cache = target.new_cache()
+cache.extend([(31 * i + 7) % 40000 for i in range(9)])  # AMX tiles configured on this thread
+x, w = torch.randn(64, 576, dtype=torch.bfloat16), torch.randn(1536, 576, dtype=torch.bfloat16)
+F.linear(x, w)  # oneDNN's bfloat16 matmul: AMX on this CPU, releases the tiles after
+cache.extend([(53 * i + 11) % 40000 for i in range(9)])
+print("repack", target.repack)
+"""
+
+
+def test_repacked_batches_survive_another_amx_user_on_the_thread() -> None:
+    """torch's bfloat16 matmul (oneDNN, AMX on a CPU with it) between two repacked llama.cpp
+    batches on one thread: with the tile configuration loaded once per thread the second
+    batch died of SIGILL (oneDNN ends with tilerelease), which the session-20 fresh-clone
+    suite hit. Run in a child process so a regression fails this test, not the whole run."""
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-c", INTERLEAVED], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert f"repack {repacking_safe()}" in run.stdout
