@@ -23,6 +23,7 @@ Writes ``bench/results/gguf_forward_costs.json``.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import statistics
 import time
@@ -111,6 +112,7 @@ def main() -> None:
         "cached_tokens": args.cached,
         "calls": args.calls,
         "repacking_safe": repacking_safe(),
+        "llama_cpp_python": importlib.metadata.version("llama_cpp_python"),
         "cpu_flags": cpu_flags(),
         "targets": rows,
         **environment(),

@@ -57,7 +57,7 @@ from keyed import KeyedSource, Secret
 from sampler.completion import complete, eos_ids, prompt_ids
 from sampler.decoder import SamplerConfig
 from sampler.drafters import Drafter, make_drafter
-from sampler.gguf_target import GgufTarget, attach_gguf, repacking_safe
+from sampler.gguf_target import GgufTarget, attach_gguf, gguf_of, repacking_safe
 from sampler.methods import TreeMode
 from sampler.model_files import ALIASES, gguf_path
 from sampler.models import DEFAULT_MODEL, LoadedModel, load_model
@@ -295,7 +295,8 @@ def main() -> None:
         plain = GgufTarget(gguf_path(DEFAULT_MODEL), repack=False)
         plain.probe()
         attach_gguf(by_prefix[GGUF_NOREPACK].model, plain)
-    repack = repacking_safe()
+    repack = repacking_safe()  # the peer's setting; our rows' is the loaded target's
+    served = gguf_of(by_prefix[GGUF].model) if GGUF in by_prefix else None
     bf16 = by_prefix.get(BF16)
     makers: dict[str, Callable[[], Callable[[list[int], int], Run]]] = {
         "llama.cpp": lambda: llama_cpp(threads, args.tokens, eos_ids(loaded), repack),
@@ -344,7 +345,8 @@ def main() -> None:
         else None,
         "gguf_rows": "sampler.gguf_target: llama.cpp (llama-cpp-python "
         f"{_llama_cpp_version()}) on the GGUF's own weights, flash attention, Q8_0 KV cache; "
-        f"weights repacked (extra CPU buffer types): {repack} (gguf-norepack rows: False)"
+        f"weights repacked (extra CPU buffer types): {served is not None and served.repack} "
+        f"(gguf-norepack rows: False; llama.cpp row: {repack})"
         if GGUF in by_prefix or GGUF_NOREPACK in by_prefix
         else None,
         "threads": threads,

@@ -44,7 +44,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$cpu_key" ]; then
     mkdir -p "$wheels"
     src=$(mktemp -d)
     tree="$src/llama_cpp_python-$LLAMA_CPP_VERSION"
-    if ! { python -m pip download -q --no-deps --no-binary :all: -d "$src" \
+    if ! { python -m pip download -q --no-deps --no-binary llama-cpp-python -d "$src" \
              "llama-cpp-python==$LLAMA_CPP_VERSION" \
            && tar -xzf "$src/llama_cpp_python-$LLAMA_CPP_VERSION.tar.gz" -C "$src" \
            && patch -s -d "$tree" -p1 <"$LLAMA_CPP_PATCH" \
