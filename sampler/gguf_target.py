@@ -177,7 +177,7 @@ class GgufTarget:
         params.n_gpu_layers = 0
         # Repacking into the extra buffer types crashes an unpatched build on an AMX CPU
         # (PATCHED_BUILD); on the AMD EPYC measured it changed nothing for this file (10.0 vs
-        # 10.2 ms a forward), since x86 has no repacked Q4_1 kernel outside AMX.
+        # 10.2 ms a forward, session 16's ad hoc probe).
         params.use_extra_bufts = self.repack
         self.model = self.lib.llama_model_load_from_file(str(path).encode(), params)
         if not self.model:
