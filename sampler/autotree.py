@@ -66,6 +66,7 @@ from sampler.cpu_features import cpu_flags, cpu_model
 from sampler.gguf_target import gguf_of
 from sampler.invariant import runner_of
 from sampler.masks import chain_visible
+from sampler.static_target import static_of
 
 log = logging.getLogger("poissonmark.autotree")
 
@@ -155,10 +156,13 @@ def measure_profile(target: PreTrainedModel, repeats: int = PROFILE_REPEATS) -> 
 def tree_invariant(target: PreTrainedModel) -> bool:
     """Whether ``target``'s logits at a context are the same bits whatever the tree or batch
     around it: the row-invariant runner (``sampler.invariant``), llama.cpp as
-    ``sampler.gguf_target`` runs it, or float64 weights. Only there
+    ``sampler.gguf_target`` runs it, the static layout (``sampler.static_target``) or float64
+    weights. Only there
     does tree ``auto`` choose trees: on transformers' float32 a timing-driven tree could flip
     a near-tie between runs of the same request, so ``auto`` drafts as ``fixed`` there."""
     if runner_of(target) is not None or gguf_of(target) is not None:
+        return True
+    if static_of(target) is not None:
         return True
     return next(target.parameters()).dtype == torch.float64
 
@@ -176,6 +180,9 @@ def machine_fingerprint(target: PreTrainedModel) -> dict[str, str]:
     backend = f"runner:{runner.weights}" if runner is not None else f"hf:{target.dtype}"
     if gguf is not None:
         backend = f"llama.cpp:{gguf.weights}:threads={gguf.threads}"
+    static = static_of(target)
+    if static is not None:
+        backend = ":".join(f"{k}={v}" for k, v in sorted(static.fingerprint().items()))
     params = sum(p.numel() for p in target.parameters())
     return {
         "profile": PROFILE_VERSION,

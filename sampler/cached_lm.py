@@ -17,6 +17,7 @@ from transformers.cache_utils import CacheLayerMixin
 from sampler.gguf_target import GgufCache, gguf_of
 from sampler.invariant import InvariantCache, runner_of
 from sampler.masks import chain_visible
+from sampler.static_target import StaticCache, static_of
 
 
 class CachedLM:
@@ -111,10 +112,10 @@ class CachedLM:
         self.cached = keep_len
 
 
-TargetLM = CachedLM | InvariantCache | GgufCache
+TargetLM = CachedLM | InvariantCache | GgufCache | StaticCache
 """A sequence's target with its KV cache: transformers' (``CachedLM``), the row-invariant
-runner's (``sampler.invariant``) or llama.cpp's (``sampler.gguf_target``); all take
-``forward``/``extend``/``keep``."""
+runner's (``sampler.invariant``), llama.cpp's (``sampler.gguf_target``) or the static
+layout's (``sampler.static_target``); all take ``forward``/``extend``/``keep``."""
 
 
 def open_cache(target: PreTrainedModel) -> TargetLM:
@@ -124,6 +125,9 @@ def open_cache(target: PreTrainedModel) -> TargetLM:
     gguf = gguf_of(target)
     if gguf is not None:
         return gguf.new_cache()
+    static = static_of(target)
+    if static is not None:
+        return static.new_cache()
     runner = runner_of(target)
     return runner.new_cache() if runner is not None else CachedLM(target)
 
@@ -162,6 +166,9 @@ def forward_many(
     if all(isinstance(lm, InvariantCache) for lm in lms):
         caches = [lm for lm in lms if isinstance(lm, InvariantCache)]
         return caches[0].runner.forward(caches, tokens, depths, visible, bases)
+    if all(isinstance(lm, StaticCache) for lm in lms):
+        statics = [lm for lm in lms if isinstance(lm, StaticCache)]
+        return statics[0].target.forward(statics, tokens, depths, visible, bases)
     if all(isinstance(lm, GgufCache) for lm in lms):
         ggufs = [lm for lm in lms if isinstance(lm, GgufCache)]
         return ggufs[0].target.forward(ggufs, tokens, depths, visible, bases)

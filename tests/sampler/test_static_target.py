@@ -1,0 +1,211 @@
+"""The static-layout target (``sampler.static_target``), on the CPU: the same code that runs
+captured in CUDA graphs on a GPU, here eagerly.
+
+- float64 weights: its Llama forward equals transformers' float64 (tree mask, GQA, RoPE, tied
+  or untied head, several attention blocks, passes of R rows) within 1e-12;
+- float32 weights: a context's logits are the same bits whether its token is stepped alone,
+  inside a draft tree, in a later pass, or beside other sequences of other lengths; hence MPFR
+  equals BASIC-UWM (Thm. 5.1) and a batched request equals the request served alone.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from keyed import KeyedSource, Secret
+from sampler.autotree import machine_fingerprint, tree_invariant
+from sampler.batch import generate_many
+from sampler.cached_lm import CachedLM, forward_many, open_cache
+from sampler.decoder import SamplerConfig, generate
+from sampler.drafters import NgramDrafter, fresh_drafter, self_drafter
+from sampler.processing import Processing
+from sampler.static_target import ATTENTION_BLOCK, StaticCache, StaticLlama, attach_static
+from tests.sampler.conftest import VOCAB, tiny_llama
+
+EXACT = 1e-12
+
+
+def _tied_llama() -> LlamaForCausalLM:
+    torch.manual_seed(3)
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
+        num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=512,
+        initializer_range=0.3, tie_word_embeddings=True, rope_theta=500.0,
+        attn_implementation="sdpa",
+    )  # fmt: skip
+    return LlamaForCausalLM(config).to(torch.float64).eval()
+
+
+def _tree_inputs(cached: int) -> tuple[list[int], list[int], torch.Tensor]:
+    """A 7-node tree (more than one pass of R = 4 rows): root, two children, a grandchild
+    under each, and two great-grandchildren under the first."""
+    tokens = [7, 3, 9, 12, 4, 30, 31]
+    depths = [0, 1, 1, 2, 2, 3, 3]
+    parents = [-1, 0, 0, 1, 2, 3, 3]
+    visible = torch.zeros((7, cached + 7), dtype=torch.bool)
+    visible[:, :cached] = True
+    for i in range(7):
+        j = i
+        while j >= 0:
+            visible[i, cached + j] = True
+            j = parents[j]
+    return tokens, depths, visible
+
+
+@pytest.mark.parametrize("model", ["untied", "tied"])
+def test_float64_static_target_equals_transformers(model):
+    """Prefill over two attention blocks, a tree forward in two passes, a keep, one more
+    token: logits and final hidden states within 1e-12 of transformers float64."""
+    target = tiny_llama(5, layers=2) if model == "untied" else _tied_llama()
+    static = StaticLlama(target, group_slots=2, rows=4, capacity=2 * ATTENTION_BLOCK, slots=3)
+    assert static.weights == torch.float64
+    ours, theirs = static.new_cache(), CachedLM(target)
+    ours.keep_hidden = theirs.keep_hidden = True
+    prompt = [(5 * j + 2) % VOCAB for j in range(ATTENTION_BLOCK + 11)]
+    torch.testing.assert_close(ours.extend(prompt), theirs.extend(prompt), atol=EXACT, rtol=0)
+    tokens, depths, visible = _tree_inputs(len(prompt))
+    a = ours.forward(tokens, depths, visible, len(prompt))
+    b = theirs.forward(tokens, depths, visible, len(prompt))
+    torch.testing.assert_close(a, b, atol=EXACT, rtol=0)
+    assert ours.last_hidden is not None and theirs.last_hidden is not None
+    torch.testing.assert_close(ours.last_hidden, theirs.last_hidden, atol=EXACT, rtol=0)
+    path = [len(prompt), len(prompt) + 1, len(prompt) + 3, len(prompt) + 6]
+    ours.keep(len(prompt), path)
+    theirs.keep(len(prompt), path)
+    assert ours.cached == theirs.cached == len(prompt) + 4
+    torch.testing.assert_close(ours.extend([1]), theirs.extend([1]), atol=EXACT, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def float32_static():
+    """The tiny float64 model served by a float32 static target: G = 2, R = 4 (small, so
+    trees and prompts need several passes and groups)."""
+    model = tiny_llama(0, layers=3)
+    attach_static(
+        model,
+        StaticLlama(
+            model, weights=torch.float32, group_slots=2, rows=4,
+            capacity=2 * ATTENTION_BLOCK, slots=8,
+        ),
+    )  # fmt: skip
+    return model
+
+
+def test_float32_rows_do_not_depend_on_the_forward(float32_static):
+    """The logits at a context: one token at a time == a tree row (second pass included) ==
+    a row of a forward over three sequences (other lengths, other block counts, other group
+    places) (torch.equal, not a tolerance)."""
+    prompt = [(3 * j + 1) % VOCAB for j in range(9)]
+    tokens, depths, visible = _tree_inputs(len(prompt))
+    tree = open_cache(float32_static)
+    tree.extend(prompt)
+    in_tree = tree.forward(tokens, depths, visible, len(prompt))
+    for node, path in ((1, [7, 3]), (4, [7, 9, 4]), (6, [7, 3, 12, 31])):
+        alone = open_cache(float32_static)
+        alone.extend(prompt)
+        rows = [alone.extend([t]) for t in path]
+        assert torch.equal(rows[-1][0], in_tree[node])
+    others = []
+    for length in (ATTENTION_BLOCK + 20, 4):  # two attention blocks, one
+        cache = open_cache(float32_static)
+        cache.extend([(7 * j + length) % VOCAB for j in range(length)])
+        others.append(cache)
+    mine = open_cache(float32_static)
+    mine.extend(prompt)
+    batched = forward_many(
+        [others[0], others[1], mine],
+        [[5], [8, 2], tokens],
+        [[0], [0, 1], depths],
+        [torch.ones((1, others[0].cached + 1), dtype=torch.bool),
+         torch.ones((2, others[1].cached + 2), dtype=torch.bool).tril(others[1].cached),
+         visible],
+        [others[0].cached, others[1].cached, len(prompt)],
+    )  # fmt: skip
+    assert torch.equal(batched[2], in_tree)
+
+
+def _source(i: int) -> KeyedSource:
+    return KeyedSource(Secret((700 + i).to_bytes(32, "little")), 4, True, i)
+
+
+CONFIGS = [
+    pytest.param(SamplerConfig("mpfr", 4, 3, 24), id="mpfr_B4L3"),
+    pytest.param(SamplerConfig("mpfr", 2, 5, 24, Processing(0.7, 20, 0.9)), id="mpfr_B2L5_warm"),
+    pytest.param(SamplerConfig("mpfr", 4, 3, 24, tree="auto"), id="mpfr_auto"),
+    pytest.param(SamplerConfig("pfr", 1, 4, 24), id="pfr_L4"),
+]
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_float32_mpfr_equals_basic_uwm(float32_static, config):
+    """Thm. 5.1 on the static target: MPFR/PFR emit BASIC-UWM's tokens, drafter by drafter."""
+    basic = SamplerConfig("basic-uwm", max_new_tokens=config.max_new_tokens,
+                          processing=config.processing)  # fmt: skip
+    accepted = 0
+    for i in range(3):
+        prompt = [(11 * i + 5 * j + 1) % VOCAB for j in range(2 + 3 * i)]
+        want = generate(float32_static, prompt, basic, _source(i)).token_ids
+        for drafter in (NgramDrafter(VOCAB), self_drafter(float32_static, 1)):
+            got = generate(float32_static, prompt, config, _source(i), drafter)
+            assert got.token_ids == want
+            accepted += sum(got.stats.accepted_per_level)
+    assert accepted > 0  # drafts were accepted, so trees did share forwards
+
+
+def test_float32_batched_equals_solo(float32_static):
+    """Continuous batching on the static target: every request's ids equal its solo run."""
+    requests = []
+    for i, config in enumerate(
+        [SamplerConfig("mpfr", 4, 3, 20), SamplerConfig("basic-uwm", max_new_tokens=14),
+         SamplerConfig("mpfr", 2, 2, 17, Processing(0.7, 20, 0.9)),
+         SamplerConfig("pfr", 1, 3, 9), SamplerConfig("mpfr", 3, 4, 12)]
+    ):  # fmt: skip
+        drafter = NgramDrafter(VOCAB) if config.speculative else None
+        requests.append(
+            ([(7 * i + 3 * j) % VOCAB for j in range(1 + 2 * i)], config, _source(i), drafter)
+        )
+    solo = [
+        generate(float32_static, p, c, s, fresh_drafter(d) if d else None)
+        for p, c, s, d in requests
+    ]
+    own = [(p, c, s, fresh_drafter(d) if d else None) for p, c, s, d in requests]
+    batched = generate_many(float32_static, own, max_batch=5, node_budget=32)
+    assert [r.token_ids for r in batched] == [r.token_ids for r in solo]
+
+
+def test_the_static_target_is_a_tree_invariant_backend(float32_static, target):
+    assert isinstance(open_cache(float32_static), StaticCache)
+    assert tree_invariant(float32_static)
+    assert "static" in machine_fingerprint(float32_static)["backend"]
+    with pytest.raises(ValueError, match="same backend"):
+        forward_many(
+            [open_cache(float32_static), open_cache(target)],
+            [[1], [1]], [[0], [0]],
+            [torch.ones((1, 1), dtype=torch.bool)] * 2, [0, 0],
+        )  # fmt: skip
+
+
+def test_the_static_target_refuses_what_it_cannot_run(target):
+    with pytest.raises(ValueError, match="bfloat16, float32 or float64"):
+        StaticLlama(target, weights=torch.float16)
+    with pytest.raises(ValueError, match="multiple of"):
+        StaticLlama(target, capacity=100)
+    with pytest.raises(ValueError, match="CUDA graphs"):
+        StaticLlama(target, graphs=True, device="cpu")
+    static = StaticLlama(target, rows=2, capacity=ATTENTION_BLOCK, slots=1)
+    cache = static.new_cache()
+    with pytest.raises(ValueError, match=r"expected visible of shape \(1, 1\)"):
+        cache.forward([1], [0], torch.ones((1, 2), dtype=torch.bool), 0)
+    with pytest.raises(ValueError, match="capacity of 128"):
+        cache.extend([1] * (ATTENTION_BLOCK + 1))
+    with pytest.raises(ValueError, match="token ids"):
+        cache.extend([VOCAB])
+    with pytest.raises(RuntimeError, match="all 1 slots"):
+        static.new_cache()
+    seen_ahead = torch.ones((3, 3), dtype=torch.bool)  # token 0 sees token 2, a later pass
+    with pytest.raises(ValueError, match="later token"):
+        cache.forward([1, 2, 3], [0, 1, 2], seen_ahead, 0)
+    del cache  # its slot is free again
+    assert static.new_cache().slot == 0
