@@ -54,7 +54,10 @@ def draft_law(
     mass took ~100 us warm (ad hoc), 25x the n-gram lookup itself."""
     points = getattr(drafter, "points", None)
     if points is None:
-        return process(drafter.propose(tree, level, committed), processing)
+        # processed on the host whatever the drafter's device: one copy of the level's rows
+        # instead of a chain of small device kernels and syncs (the race's result is the same
+        # on every device, tests/sampler/test_gpu.py)
+        return process(drafter.propose(tree, level, committed).cpu(), processing)
     return point_support(points(tree, level, committed))
 
 

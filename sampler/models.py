@@ -35,6 +35,7 @@ from sampler.model_files import (
     materialise,
     tokenizer_fingerprint,
 )
+from sampler.static_target import StaticLlama, attach_static
 
 log = logging.getLogger("poissonmark.models")
 
@@ -54,9 +55,11 @@ __all__ = [
 
 PRECISIONS = ("auto", "float32", "bfloat16", "gguf")
 """Target precisions: ``float32`` (transformers, strict), ``bfloat16`` (on the CPU the
-row-invariant runner of ``sampler.invariant``; on CUDA transformers' bfloat16 weights),
+row-invariant runner of ``sampler.invariant``; on CUDA the static-layout target of
+``sampler.static_target``, CUDA graphs over bfloat16 weights),
 ``gguf`` (CPU: the model's GGUF file with its own quantised weights through llama.cpp,
-``sampler.gguf_target``; an alias or the converted copy of one), ``auto``: bfloat16 on CUDA;
+``sampler.gguf_target``; an alias or the converted copy of one), ``auto``: bfloat16 (the
+static target) on CUDA;
 on the CPU ``gguf`` where llama-cpp-python is installed, the model has a GGUF file and the
 invariance probe passes (measured: ~5x float32's tokens/s on AMD EPYC,
 ``bench/results/speed_cpu_gguf.json``), else the bfloat16 runner where the CPU has AMX bfloat16
@@ -197,6 +200,9 @@ def load_model(
             "basic-uwm); use precision gguf or float32"
         )
     maybe_invariant = dtype is None and dev.type == "cpu" and precision == "auto"
+    # on CUDA, auto and bfloat16 serve through the static-layout target (CUDA graphs,
+    # row-invariant by its one layout: sampler.static_target); float32 stays transformers
+    static = dtype is None and dev.type == "cuda" and precision in ("auto", "bfloat16")
     if dtype is None:
         cuda_bf16 = dev.type == "cuda" and precision != "float32"
         dtype = torch.bfloat16 if cuda_bf16 else torch.float32
@@ -228,6 +234,12 @@ def load_model(
         if runner is not None:
             attach_runner(model, runner)
             dtype, chosen = torch.bfloat16, "bfloat16"
+    elif static:
+        try:
+            attach_static(model, StaticLlama(model, device=dev, weights=torch.bfloat16))
+        except ValueError as exc:  # not a Llama: transformers' own bfloat16 forward
+            log.info("precision %s on CUDA: transformers bfloat16 (%s)", precision, exc)
+        chosen = "bfloat16"
     set_profile_dir(model, data_dir / "profiles")  # tree "auto"'s forward costs
     return LoadedModel(
         name=name, model=model, tokenizer=tokenizer, device=dev, dtype=dtype, precision=chosen

@@ -16,7 +16,8 @@ H200), so this target never lets a shape change:
   sequences than G run as more groups. Every linear is therefore one GEMM of one shape, and a
   row's bits depend only on that row (a GEMM does not reduce across rows).
 - **attention with a fixed split, in float64.** Each sequence has a slot of a static KV
-  cache (``capacity`` positions, preallocated, float64 keys after RoPE and values). Attention
+  cache (``capacity`` positions, preallocated; keys after RoPE and values stored in the work
+  dtype, each rounded the same wherever it sits, and read back in float64). Attention
   reads the group's slots in blocks of ``ATTENTION_BLOCK`` positions, each block the same
   batched matmul shape, combined in block order with a running maximum (online softmax).
   Blocks past a row's last visible position contribute exact zeros (scale ``exp(0) = 1``,
@@ -86,8 +87,10 @@ class StaticLlama:
             float64 throughout).
         group_slots: G, sequences per group forward.
         rows: R, new tokens per sequence per group forward.
-        capacity: cached positions per sequence (a multiple of ``ATTENTION_BLOCK``).
-        slots: sequences that can hold a cache at once.
+        capacity: cached positions per sequence (a multiple of ``ATTENTION_BLOCK``; the
+            default holds the service's longest prompt, 4,096 tokens, its longest answer, 512,
+            and a draft tree).
+        slots: sequences that can hold a cache at once (the service batches up to 32).
         graphs: capture CUDA graphs (default: on CUDA).
     Raises:
         ValueError: another architecture or RoPE type, a weights dtype not listed, sizes < 1,
@@ -102,8 +105,8 @@ class StaticLlama:
         weights: torch.dtype | None = None,
         group_slots: int = 4,
         rows: int = 32,
-        capacity: int = 2048,
-        slots: int = 32,
+        capacity: int = 4864,
+        slots: int = 48,
         graphs: bool | None = None,
     ) -> None:
         config = model.config
@@ -171,7 +174,7 @@ class StaticLlama:
         # columns after the capacity take the padding rows' keys (never inside a window)
         shape = (len(self.layers), slots + 1, self.kv_heads, capacity + rows, self.head_dim)
         with torch.inference_mode():
-            self.keys = torch.zeros(shape, dtype=self.attention, device=dev)
+            self.keys = torch.zeros(shape, dtype=self.work, device=dev)
             self.values = torch.zeros_like(self.keys)
         self.spare = slots  # the empty places' slot
         self._free = list(range(slots))
@@ -266,12 +269,12 @@ class StaticLlama:
             key = self._rope(qkv[:, h * dh : (h + g) * dh].view(m, g, dh), cos, sin)
             value = qkv[:, (h + g) * dh :].view(m, g, dh)
             keys, values = self.keys[index], self.values[index]  # (slots + 1, g, C + R, D)
-            keys[self._row_slots, :, self._columns] = key
-            values[self._row_slots, :, self._columns] = value
+            keys[self._row_slots, :, self._columns] = key.to(self.work)
+            values[self._row_slots, :, self._columns] = value.to(self.work)
             # (G, g, per, R, D): query head j reads key/value head j // per
             q = query.view(g_slots, r, g, per, dh).permute(0, 2, 3, 1, 4) * scale
-            own_keys = keys[:, :, :window].index_select(0, self._group)  # (G, g, W, D)
-            own_values = values[:, :, :window].index_select(0, self._group)
+            own_keys = keys[:, :, :window].index_select(0, self._group).to(exact)  # (G, g, W, D)
+            own_values = values[:, :, :window].index_select(0, self._group).to(exact)
             best = torch.full((g_slots, g, per, r, 1), -math.inf, dtype=exact, device=self.device)
             total = torch.zeros((g_slots, g, per, r, 1), dtype=exact, device=self.device)
             acc = torch.zeros((g_slots, g, per, r, dh), dtype=exact, device=self.device)
