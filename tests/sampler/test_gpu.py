@@ -32,3 +32,43 @@ def test_decoder_output_identical_on_cpu_and_cuda():
             assert out.token_ids == ref.token_ids
         on_gpu = generate(cuda, prompt, SamplerConfig("basic-uwm", max_new_tokens=24), src)
         assert on_gpu.token_ids == ref.token_ids
+
+
+def test_static_target_on_cuda_equals_transformers_and_itself():
+    """The static target on CUDA with its graphs: float64 weights within 1e-12 of transformers
+    float64 on the CPU; float32 weights: mpfr = basic-uwm and batched = solo, bit for bit."""
+    from sampler.batch import generate_many
+    from sampler.cached_lm import CachedLM
+    from sampler.drafters import NgramDrafter, fresh_drafter
+    from sampler.static_target import ATTENTION_BLOCK, StaticLlama, attach_static
+    from tests.sampler.conftest import VOCAB
+
+    model = tiny_llama(0, layers=3)
+    exact = StaticLlama(
+        model, device="cuda", weights=torch.float64, group_slots=2, rows=4,
+        capacity=2 * ATTENTION_BLOCK, slots=4,
+    )  # fmt: skip
+    assert exact.graphs
+    prompt = [(5 * j + 2) % VOCAB for j in range(ATTENTION_BLOCK + 9)]
+    ours, theirs = exact.new_cache().extend(prompt), CachedLM(model).extend(prompt)
+    torch.testing.assert_close(ours, theirs, atol=1e-12, rtol=0)
+    served = tiny_llama(0, layers=3)
+    attach_static(
+        served,
+        StaticLlama(
+            served, device="cuda", weights=torch.float32, group_slots=2, rows=4,
+            capacity=2 * ATTENTION_BLOCK, slots=8,
+        ),
+    )  # fmt: skip
+    requests = []
+    for i in range(5):
+        src = KeyedSource(Secret((40 + i).to_bytes(32, "little")), 4, True, i)
+        prompt = [(7 * i + 3 * j) % VOCAB for j in range(1 + 2 * i)]
+        want = generate(served, prompt, SamplerConfig("basic-uwm", max_new_tokens=20), src)
+        config = SamplerConfig("mpfr", 4, 3, 20)
+        got = generate(served, prompt, config, src, NgramDrafter(VOCAB))
+        assert got.token_ids == want.token_ids
+        requests.append((prompt, config, src, NgramDrafter(VOCAB), want.token_ids))
+    own = [(p, c, s, fresh_drafter(d)) for p, c, s, d, _ in requests]
+    batched = generate_many(served, own, max_batch=5)
+    assert [r.token_ids for r in batched] == [w for *_, w in requests]
