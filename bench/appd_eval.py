@@ -117,7 +117,7 @@ def output_laws(
     hidden = out.hidden_states[-1][0]
     roots = full[0, n - 1 : n - 1 + len(ids)]  # root token x_t of each context
     before = hidden[n - 2 : n - 2 + len(ids)]  # h_{t−1}
-    return logits, drafter.heads.logits(loaded.model, before, roots)[:, 0, :].double()
+    return logits, drafter.heads.logits(loaded.target, before, roots)[:, 0, :].double()
 
 
 def audit(loaded: Any, prompt: list[int], ids: list[int], drafter: Any, drafts: int) -> dict:
@@ -142,10 +142,10 @@ def run_cell(loaded: Any, cell: Cell, row: dict, key: int, drafter_cache: dict) 
     drafter = None
     if cell.drafter is not None:
         if cell.drafter not in drafter_cache:
-            drafter_cache[cell.drafter] = make_drafter(cell.drafter, loaded.model)
+            drafter_cache[cell.drafter] = make_drafter(cell.drafter, loaded.target)
         drafter = drafter_cache[cell.drafter]
     config = SamplerConfig(cell.method, cell.drafts, cell.lookahead, cell.tokens, PROCESSING)
-    result = generate(loaded.model, prompt, config, source, drafter, eos_ids(loaded))
+    result = generate(loaded.target, prompt, config, source, drafter, eos_ids(loaded))
     ids = list(result.token_ids)
     stats = result.stats
     options = DetectOptions(scores=SCORES[1:])

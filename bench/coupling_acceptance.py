@@ -124,7 +124,7 @@ def main() -> None:
     args = parser.parse_args()
 
     loaded = load_model(DEFAULT_MODEL, args.home, device="cpu")
-    drafter = make_drafter("heads", loaded.model)
+    drafter = make_drafter("heads", loaded.target)
     assert isinstance(drafter, HeadsDrafter)
     rows = heldout_prompts(args.prompts)
     laws = []
@@ -133,7 +133,7 @@ def main() -> None:
         prompt = prompt_ids(loaded, messages=row["messages"])
         config = SamplerConfig("basic-uwm", 1, 1, args.tokens, PROCESSING)
         result = generate(
-            loaded.model, prompt, config, key_source(0, row["id"]), None, eos_ids(loaded)
+            loaded.target, prompt, config, key_source(0, row["id"]), None, eos_ids(loaded)
         )
         laws += contexts(loaded, drafter, prompt, list(result.token_ids))
     generator = torch.Generator().manual_seed(0)

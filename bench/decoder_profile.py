@@ -103,7 +103,7 @@ def main() -> None:
         for i, row in enumerate(prompts):
             source = KeyedSource(Secret(hashlib.sha256(b"profile-%d" % i).digest()), 4, True, i)
             ids = prompt_ids(loaded, messages=row["messages"])
-            drafter = make_drafter(spec, loaded.model) if spec else None
+            drafter = make_drafter(spec, loaded.target) if spec else None
             target_timer = ForwardTimer(loaded.model)
             drafter_model = getattr(drafter, "model", None)
             drafter_timer: ForwardTimer | HeadsTimer | None = None

@@ -177,7 +177,7 @@ def main() -> None:
                         if not with_filter:
                             continue
                         rank = position_laws(
-                            loaded.model, ids, GENERATION_PROCESSING, prefix=prefix
+                            loaded.target, ids, GENERATION_PROCESSING, prefix=prefix
                         ).raw_rank.numpy()
                         counts = detected.setdefault(g["id"], {})
                         counts["plain"] = counts.get("plain", 0) + bool(plain < level)
@@ -214,7 +214,7 @@ def main() -> None:
     tests = ("plain", *(f"rank_filter_{r}" for r in MAX_RANKS))
     h0_hits = {str(a): dict.fromkeys(tests, 0) for a in H0_ALPHAS}
     for ids in human:
-        ranks = position_laws(loaded.model, ids, GENERATION_PROCESSING, prefix=prefix).raw_rank
+        ranks = position_laws(loaded.target, ids, GENERATION_PROCESSING, prefix=prefix).raw_rank
         for k in range(H0_KEYS):
             plain, skip, terms = scored_terms(tok, bench_source(f"h0-oracle-{k}"), ids)
             log10 = {"plain": plain} | {

@@ -168,7 +168,7 @@ class Entropies:
 
             start = time.perf_counter()
             h = processed_entropy(
-                self.loaded.model, ids, processing_of(setting), prefix=self.prefix
+                self.loaded.target, ids, processing_of(setting), prefix=self.prefix
             )
             self.cache[f"{key}|seconds"] = np.array([time.perf_counter() - start])
             self.cache[key] = h.numpy()

@@ -118,7 +118,7 @@ def main() -> None:
         for i, ids in enumerate(corpus):
             if i % 25 == 0:
                 print(f"{name}: text {i} of {len(corpus)}", flush=True)
-            for t, v in log_p_values(tok, loaded.model, ids, prefix, keys, name).items():
+            for t, v in log_p_values(tok, loaded.target, ids, prefix, keys, name).items():
                 pooled[t] += v
         result_sets[name] = {"texts": len(corpus), "keys": keys, "by_alpha": counts(pooled)}
         print(name, result_sets[name], flush=True)

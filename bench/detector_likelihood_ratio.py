@@ -115,7 +115,7 @@ class Model:
 
         start = time.perf_counter()
         laws = position_laws(
-            self.loaded.model,
+            self.loaded.target,
             ids,
             processing_of(setting),
             prefix=self.bos if prefix is None else prefix,

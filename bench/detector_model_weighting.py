@@ -85,7 +85,9 @@ class Laws:
         key = setting + ":" + hashlib.blake2b(np.asarray(ids, np.int64).tobytes()).hexdigest()
         if f"{key}|rank" not in self.cache:
             start = time.perf_counter()
-            laws = position_laws(self.loaded.model, ids, processing_of(setting), prefix=self.prefix)
+            laws = position_laws(
+                self.loaded.target, ids, processing_of(setting), prefix=self.prefix
+            )
             self.seconds += time.perf_counter() - start
             self.tokens += len(ids)
             self.cache[f"{key}|entropy"] = laws.entropy.numpy()

@@ -57,7 +57,7 @@ def _decode(loaded: Any, heldout: list, drafter_for: dict[str, Any], tokens: int
         source = KeyedSource(Secret(hashlib.sha256(b"distill-bench-%d" % i).digest()), 4, True, i)
         prompt = list(rollout.ids[: rollout.prompt_len])
         ref = generate(
-            loaded.model,
+            loaded.target,
             prompt,
             SamplerConfig("basic-uwm", max_new_tokens=tokens, processing=processing),
             source,
@@ -71,7 +71,7 @@ def _decode(loaded: Any, heldout: list, drafter_for: dict[str, Any], tokens: int
             cell = f"{method} B={b} L={lookahead} / {name}"
             for prompt, source, ref in references:
                 out = generate(
-                    loaded.model,
+                    loaded.target,
                     prompt,
                     SamplerConfig(method, b, lookahead, tokens, processing),
                     source,
@@ -217,7 +217,7 @@ def main() -> None:
 
     heldout = data.heldout[: args.prompts]
     drafters = {
-        name: (lambda h=heads_of[name]: HeadsDrafter(h, loaded.model, "heads")) for name in results
+        name: (lambda h=heads_of[name]: HeadsDrafter(h, loaded.target, "heads")) for name in results
     }
     from sampler.drafters import NgramDrafter
 

@@ -102,9 +102,9 @@ def main() -> None:
     loaded = load_model(DEFAULT_MODEL, args.home, "cpu", precision="gguf")
     assert keyed.warm_up() and topk.warm_up()
     assert processing._logp_kernel() is not None and race._race_kernel() is not None
-    target = gguf_target.gguf_of(loaded.model)
-    assert target is not None
-    drafter = make_drafter("ngram", loaded.model)
+    target = loaded.target
+    assert isinstance(target, gguf_target.GgufTarget)
+    drafter = make_drafter("ngram", loaded.target)
     basic = SamplerConfig("basic-uwm", max_new_tokens=TOKENS)
     variants: dict[str, tuple[SamplerConfig, bool, bool, bool]] = {
         "basic-uwm, NumPy clocks, torch top-k, log-softmax and race": (basic, False, False, False),

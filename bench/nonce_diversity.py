@@ -43,7 +43,7 @@ WIDTH = 4
 def _generate(loaded: Any, ids: list[int], nonce: int, tokens: int, eos: frozenset[int]) -> Any:
     source = KeyedSource(bench_secret(KEY_NAME), WIDTH, True, nonce)
     config = SamplerConfig("basic-uwm", max_new_tokens=tokens)
-    return generate(loaded.model, ids, config, source, eos_ids=eos)
+    return generate(loaded.target, ids, config, source, eos_ids=eos)
 
 
 def _progress(message: str, started: float) -> None:

@@ -49,12 +49,12 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     load_at_start = os.getloadavg()
     for spec in args.drafters:
-        proto = make_drafter(spec, loaded.model)
+        proto = make_drafter(spec, loaded.target)
 
         def copies() -> list[SequenceState]:
             return [
                 start(
-                    loaded.model,
+                    loaded.target,
                     ids,
                     config,
                     KeyedSource(Secret(bytes([i + 1]) * 32), 4, True, i),

@@ -40,6 +40,7 @@ Writes ``bench/results/speed_cpu.json``, ``speed_cpu.md`` and ``speed_cpu.png``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -57,7 +58,7 @@ from keyed import KeyedSource, Secret
 from sampler.completion import complete, eos_ids, prompt_ids
 from sampler.decoder import SamplerConfig
 from sampler.drafters import Drafter, make_drafter
-from sampler.gguf_target import GgufTarget, attach_gguf, gguf_of, repacking_safe
+from sampler.gguf_target import GgufTarget, repacking_safe
 from sampler.methods import TreeMode
 from sampler.model_files import ALIASES, gguf_path
 from sampler.models import DEFAULT_MODEL, LoadedModel, load_model
@@ -106,7 +107,7 @@ def ours(loaded: LoadedModel, name: str, tokens: int) -> Callable[[list[int], in
         drafts, lookahead = shape[1:].split("L")
         tree: TreeMode = "auto" if mode == ["auto"] else "fixed"
         config = SamplerConfig("mpfr", int(drafts), int(lookahead), tokens, tree=tree)
-        drafter = make_drafter(spec, loaded.model)
+        drafter = make_drafter(spec, loaded.target)
 
     def run(ids: list[int], seed: int) -> Run:
         source = KeyedSource(Secret(hashlib.sha256(b"speed-%d" % seed).digest()), 4, True, seed)
@@ -293,10 +294,12 @@ def main() -> None:
             by_prefix[prefix] = load_model(DEFAULT_MODEL, args.home, "cpu", precision=precision)
     if GGUF_NOREPACK in by_prefix:
         plain = GgufTarget(gguf_path(DEFAULT_MODEL), repack=False)
+        plain.model = by_prefix[GGUF_NOREPACK].model
         plain.probe()
-        attach_gguf(by_prefix[GGUF_NOREPACK].model, plain)
+        by_prefix[GGUF_NOREPACK] = dataclasses.replace(by_prefix[GGUF_NOREPACK], target=plain)
     repack = repacking_safe()  # the peer's setting; our rows' is the loaded target's
-    served = gguf_of(by_prefix[GGUF].model) if GGUF in by_prefix else None
+    served = by_prefix[GGUF].target if GGUF in by_prefix else None
+    assert served is None or isinstance(served, GgufTarget)
     bf16 = by_prefix.get(BF16)
     makers: dict[str, Callable[[], Callable[[list[int], int], Run]]] = {
         "llama.cpp": lambda: llama_cpp(threads, args.tokens, eos_ids(loaded), repack),

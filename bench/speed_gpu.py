@@ -45,14 +45,13 @@ import torch
 from bench.common import RESULTS, environment, shared_prompts
 from keyed import KeyedSource, Secret
 from sampler.batch import generate_many
-from sampler.cached_lm import open_cache
 from sampler.completion import eos_ids, prompt_ids
 from sampler.decoder import SamplerConfig, generate
 from sampler.drafters import Drafter, fresh_drafter, make_drafter
 from sampler.masks import chain_visible
 from sampler.methods import TreeMode
 from sampler.models import DEFAULT_MODEL, LoadedModel, load_model, load_tokenizer
-from sampler.static_target import StaticLlama, attach_static, static_of
+from sampler.static_target import StaticLlama
 
 TOP_K = 50
 OURS = (
@@ -90,12 +89,12 @@ def _config(name: str, tokens: int) -> tuple[SamplerConfig, str | None]:
 
 def ours(loaded: LoadedModel, name: str, tokens: int) -> Callable[[list[int], int], Run]:
     config, spec = _config(name, tokens)
-    drafter: Drafter | None = make_drafter(spec, loaded.model) if spec else None
+    drafter: Drafter | None = make_drafter(spec, loaded.target) if spec else None
     stop = eos_ids(loaded)
 
     def run(ids: list[int], seed: int) -> Run:
         own = fresh_drafter(drafter) if drafter is not None else None
-        result = generate(loaded.model, ids, config, _source(seed), own, stop)
+        result = generate(loaded.target, ids, config, _source(seed), own, stop)
         return Run(result.stats.emitted_tokens, result.stats.seconds, list(result.token_ids))
 
     return run
@@ -158,8 +157,8 @@ def _summary(runs: list[Run], reference: list[Run] | None) -> dict[str, Any]:
 
 def forward_costs(loaded: LoadedModel) -> dict[str, Any]:
     """Static-target forward seconds (median of 10) per number of new tokens after 128."""
-    vocab = int(loaded.model.config.vocab_size)
-    lm = open_cache(loaded.model)
+    vocab = loaded.target.vocab_size
+    lm = loaded.target.new_cache()
     lm.extend([(17 * i + 1) % vocab for i in range(128)])
     base = lm.cached
     out: dict[str, Any] = {}
@@ -215,7 +214,7 @@ def concurrent_section(
     loaded: LoadedModel, prompts: list[list[int]], tokens: int, row: str
 ) -> dict[str, Any]:
     config, spec = _config(row, tokens)
-    drafter = make_drafter(spec, loaded.model) if spec else None
+    drafter = make_drafter(spec, loaded.target) if spec else None
     stop = eos_ids(loaded)
 
     def requests() -> list[tuple[list[int], SamplerConfig, KeyedSource, Drafter | None]]:
@@ -225,7 +224,7 @@ def concurrent_section(
         ]
 
     began = time.perf_counter()
-    solo = [generate(loaded.model, p, c, s, d, stop) for p, c, s, d in requests()]
+    solo = [generate(loaded.target, p, c, s, d, stop) for p, c, s, d in requests()]
     solo_seconds = time.perf_counter() - began
     solo_tokens = sum(r.stats.emitted_tokens for r in solo)
     out: dict[str, Any] = {
@@ -236,7 +235,7 @@ def concurrent_section(
     }  # fmt: skip
     for width in (8, 32):
         began = time.perf_counter()
-        batched = generate_many(loaded.model, requests(), stop, max_batch=width)
+        batched = generate_many(loaded.target, requests(), stop, max_batch=width)
         seconds = time.perf_counter() - began
         got = sum(r.stats.emitted_tokens for r in batched)
         out[str(width)] = {
@@ -252,7 +251,7 @@ def concurrent_section(
 
 
 def gpu_fingerprint(loaded: LoadedModel) -> dict[str, Any]:
-    static = static_of(loaded.model)
+    static = loaded.target if isinstance(loaded.target, StaticLlama) else None
     info: dict[str, Any] = {"static_target": static.fingerprint() if static else None}
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
@@ -280,14 +279,11 @@ def random_model(device: str, layers: int, layout: tuple[int, int]) -> LoadedMod
     )  # fmt: skip
     config.num_hidden_layers = layers
     model = LlamaForCausalLM(config).to(device, torch.bfloat16).eval()
-    attach_static(
-        model,
-        StaticLlama(model, weights=torch.bfloat16, group_slots=layout[0], rows=layout[1]),
-    )
+    target = StaticLlama(model, weights=torch.bfloat16, group_slots=layout[0], rows=layout[1])
     home = Path("~/.local/share/poissonmark").expanduser()
     return LoadedModel(
         name="random-smollm2-shapes", model=model, tokenizer=load_tokenizer(DEFAULT_MODEL, home),
-        device=torch.device(device), dtype=torch.bfloat16, precision="bfloat16",
+        device=torch.device(device), dtype=torch.bfloat16, precision="bfloat16", target=target,
     )  # fmt: skip
 
 
@@ -423,7 +419,7 @@ def main() -> None:
         result.setdefault("section_seconds", {})[name] = time.perf_counter() - began
         if name == "rows" and "rows" in result and isinstance(result["rows"], dict):
             result["ratios"] = _ratios(result["rows"]["rows"])
-        static = static_of(loaded.model)
+        static = loaded.target if isinstance(loaded.target, StaticLlama) else None
         result["group_forwards"] = static.group_forwards if static else None
         write()
         print(f"speed_gpu: {name} done in {result['section_seconds'][name]:.1f} s", flush=True)

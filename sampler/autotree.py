@@ -61,12 +61,10 @@ from typing import Final
 import torch
 from transformers import PreTrainedModel
 
-from sampler.cached_lm import open_cache
+from sampler.cached_lm import as_target
 from sampler.cpu_features import cpu_flags, cpu_model
-from sampler.gguf_target import gguf_of
-from sampler.invariant import runner_of
 from sampler.masks import chain_visible
-from sampler.static_target import static_of
+from sampler.target import Target
 
 log = logging.getLogger("poissonmark.autotree")
 
@@ -80,8 +78,6 @@ PRIOR_REJECTED: Final = 2.0
 EXPLORE_EVERY: Final = 8
 EXPLORE_MAX: Final = 64
 EXPLORE_BUDGET: Final = 0.02  # explores' expected loss, as a share of decoding time
-_PROFILE_ATTR: Final = "_poissonmark_forward_profile"
-_PROFILE_DIR_ATTR: Final = "_poissonmark_profile_dir"
 
 
 @dataclass(frozen=True)
@@ -115,15 +111,18 @@ class ForwardProfile:
         raise AssertionError("unreachable")
 
 
-def measure_profile(target: PreTrainedModel, repeats: int = PROFILE_REPEATS) -> ForwardProfile:
+def measure_profile(
+    target: Target | PreTrainedModel, repeats: int = PROFILE_REPEATS
+) -> ForwardProfile:
     """Time the target's forward over chains of ``PROFILE_NODES`` new tokens after
     ``PROFILE_CONTEXT`` cached ones (its own backend: ``cached_lm.open_cache``), each right
     after a one-token forward (what a tree step follows); medians of ``repeats`` after one
     warm-up. Token ids are fixed (nothing keyed); ~2 s on the real model
     on 2 CPU cores."""
-    vocab = int(target.config.vocab_size)
-    cuda = next(target.parameters()).device.type == "cuda"
-    lm = open_cache(target)
+    served = as_target(target)
+    vocab = served.vocab_size
+    cuda = served.device.type == "cuda"
+    lm = served.new_cache()
     lm.extend([(17 * i + 1) % vocab for i in range(PROFILE_CONTEXT)])
     base = lm.cached
     one = chain_visible(base, 1)
@@ -153,37 +152,29 @@ def measure_profile(target: PreTrainedModel, repeats: int = PROFILE_REPEATS) -> 
     return ForwardProfile(PROFILE_NODES, tuple(seconds))
 
 
-def tree_invariant(target: PreTrainedModel) -> bool:
+def tree_invariant(target: Target | PreTrainedModel) -> bool:
     """Whether ``target``'s logits at a context are the same bits whatever the tree or batch
     around it: the row-invariant runner (``sampler.invariant``), llama.cpp as
     ``sampler.gguf_target`` runs it, the static layout (``sampler.static_target``) or float64
     weights. Only there
     does tree ``auto`` choose trees: on transformers' float32 a timing-driven tree could flip
-    a near-tie between runs of the same request, so ``auto`` drafts as ``fixed`` there."""
-    if runner_of(target) is not None or gguf_of(target) is not None:
-        return True
-    if static_of(target) is not None:
-        return True
-    return next(target.parameters()).dtype == torch.float64
+    a near-tie between runs of the same request, so ``auto`` drafts as ``fixed`` there
+    (``Target.invariant``)."""
+    return as_target(target).invariant
 
 
-def set_profile_dir(target: PreTrainedModel, directory: Path) -> None:
+def set_profile_dir(target: Target | PreTrainedModel, directory: Path) -> None:
     """Where ``profile_for`` keeps ``target``'s profile on disk (``models.load_model`` sets
     ``<data dir>/profiles``)."""
-    target.__dict__[_PROFILE_DIR_ATTR] = directory
+    as_target(target).profile_dir = directory
 
 
-def machine_fingerprint(target: PreTrainedModel) -> dict[str, str]:
+def machine_fingerprint(target: Target | PreTrainedModel) -> dict[str, str]:
     """What a forward profile depends on: CPU model and flags, threads, torch, the backend
     (runner or transformers, dtype) and the model."""
-    runner, gguf = runner_of(target), gguf_of(target)
-    backend = f"runner:{runner.weights}" if runner is not None else f"hf:{target.dtype}"
-    if gguf is not None:
-        backend = f"llama.cpp:{gguf.weights}:threads={gguf.threads}"
-    static = static_of(target)
-    if static is not None:
-        backend = ":".join(f"{k}={v}" for k, v in sorted(static.fingerprint().items()))
-    params = sum(p.numel() for p in target.parameters())
+    served = as_target(target)
+    model = served.model
+    params = sum(p.numel() for p in model.parameters())
     return {
         "profile": PROFILE_VERSION,
         "cpu": cpu_model(),
@@ -191,29 +182,30 @@ def machine_fingerprint(target: PreTrainedModel) -> dict[str, str]:
         "machine": platform.machine(),
         "threads": str(torch.get_num_threads()),
         "torch": torch.__version__,
-        "backend": backend,
-        "device": str(next(target.parameters()).device),
-        "model": f"{getattr(target.config, 'model_type', '?')}:{params}",
+        "backend": served.backend(),
+        "device": str(served.device),
+        "model": f"{getattr(model.config, 'model_type', '?')}:{params}",
     }
 
 
-def profile_for(target: PreTrainedModel) -> ForwardProfile:
-    """``target``'s forward profile: from memory, else from the profile dir's JSON for this
-    machine fingerprint, else measured (and written there)."""
-    cached = target.__dict__.get(_PROFILE_ATTR)
+def profile_for(target: Target | PreTrainedModel) -> ForwardProfile:
+    """``target``'s forward profile: from memory (``Target.forward_profile``), else from the
+    profile dir's JSON for this machine fingerprint, else measured (and written there)."""
+    served = as_target(target)
+    cached = served.forward_profile
     if isinstance(cached, ForwardProfile):
         return cached
-    fingerprint = machine_fingerprint(target)
-    directory = target.__dict__.get(_PROFILE_DIR_ATTR)
+    fingerprint = machine_fingerprint(served)
+    directory = served.profile_dir
     name = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:24]
     path = Path(directory) / f"forward-{name}.json" if directory is not None else None
     profile = _read_profile(path) if path is not None else None
     if profile is None:
-        profile = measure_profile(target)
+        profile = measure_profile(served)
         log.info("forward profile measured: %s s per node count", profile)
         if path is not None:
             _write_profile(path, profile, fingerprint)
-    target.__dict__[_PROFILE_ATTR] = profile
+    served.forward_profile = profile
     return profile
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from transformers import PreTrainedModel
 
 from keyed import KeyedSource
-from sampler.cached_lm import forward_many
+from sampler.cached_lm import as_target, forward_many
 from sampler.drafters import Drafter
 from sampler.heads import HeadsDrafter, prime_heads
 from sampler.loop import (
@@ -47,6 +47,7 @@ from sampler.loop import (
 from sampler.methods import SamplerConfig
 from sampler.policies import KeyedRace
 from sampler.stats import GenerationResult
+from sampler.target import Target
 from sampler.tree import DraftTree
 
 
@@ -128,12 +129,13 @@ class Batch:
     """The active requests of continuous batching: join, step together, leave.
 
     Args:
-        target: the target model (eval mode) all requests share.
+        target: the target all requests share (``sampler.target.Target``; a bare
+            transformers model runs on its own forward).
         node_budget: ``step_many``'s cap on tree nodes per verification forward (None: none).
     """
 
-    def __init__(self, target: PreTrainedModel, node_budget: int | None = None) -> None:
-        self.target = target
+    def __init__(self, target: Target | PreTrainedModel, node_budget: int | None = None) -> None:
+        self.target = as_target(target)
         self.node_budget = node_budget
         self.members: list[Member] = []
 
@@ -145,7 +147,7 @@ class Batch:
         an empty prompt, ids outside the vocabulary or a missing drafter, and for a drafter
         instance another member already uses (``drafters.fresh_drafter`` gives each its own).
         """
-        vocab = self.target.config.vocab_size
+        vocab = self.target.vocab_size
         if not prompt:
             raise ValueError("prompt must contain at least one token")
         if min(prompt) < 0 or max(prompt) >= vocab:
@@ -222,7 +224,7 @@ class Batch:
 
 
 def generate_many(
-    target: PreTrainedModel,
+    target: Target | PreTrainedModel,
     requests: list[tuple[list[int], SamplerConfig, KeyedSource, Drafter | None]],
     eos_ids: frozenset[int] = frozenset(),
     max_batch: int | None = None,

@@ -10,14 +10,17 @@ Shapes: q new tokens, P cached tokens, V vocabulary.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import CacheLayerMixin
 
-from sampler.gguf_target import GgufCache, gguf_of
-from sampler.invariant import InvariantCache, runner_of
+from sampler.gguf_target import GgufCache
+from sampler.invariant import InvariantCache
 from sampler.masks import chain_visible
-from sampler.static_target import StaticCache, static_of
+from sampler.static_target import StaticCache
+from sampler.target import Target
 
 
 class CachedLM:
@@ -30,6 +33,7 @@ class CachedLM:
 
     def __init__(self, model: PreTrainedModel) -> None:
         self.model = model
+        self.target = as_target(model)
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.cache = DynamicCache(config=model.config)
@@ -118,22 +122,58 @@ runner's (``sampler.invariant``), llama.cpp's (``sampler.gguf_target``) or the s
 layout's (``sampler.static_target``); all take ``forward``/``extend``/``keep``."""
 
 
-def open_cache(target: PreTrainedModel) -> TargetLM:
-    """An empty KV cache on ``target``'s backend: llama.cpp attached to it (precision gguf,
-    ``sampler.gguf_target.attach_gguf``), the row-invariant runner (``sampler.invariant
-    .attach_runner``, precision bfloat16 on the CPU) or transformers."""
-    gguf = gguf_of(target)
-    if gguf is not None:
-        return gguf.new_cache()
-    static = static_of(target)
-    if static is not None:
-        return static.new_cache()
-    runner = runner_of(target)
-    return runner.new_cache() if runner is not None else CachedLM(target)
+class TransformersTarget(Target):
+    """transformers' own forward as a ``Target`` (``CachedLM`` caches; several sequences in
+    one call through right-padded batch caches, ``forward_many``). Tree/batch-invariant only
+    in float64 (on float32 a timing-driven tree could flip a near-tie between runs)."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        self.model = model
+        self.vocab_size = int(model.config.vocab_size)
+        self.invariant = next(model.parameters()).dtype == torch.float64
+
+    def backend(self) -> str:
+        return f"hf:{next(self.model.parameters()).dtype}"
+
+    def new_cache(self) -> CachedLM:
+        return CachedLM(self.model)
+
+    def forward(
+        self,
+        caches: list[CachedLM],
+        tokens: list[list[int]],
+        depths: list[list[int]],
+        visible: list[torch.Tensor],
+        bases: list[int],
+    ) -> list[torch.Tensor]:
+        if len(caches) == 1:
+            return [caches[0].forward(tokens[0], depths[0], visible[0], bases[0])]
+        return _forward_many_hf(caches, tokens, depths, visible, bases)
 
 
-def _layers(lm: CachedLM) -> list[CacheLayerMixin]:
-    return _layers_of(lm.cache)
+_transformers_targets: weakref.WeakKeyDictionary[PreTrainedModel, TransformersTarget] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def as_target(target: Target | PreTrainedModel) -> Target:
+    """``target`` itself, or for a bare transformers model its ``TransformersTarget`` (one
+    per model, so a forward-cost profile is measured once)."""
+    if isinstance(target, Target):
+        return target
+    if not isinstance(target, PreTrainedModel):
+        raise TypeError(f"expected a Target or a transformers model, got {type(target).__name__}")
+    found = _transformers_targets.get(target)
+    if found is None:
+        found = TransformersTarget(target)
+        _transformers_targets[target] = found
+    return found
+
+
+def open_cache(target: Target | PreTrainedModel) -> TargetLM:
+    """An empty KV cache on ``target``'s backend (``Target.new_cache``; a bare transformers
+    model: transformers' own)."""
+    return as_target(target).new_cache()
 
 
 @torch.inference_mode()
@@ -144,39 +184,30 @@ def forward_many(
     visible: list[torch.Tensor],
     bases: list[int],
 ) -> list[torch.Tensor]:
-    """``CachedLM.forward`` for R sequences of one model in ONE batched model call.
-
-    Row r's cache (P_r positions) is copied into a right-padded (R, H, P_max, D) cache per
-    layer, its q_r new tokens into a right-padded (R, q_max) batch; the 4D additive mask is
-    row r's ``visible`` placed at its cached columns [0, P_r) and new columns
-    [P_max, P_max + q_r) (padding is never visible; a padded query sees only itself), the
-    position ids are row r's own. After the call each row's cache holds its P_r + q_r
-    positions, exactly as after ``lms[r].forward(...)``.
+    """``CachedLM.forward`` for R sequences of one target in ONE call of its backend
+    (``Target.forward``; transformers: ``_forward_many_hf``).
 
     Args:
-        lms: R >= 1 cached LMs of the same model.
+        lms: R >= 1 caches of the same target.
         tokens, depths, visible, bases: per row, as ``CachedLM.forward`` takes them.
     Returns:
-        R tensors of (q_r, V) logits in the model dtype.
+        R tensors of (q_r, V) logits.
     Raises:
-        ValueError: another model in a row, or a row's ``visible`` of the wrong shape.
+        ValueError: rows on different backends or models, or a row's ``visible`` of the
+            wrong shape.
     """
     if len(lms) == 1:
         return [lms[0].forward(tokens[0], depths[0], visible[0], bases[0])]
-    if all(isinstance(lm, InvariantCache) for lm in lms):
-        caches = [lm for lm in lms if isinstance(lm, InvariantCache)]
-        return caches[0].runner.forward(caches, tokens, depths, visible, bases)
-    if all(isinstance(lm, StaticCache) for lm in lms):
-        statics = [lm for lm in lms if isinstance(lm, StaticCache)]
-        return statics[0].target.forward(statics, tokens, depths, visible, bases)
-    if all(isinstance(lm, GgufCache) for lm in lms):
-        ggufs = [lm for lm in lms if isinstance(lm, GgufCache)]
-        return ggufs[0].target.forward(ggufs, tokens, depths, visible, bases)
-    if not all(isinstance(lm, CachedLM) for lm in lms):
+    if len({type(lm) for lm in lms}) != 1:
         raise ValueError("forward_many: every row must run on the same backend")
-    return _forward_many_hf(
-        [lm for lm in lms if isinstance(lm, CachedLM)], tokens, depths, visible, bases
-    )
+    target = lms[0].target
+    if any(lm.target is not target for lm in lms):
+        raise ValueError("forward_many: every row must run the same model")
+    return target.forward(lms, tokens, depths, visible, bases)
+
+
+def _layers(lm: CachedLM) -> list[CacheLayerMixin]:
+    return _layers_of(lm.cache)
 
 
 def _forward_many_hf(
@@ -186,6 +217,14 @@ def _forward_many_hf(
     visible: list[torch.Tensor],
     bases: list[int],
 ) -> list[torch.Tensor]:
+    """transformers' forward over R sequences in one batched model call.
+
+    Row r's cache (P_r positions) is copied into a right-padded (R, H, P_max, D) cache per
+    layer, its q_r new tokens into a right-padded (R, q_max) batch; the 4D additive mask is
+    row r's ``visible`` placed at its cached columns [0, P_r) and new columns
+    [P_max, P_max + q_r) (padding is never visible; a padded query sees only itself), the
+    position ids are row r's own. After the call each row's cache holds its P_r + q_r
+    positions, exactly as after ``lms[r].forward(...)``."""
     first = lms[0]
     if any(lm.model is not first.model for lm in lms):
         raise ValueError("forward_many: every row must run the same model")

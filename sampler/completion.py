@@ -101,8 +101,8 @@ def complete(
     if config.speculative:
         if drafter is None:
             raise ValueError(f"drafter: method {config.method!r} needs one (e.g. ngram, self:8)")
-        instance = make_drafter(drafter, loaded.model) if isinstance(drafter, str) else drafter
-    result = generate(loaded.model, ids, config, source, instance, eos_ids(loaded))
+        instance = make_drafter(drafter, loaded.target) if isinstance(drafter, str) else drafter
+    result = generate(loaded.target, ids, config, source, instance, eos_ids(loaded))
     text = loaded.tokenizer.decode(list(result.token_ids), skip_special_tokens=False)
     assert isinstance(text, str), "one sequence decodes to one string"
     return Completion(text=text, result=result, drafter=instance.name if instance else None)
@@ -151,11 +151,11 @@ def complete_many(
                 )
             if isinstance(spec, str):
                 if spec not in built:
-                    built[spec] = make_drafter(spec, loaded.model)
+                    built[spec] = make_drafter(spec, loaded.target)
                 spec = built[spec]
             instance = fresh_drafter(spec)
         runs.append((request.ids, request.config, request.source, instance))
-    results = generate_many(loaded.model, runs, eos_ids(loaded), max_batch, node_budget)
+    results = generate_many(loaded.target, runs, eos_ids(loaded), max_batch, node_budget)
     out = []
     for (_, _, _, instance), result in zip(runs, results, strict=True):
         text = loaded.tokenizer.decode(list(result.token_ids), skip_special_tokens=False)

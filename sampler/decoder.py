@@ -25,10 +25,12 @@ from collections.abc import Callable
 from transformers import PreTrainedModel
 
 from keyed import KeyedSource
+from sampler.cached_lm import as_target
 from sampler.drafters import Drafter
 from sampler.loop import result, start, step
 from sampler.methods import MAX_DRAFTS, MAX_LOOKAHEAD, METHODS, Method, SamplerConfig
 from sampler.stats import GenerationResult, GenerationStats
+from sampler.target import Target
 
 __all__ = [
     "MAX_DRAFTS",
@@ -43,7 +45,7 @@ __all__ = [
 
 
 def generate(
-    target: PreTrainedModel,
+    target: Target | PreTrainedModel,
     prompt: list[int],
     config: SamplerConfig,
     source: KeyedSource | None = None,
@@ -54,7 +56,8 @@ def generate(
     """Sample a completion of ``prompt`` from the target (MPFR paper Alg. 7 / Alg. 10).
 
     Args:
-        target: a causal LM (eval mode) on its device.
+        target: the target (``sampler.target.Target``, e.g. ``LoadedModel.target``); a bare
+            transformers causal LM (eval mode) runs on transformers' own forward.
         prompt: the prompt's token ids (at least one).
         config: method, B, L, N and the logit processing.
         source: the keyed source (secret, context width, masking, nonce) for keyed methods;
@@ -72,7 +75,7 @@ def generate(
     Raises:
         ValueError: empty prompt, ids outside the vocabulary, missing source or drafter.
     """
-    vocab = target.config.vocab_size
+    vocab = as_target(target).vocab_size
     if not prompt:
         raise ValueError("prompt must contain at least one token")
     if min(prompt) < 0 or max(prompt) >= vocab:

@@ -19,9 +19,10 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from sampler.cached_lm import CachedLM, TargetLM
+from sampler.cached_lm import CachedLM, TargetLM, as_target
 from sampler.heads import heads_drafter
 from sampler.processing import Processing, Support, process
+from sampler.target import Target
 from sampler.tree import DraftTree
 
 
@@ -278,20 +279,21 @@ class FixedTokenDrafter:
         return None
 
 
-def make_drafter(spec: str, target: PreTrainedModel) -> Drafter:
+def make_drafter(spec: str, target: Target | PreTrainedModel) -> Drafter:
     """Build a drafter from its spec: ``model:PATH``, ``self:N``, ``heads:PATH``, ``ngram``,
     ``fixed:TOKEN``.
 
     Raises:
         ValueError: an unknown spec, naming the accepted forms.
     """
-    vocab = target.config.vocab_size
+    served = as_target(target)
+    vocab = served.vocab_size
     kind, _, arg = spec.partition(":")
     try:
         if kind == "self" and arg:
-            return self_drafter(target, int(arg))
+            return self_drafter(served.model, int(arg))
         if kind == "model" and arg:
-            return model_drafter(arg, target)
+            return model_drafter(arg, served.model)
         if kind == "heads":
             return heads_drafter(arg, target)
         if kind == "ngram" and not arg:

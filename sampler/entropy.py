@@ -28,16 +28,12 @@ from typing import Final
 import torch
 from transformers import PreTrainedModel
 
-from sampler.cached_lm import open_cache
-from sampler.gguf_target import gguf_of
+from sampler.cached_lm import as_target
 from sampler.processing import Processing, process
+from sampler.target import Target
 
 DEFAULT_CHUNK: Final = 128
 """Tokens per forward: the KV cache carries the context from chunk to chunk (one causal pass)."""
-GGUF_CHUNK: Final = 32
-"""At most this many per forward on llama.cpp, whose decode calls share one lock with the
-generation steps of the same model: a detection holds it ~0.2-0.3 s at a time (2 CPU cores),
-not the ~1 s of 128 rows with their logits."""
 
 
 def support_entropy(logp: torch.Tensor) -> torch.Tensor:
@@ -73,7 +69,7 @@ class PositionLaws:
 
 @torch.inference_mode()
 def position_laws(
-    model: PreTrainedModel,
+    model: Target | PreTrainedModel,
     ids: Sequence[int],
     processing: Processing,
     *,
@@ -84,14 +80,15 @@ def position_laws(
     raw rank at every position of ``ids``, from one causal forward (chunked over the KV cache).
 
     Args:
-        model: the target causal LM (eval mode, any device and dtype; logits are processed in
-            float64), read through its generation backend (``cached_lm.open_cache``).
+        model: the target (``sampler.target.Target``; a bare transformers model: its own
+            forward), read through its generation backend; logits are processed in float64.
         ids: (T,) token ids of the text, as the detector tokenized it.
         processing: the generation's temperature, top-k, top-p; T = 0 (greedy): entropy 0.0,
             ``token_logp`` 0.0 for the arg-max token and -inf for any other.
         prefix: ids conditioned on before the text (not reported), e.g. ``[bos]``; may be
             empty.
-        chunk: tokens per forward, >= 1. Texts longer than the model's
+        chunk: tokens per forward, >= 1 (at most the backend's ``rows_per_call``). Texts
+            longer than the model's
             ``max_position_embeddings`` (with the prefix) are refused.
     Returns:
         ``PositionLaws`` of (T,) CPU tensors (their docstring).
@@ -101,6 +98,8 @@ def position_laws(
     """
     if chunk < 1:
         raise ValueError(f"expected chunk >= 1, got {chunk}")
+    target = as_target(model)
+    model = target.model
     vocab = int(model.config.vocab_size)
     tokens = [int(t) for t in prefix] + [int(t) for t in ids]
     for i, t in enumerate(tokens):
@@ -116,10 +115,10 @@ def position_laws(
     raw_rank = torch.zeros(len(ids), dtype=torch.int64)
     if not ids:
         return PositionLaws(entropy, token_logp, raw_rank)
-    device = next(model.parameters()).device
-    lm = open_cache(model)  # the generation's backend: its law, not a float32 copy of it
-    if gguf_of(model) is not None:
-        chunk = min(chunk, GGUF_CHUNK)
+    device = target.device
+    lm = target.new_cache()  # the generation's backend: its law, not a float32 copy of it
+    if target.rows_per_call is not None:
+        chunk = min(chunk, target.rows_per_call)
     # The logits after token j predict token j + 1: text position t comes from tokens index
     # len(prefix) + t - 1. Only the text's last token needs no forward.
     inputs = tokens[:-1]
@@ -146,7 +145,7 @@ def position_laws(
 
 
 def processed_entropy(
-    model: PreTrainedModel,
+    model: Target | PreTrainedModel,
     ids: Sequence[int],
     processing: Processing,
     *,

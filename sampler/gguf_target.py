@@ -46,6 +46,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from sampler.target import Target
+
 log = logging.getLogger("poissonmark.gguf")
 
 __all__ = [
@@ -146,8 +148,11 @@ def cpu_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)))
 
 
-class GgufTarget:
+class GgufTarget(Target):
     """A GGUF model loaded once into llama.cpp; ``new_cache`` gives each sequence a context.
+
+    Its ``model`` (``Target.model``: the transformers copy of the same weights, for the
+    config and the drafters) is set by the loader (``sampler.models.gguf_target``).
 
     Attributes:
         path: the GGUF file.
@@ -179,22 +184,27 @@ class GgufTarget:
         # (PATCHED_BUILD); on the AMD EPYC measured it changed nothing for this file (10.0 vs
         # 10.2 ms a forward, session 16's ad hoc probe).
         params.use_extra_bufts = self.repack
-        self.model = self.lib.llama_model_load_from_file(str(path).encode(), params)
-        if not self.model:
+        self.handle = self.lib.llama_model_load_from_file(str(path).encode(), params)
+        if not self.handle:
             raise GgufUnavailable(f"llama.cpp could not load {path.name}")
         self.vocab_size = int(
-            self.lib.llama_vocab_n_tokens(self.lib.llama_model_get_vocab(self.model))
+            self.lib.llama_vocab_n_tokens(self.lib.llama_model_get_vocab(self.handle))
         )
-        trained = int(self.lib.llama_model_n_ctx_train(self.model))
+        trained = int(self.lib.llama_model_n_ctx_train(self.handle))
         self.context_cells = min(CONTEXT_CELLS, trained) if trained > 0 else CONTEXT_CELLS
         desc = ctypes.create_string_buffer(256)
-        self.lib.llama_model_desc(self.model, desc, len(desc))
+        self.lib.llama_model_desc(self.handle, desc, len(desc))
         self.weights = "gguf:" + (desc.value.decode(errors="replace").split()[-1] or "?")
         if self.repack:
             self.weights += "+repacked"
         self._free: list[Any] = []  # idle contexts, reused by new caches
         self._lock = threading.Lock()
-        self.hidden_size = int(self.lib.llama_model_n_embd(self.model))
+        self.hidden_size = int(self.lib.llama_model_n_embd(self.handle))
+        self.invariant = True  # measured per machine by ``probe`` (sampler.models.gguf_target)
+        # the detector's model tests: llama.cpp's decode calls share one lock with the
+        # generation steps of the same model; 32 rows hold it ~0.2-0.3 s (2 CPU cores), not
+        # the ~1 s of 128 rows with their logits
+        self.rows_per_call = 32
         self._batch = self.lib.llama_batch_init(UBATCH, 0, MAX_LEAVES + 1)
         self._decoding = threading.Lock()  # one shared batch buffer
 
@@ -206,8 +216,8 @@ class GgufTarget:
             lib.llama_free(ctx)
         if getattr(self, "_batch", None) is not None:
             lib.llama_batch_free(self._batch)
-        if getattr(self, "model", None):
-            lib.llama_model_free(self.model)
+        if getattr(self, "handle", None):
+            lib.llama_model_free(self.handle)
 
     def _context(self) -> Any:
         with self._lock:
@@ -227,7 +237,7 @@ class GgufTarget:
         params.kv_unified = True
         params.embeddings = True  # the final normed hidden states too (heads drafters)
         params.no_perf = True
-        ctx = self.lib.llama_init_from_model(self.model, params)
+        ctx = self.lib.llama_init_from_model(self.handle, params)
         if not ctx:
             raise GgufUnavailable("llama.cpp could not create a context")
         return ctx
@@ -242,6 +252,9 @@ class GgufTarget:
         """Tokens per llama.cpp decode call: ``UBATCH``, at most the context (llama.cpp
         aborts the process on a batch with more outputs than its context holds)."""
         return min(UBATCH, self.context_cells)
+
+    def backend(self) -> str:
+        return f"llama.cpp:{self.weights}:threads={self.threads}"
 
     def new_cache(self) -> GgufCache:
         """An empty KV cache (its own llama.cpp context) for one sequence."""
@@ -595,18 +608,3 @@ def _sequences(parents: list[int]) -> tuple[list[int], list[list[int]]]:
             node = parents[node]
     leaf_of = [seqs[0] for seqs in under]
     return leaf_of, under
-
-
-_TARGET_ATTR = "_poissonmark_gguf"
-
-
-def attach_gguf(model: Any, target: GgufTarget) -> None:
-    """Make ``target`` the backend of the transformers ``model`` (which stays loaded for its
-    config, tokenizer and any drafter built from its layers; ``sampler.cached_lm.open_cache``)."""
-    model.__dict__[_TARGET_ATTR] = target
-
-
-def gguf_of(model: Any) -> GgufTarget | None:
-    """The llama.cpp target attached to ``model``, if any."""
-    target = getattr(model, "__dict__", {}).get(_TARGET_ATTR)
-    return target if isinstance(target, GgufTarget) else None

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import weakref
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import cast
@@ -35,7 +36,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import PreTrainedModel
 
-from sampler.invariant import runner_of
+from sampler.cached_lm import as_target
+from sampler.target import Target
 from sampler.tree import DraftTree
 
 FORMAT = "poissonmark-heads/2"
@@ -48,17 +50,20 @@ def output_head(target: PreTrainedModel) -> nn.Linear:
     return cast(nn.Linear, target.get_output_embeddings())  # type: ignore[no-untyped-call]
 
 
+_fingerprints: weakref.WeakKeyDictionary[PreTrainedModel, str] = weakref.WeakKeyDictionary()
+
+
 def target_fingerprint(target: PreTrainedModel) -> str:
     """``"sha256:<16 hex>"`` of the target's shape and its LM-head and embedding weights,
     rounded to bfloat16 first so that the float32 (CPU) and bfloat16 (CUDA) loads of one model
     agree.
 
     Heads are only valid on the target they were trained on; loading them elsewhere is refused.
-    Cached on the model object (hashing ~110 MB takes ~0.3 s).
+    Remembered per model object (hashing ~110 MB takes ~0.3 s).
     """
-    cached = getattr(target, "_poissonmark_fingerprint", None)
+    cached = _fingerprints.get(target)
     if cached is not None:
-        return str(cached)
+        return cached
     digest = hashlib.sha256()
     config = target.config
     digest.update(
@@ -72,7 +77,7 @@ def target_fingerprint(target: PreTrainedModel) -> str:
         rounded = weight.detach().to("cpu", torch.bfloat16).view(torch.int16)
         digest.update(rounded.contiguous().numpy().tobytes())
     value = "sha256:" + digest.hexdigest()[:16]
-    target.__dict__["_poissonmark_fingerprint"] = value  # a plain attribute, not a submodule
+    _fingerprints[target] = value
     return value
 
 
@@ -133,21 +138,25 @@ class ParallelHeads(nn.Module):
         )
 
     def logits(
-        self, target: PreTrainedModel, hidden: torch.Tensor, tokens: torch.Tensor
+        self, target: Target | PreTrainedModel, hidden: torch.Tensor, tokens: torch.Tensor
     ) -> torch.Tensor:
         """(n, L, V) drafter logits for (n, d) hidden states h_{t−1} and (n,) root tokens x_t:
-        without gradients (decoding) through the packed bfloat16 LM head of the target's
-        runner where one is attached (``sampler.invariant``; as the target's own logits are),
-        else (training, or no runner) through transformers' head in the target's dtype."""
+        without gradients (decoding) through the target backend's own head where it has one
+        (``Target.project``: the packed bfloat16 head of ``sampler.invariant``, as the
+        target's own logits are), else (training, or no such head) through transformers'
+        head in the model's dtype."""
+        served = as_target(target)
+        model = served.model
         dtype = self.fuse.weight.dtype  # the heads' own (float32 while training on bf16 targets)
-        embedding = target.get_input_embeddings()(tokens).to(dtype)
+        embedding = model.get_input_embeddings()(tokens).to(dtype)
         z = self.features(hidden.to(dtype), embedding)  # (n, L, d)
-        runner = runner_of(target)
-        if runner is not None and not torch.is_grad_enabled():  # decoding, not training
+        if not torch.is_grad_enabled():  # decoding, not training
             n, lookahead, d = z.shape
-            return runner.project(z.reshape(n * lookahead, d)).view(n, lookahead, -1)
-        head = output_head(target)
-        out: torch.Tensor = head(target.model.norm(z.to(head.weight.dtype)))
+            projected = served.project(z.reshape(n * lookahead, d))
+            if projected is not None:
+                return projected.view(n, lookahead, -1)
+        head = output_head(model)
+        out: torch.Tensor = head(model.model.norm(z.to(head.weight.dtype)))
         return out
 
     def save(self, directory: Path, dtype: torch.dtype = torch.float16) -> None:
@@ -215,10 +224,10 @@ class HeadsDrafter:
 
     uses_target_hidden = True
 
-    def __init__(self, heads: ParallelHeads, target: PreTrainedModel, name: str) -> None:
+    def __init__(self, heads: ParallelHeads, target: Target | PreTrainedModel, name: str) -> None:
         self.heads = heads
-        self.target = target
-        self.vocab_size = target.config.vocab_size
+        self.target = as_target(target)
+        self.vocab_size = self.target.vocab_size
         self.name = name
         self.calls = 0
         self._hidden: torch.Tensor | None = None
@@ -274,9 +283,10 @@ def prime_heads(drafters: list[HeadsDrafter], roots: list[int]) -> None:
             drafter._laws = laws[row]
 
 
-def heads_drafter(path: str, target: PreTrainedModel) -> HeadsDrafter:
+def heads_drafter(path: str, target: Target | PreTrainedModel) -> HeadsDrafter:
     """Load ``heads:PATH`` for ``target``; an empty ``path`` means the shipped heads
     (``SHIPPED_HEADS``). Raises ``ParallelHeads.load``'s errors."""
     directory = Path(path).expanduser() if path else SHIPPED_HEADS
     name = f"heads:{path}" if path else "heads"
-    return HeadsDrafter(ParallelHeads.load(directory, target), target, name)
+    served = as_target(target)
+    return HeadsDrafter(ParallelHeads.load(directory, served.model), served, name)

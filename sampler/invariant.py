@@ -38,20 +38,17 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from sampler.masks import chain_visible
+from sampler.target import Target
 
 __all__ = [
     "InvariantCache",
     "InvariantLlama",
     "RowInvarianceError",
-    "attach_runner",
-    "runner_of",
 ]
 
 ROWS_PER_CALL = 32
 """Rows per packed-linear call: calls of 1..32 rows gave bit-identical rows on Intel Xeon
 (AMX) here; 33 and more did not (``probe_row_invariance``)."""
-
-_RUNNER_ATTR = "_poissonmark_runner"
 
 
 class RowInvarianceError(RuntimeError):
@@ -99,7 +96,7 @@ class _Layer:
     down: torch.Tensor  # (d, I)
 
 
-class InvariantLlama:
+class InvariantLlama(Target):
     """The target's forward with row-invariant numerics (module docstring).
 
     Args:
@@ -124,7 +121,8 @@ class InvariantLlama:
         rope = getattr(config, "rope_parameters", None) or {"rope_type": "default"}
         if rope.get("rope_type", "default") != "default":
             raise ValueError(f"unsupported RoPE type {rope.get('rope_type')!r}")
-        self.config = config
+        self.model = model
+        self.invariant = True
         self.weights = weights
         # the residual stream's dtype: float32 beside bfloat16 linears, float64 in the reference
         self.work = torch.float32 if weights == torch.bfloat16 else torch.float64
@@ -164,6 +162,9 @@ class InvariantLlama:
         self.pool = _KVPool(len(self.layers), self.kv_heads, self.head_dim)
         if weights == torch.bfloat16:
             probe_row_invariance(self.head)
+
+    def backend(self) -> str:
+        return f"runner:{self.weights}"
 
     def probe_every_shape(self) -> None:
         """``probe_row_invariance`` on one weight of each distinct linear shape (the first
@@ -395,6 +396,7 @@ class InvariantCache:
 
     def __init__(self, runner: InvariantLlama) -> None:
         self.runner = runner
+        self.target = runner
         self.cached = 0
         self.forward_calls = 0
         self.keep_hidden = False
@@ -452,14 +454,3 @@ def probe_row_invariance(weight: torch.Tensor, rows: int = ROWS_PER_CALL) -> Non
                     f"packed bfloat16 linear is not row-invariant here (call of {size} rows at "
                     f"offset {offset}); use precision float32"
                 )
-
-
-def attach_runner(model: PreTrainedModel, runner: InvariantLlama) -> None:
-    """Make ``runner`` the target backend of ``model`` (``sampler.cached_lm.open_cache``)."""
-    model.__dict__[_RUNNER_ATTR] = runner  # a plain attribute, not a submodule
-
-
-def runner_of(model: PreTrainedModel) -> InvariantLlama | None:
-    """The runner attached to ``model``, if any."""
-    runner = model.__dict__.get(_RUNNER_ATTR)
-    return runner if isinstance(runner, InvariantLlama) else None

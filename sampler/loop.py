@@ -27,13 +27,14 @@ from transformers import PreTrainedModel
 
 from keyed import KeyedSource
 from sampler.autotree import TreeChooser, profile_for, tree_invariant
-from sampler.cached_lm import TargetLM, forward_many, open_cache
+from sampler.cached_lm import TargetLM, as_target, forward_many
 from sampler.drafters import Drafter, draft_law, feed_target_hidden, wants_target_hidden
 from sampler.masks import chain_visible
 from sampler.methods import SamplerConfig
 from sampler.policies import History, KeyedRace, Policy
 from sampler.processing import process
 from sampler.stats import FinishReason, GenerationResult, GenerationStats, count_at
+from sampler.target import Target
 from sampler.tree import DraftTree
 
 
@@ -75,7 +76,7 @@ class SequenceState:
 
 
 def start(
-    target: PreTrainedModel,
+    target: Target | PreTrainedModel,
     prompt: list[int],
     config: SamplerConfig,
     source: KeyedSource,
@@ -87,7 +88,7 @@ def start(
 
 
 def start_many(
-    target: PreTrainedModel,
+    target: Target | PreTrainedModel,
     requests: list[tuple[list[int], SamplerConfig, KeyedSource, Drafter | None]],
     eos_ids: frozenset[int],
 ) -> list[SequenceState]:
@@ -101,6 +102,7 @@ def start_many(
     Returns:
         R sequences, in order; ``prefill_seconds`` is the shared prefill's time.
     """
+    target = as_target(target)
     auto = tree_invariant(target)  # else tree "auto" drafts as "fixed" (autotree)
     if auto and any(c.tree == "auto" and c.speculative for _, c, _, _ in requests):
         profile_for(target)  # measured once per machine (~2 s), before the clock starts
@@ -108,7 +110,7 @@ def start_many(
     lms, drafters = [], []
     for prompt, config, _, drafter in requests:
         drafter = drafter if config.speculative else None
-        lm = open_cache(target)
+        lm = target.new_cache()
         lm.keep_hidden = wants_target_hidden(drafter)
         if drafter is not None:
             drafter.start(prompt)
@@ -128,7 +130,7 @@ def start_many(
     for lm, drafter, (prompt, config, source, _) in zip(lms, drafters, requests, strict=True):
         if len(prompt) > 1:
             feed_target_hidden(drafter, lm, -1)
-        policy = config.spec.policy_for(source, target.config.vocab_size)
+        policy = config.spec.policy_for(source, target.vocab_size)
         chooser = None
         if auto and config.tree == "auto" and drafter is not None and isinstance(policy, KeyedRace):
             chooser = TreeChooser(

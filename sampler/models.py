@@ -21,11 +21,12 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 import keyed
 from sampler import processing, race, topk
 from sampler.autotree import set_profile_dir
+from sampler.cached_lm import TransformersTarget, as_target
 from sampler.cpu_features import native_bfloat16
-from sampler.gguf_target import GgufTarget, GgufUnavailable, attach_gguf
+from sampler.gguf_target import GgufTarget, GgufUnavailable
 from sampler.gguf_target import RowInvarianceError as GgufRowInvarianceError
 from sampler.gguf_target import available as gguf_available
-from sampler.invariant import InvariantLlama, RowInvarianceError, attach_runner
+from sampler.invariant import InvariantLlama, RowInvarianceError
 from sampler.model_files import (
     ALIASES,
     DEFAULT_MODEL,
@@ -35,7 +36,8 @@ from sampler.model_files import (
     materialise,
     tokenizer_fingerprint,
 )
-from sampler.static_target import StaticLlama, attach_static
+from sampler.static_target import StaticLlama
+from sampler.target import Target
 
 log = logging.getLogger("poissonmark.models")
 
@@ -72,11 +74,13 @@ shapes passes the row-invariance probe (eight batched requests 4.1-5.3x one,
 class LoadedModel:
     """A causal LM with its tokenizer, on one device, in eval mode.
 
-    ``dtype`` is the target's compute precision (the logits' dtype); on the CPU with bfloat16
-    or gguf (which also sets ``torch.set_num_threads(1)``, process-wide) the transformers
-    ``model`` stays float32 (drafters share its layers, the tree chooser its config) and
-    decoding goes through the attached row-invariant runner or llama.cpp
-    (``sampler.cached_lm.open_cache``); ``precision`` says which.
+    ``target`` is what decodes (``sampler.target.Target``: transformers, the row-invariant
+    bfloat16 runner, llama.cpp or the static CUDA target; ``precision`` says which); pass it,
+    not ``model``, to the decoder, batching, drafters and the detector's model tests.
+    ``model`` is the transformers copy of the weights (float32 on the CPU beside bfloat16 or
+    gguf, which also sets ``torch.set_num_threads(1)``, process-wide): drafters share its
+    layers, the tree chooser its config. ``dtype`` is the target's compute precision (the
+    logits' dtype). Built without a ``target``, it decodes on ``model``'s own forward.
     """
 
     name: str
@@ -85,6 +89,13 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     precision: str = "float32"
+    target: Target = None  # type: ignore[assignment]  # set in __post_init__
+
+    def __post_init__(self) -> None:
+        # a transformers target follows ``model`` (``dataclasses.replace(loaded, model=...)``)
+        stale = isinstance(self.target, TransformersTarget) and self.target.model is not self.model
+        if self.target is None or stale:
+            object.__setattr__(self, "target", as_target(self.model))
 
 
 def gguf_source(name: str, path: Path) -> Path | None:
@@ -112,6 +123,7 @@ def gguf_target(name: str, path: Path, model: PreTrainedModel) -> GgufTarget:
     if source is None:
         raise GgufUnavailable(f"precision gguf needs a model with a GGUF file, not {name!r}")
     target = GgufTarget(source)
+    target.model = model
     if target.vocab_size != int(model.config.vocab_size):
         raise ValueError(
             f"llama.cpp's vocabulary ({target.vocab_size}) differs from the model's "
@@ -124,6 +136,7 @@ def gguf_target(name: str, path: Path, model: PreTrainedModel) -> GgufTarget:
         except GgufRowInvarianceError as exc:
             log.warning("precision gguf: weight repacking off, ~2x slower on AMX (%s)", exc)
             target = GgufTarget(source, repack=False)
+            target.model = model
     target.probe()
     return target
 
@@ -211,12 +224,13 @@ def load_model(
     model = model.to(dev)  # type: ignore[arg-type]  # transformers' wrapped .to hides self
     model.eval()
     chosen = "bfloat16" if dtype == torch.bfloat16 else "float32"
+    target: Target = as_target(model)
     if precision == "gguf":
-        attach_gguf(model, gguf_target(name, path, model))
+        target = gguf_target(name, path, model)
         chosen = "gguf"
     elif maybe_invariant and gguf_available() and gguf_source(name, path) is not None:
         try:
-            attach_gguf(model, gguf_target(name, path, model))
+            target = gguf_target(name, path, model)
             chosen = "gguf"
         except (GgufUnavailable, GgufRowInvarianceError, ValueError) as exc:
             log.info("precision auto: not gguf (%s)", exc)
@@ -227,20 +241,21 @@ def load_model(
         torch.set_num_threads(1)
         log.info("precision gguf: torch set to one intra-op thread")
     elif invariant:
-        attach_runner(model, InvariantLlama(model, torch.bfloat16))
+        target = InvariantLlama(model, torch.bfloat16)
         dtype, chosen = torch.bfloat16, "bfloat16"
     elif maybe_invariant and native_bfloat16():
         runner = auto_runner(model)
         if runner is not None:
-            attach_runner(model, runner)
+            target = runner
             dtype, chosen = torch.bfloat16, "bfloat16"
     elif static:
         try:
-            attach_static(model, StaticLlama(model, device=dev, weights=torch.bfloat16))
+            target = StaticLlama(model, device=dev, weights=torch.bfloat16)
         except ValueError as exc:  # not a Llama: transformers' own bfloat16 forward
             log.info("precision %s on CUDA: transformers bfloat16 (%s)", precision, exc)
         chosen = "bfloat16"
-    set_profile_dir(model, data_dir / "profiles")  # tree "auto"'s forward costs
+    set_profile_dir(target, data_dir / "profiles")  # tree "auto"'s forward costs
     return LoadedModel(
-        name=name, model=model, tokenizer=tokenizer, device=dev, dtype=dtype, precision=chosen
-    )
+        name=name, model=model, tokenizer=tokenizer, device=dev, dtype=dtype, precision=chosen,
+        target=target,
+    )  # fmt: skip

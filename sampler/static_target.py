@@ -49,19 +49,19 @@ import heapq
 import math
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from sampler.masks import chain_visible
+from sampler.target import Target
 
-__all__ = ["ATTENTION_BLOCK", "StaticCache", "StaticLlama", "attach_static", "static_of"]
+__all__ = ["ATTENTION_BLOCK", "StaticCache", "StaticLlama"]
 
 ATTENTION_BLOCK = 128
 """KV positions per attention block: every block is one batched matmul of the same shape."""
-
-_STATIC_ATTR = "_poissonmark_static_target"
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ class _Layer:
     down: torch.Tensor  # (d, I)
 
 
-class StaticLlama:
+class StaticLlama(Target):
     """The target's forward in one static row layout (module docstring).
 
     Args:
@@ -127,8 +127,9 @@ class StaticLlama:
         graphs = dev.type == "cuda" if graphs is None else graphs
         if graphs and dev.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
-        self.config = config
-        self.device = dev
+        self.model = model
+        self.invariant = True
+        self.runs_on = dev
         self.weights = weights
         self.work = torch.float64 if weights == torch.float64 else torch.float32
         self.attention = torch.float64  # module docstring: position-independent to ~1e-16
@@ -151,7 +152,8 @@ class StaticLlama:
             return torch.cat([state[n] for n in names]).to(dev, weights).contiguous()
 
         def vector(name: str) -> torch.Tensor:
-            return state[name].to(dev, self.work).contiguous()
+            out: torch.Tensor = state[name].to(dev, self.work).contiguous()
+            return out
 
         self.layers: list[_Layer] = []
         for i in range(int(config.num_hidden_layers)):
@@ -189,19 +191,22 @@ class StaticLlama:
             self._group = torch.zeros(group_slots, dtype=torch.long, device=dev)
             self._mask = torch.zeros((group_slots, rows, capacity), dtype=torch.bool, device=dev)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
-        self._pool: object | None = None
+        self._pool: Any = None
         self.group_forwards = 0  # group forwards run so far (each one graph replay on CUDA)
 
     # ------------------------------------------------------------------ identity
+    def backend(self) -> str:
+        return ":".join(f"{k}={v}" for k, v in sorted(self.fingerprint().items()))
+
     def fingerprint(self) -> dict[str, str]:
         """What this target's bits depend on: the layout, dtypes, device and its name."""
-        name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
+        name = torch.cuda.get_device_name(self.runs_on) if self.runs_on.type == "cuda" else "cpu"
         return {
             "backend": "static",
             "weights": str(self.weights).removeprefix("torch."),
             "layout": f"G{self.group_slots}xR{self.rows}/block{ATTENTION_BLOCK}",
             "capacity": str(self.capacity),
-            "device": f"{self.device.type}:{name}",
+            "device": f"{self.runs_on.type}:{name}",
             "graphs": str(self.graphs),
             "torch": torch.__version__,
         }
@@ -228,7 +233,8 @@ class StaticLlama:
     # ------------------------------------------------------------------ math
     def _linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """(M, K) work dtype -> (M, N) work dtype through the weights' dtype."""
-        return F.linear(x.to(self.weights), weight).to(self.work)
+        out: torch.Tensor = F.linear(x.to(self.weights), weight)
+        return out.to(self.work)
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """Llama RMSNorm of (M, d) rows as transformers computes it: in float32 whatever the
@@ -258,8 +264,8 @@ class StaticLlama:
         exact = self.attention
         cos, sin = angles.cos().to(exact), angles.sin().to(exact)
         mask = self._mask[:, :, :window]  # (G, R, W)
-        zero = torch.zeros((), dtype=exact, device=self.device)
-        minus = torch.full((), -math.inf, dtype=exact, device=self.device)
+        zero = torch.zeros((), dtype=exact, device=self.runs_on)
+        minus = torch.full((), -math.inf, dtype=exact, device=self.runs_on)
         bias = torch.where(mask, zero, minus)[:, None, None]  # (G, 1, 1, R, W)
         scale = 1.0 / math.sqrt(dh)
         x = self.embedding[self._ids]  # (M, d)
@@ -275,9 +281,9 @@ class StaticLlama:
             q = query.view(g_slots, r, g, per, dh).permute(0, 2, 3, 1, 4) * scale
             own_keys = keys[:, :, :window].index_select(0, self._group).to(exact)  # (G, g, W, D)
             own_values = values[:, :, :window].index_select(0, self._group).to(exact)
-            best = torch.full((g_slots, g, per, r, 1), -math.inf, dtype=exact, device=self.device)
-            total = torch.zeros((g_slots, g, per, r, 1), dtype=exact, device=self.device)
-            acc = torch.zeros((g_slots, g, per, r, dh), dtype=exact, device=self.device)
+            best = torch.full((g_slots, g, per, r, 1), -math.inf, dtype=exact, device=self.runs_on)
+            total = torch.zeros((g_slots, g, per, r, 1), dtype=exact, device=self.runs_on)
+            acc = torch.zeros((g_slots, g, per, r, dh), dtype=exact, device=self.runs_on)
             for b in range(blocks):
                 lo, hi = b * ATTENTION_BLOCK, (b + 1) * ATTENTION_BLOCK
                 k_b = own_keys[:, :, None, lo:hi]  # (G, g, 1, B, D)
@@ -323,12 +329,12 @@ class StaticLlama:
         ]
         saved_mask = self._mask.clone()
         self._idle_inputs()
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
+        stream = torch.cuda.Stream(self.runs_on)  # type: ignore[no-untyped-call]
+        stream.wait_stream(torch.cuda.current_stream(self.runs_on))
         with torch.cuda.stream(stream):
             for _ in range(2):
                 self._group_forward(blocks)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
+        torch.cuda.current_stream(self.runs_on).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             logits, hidden = self._group_forward(blocks)
@@ -350,7 +356,7 @@ class StaticLlama:
         self._group.fill_(self.spare)
         self._row_slots.fill_(self.spare)
         self._columns.copy_(
-            (self.capacity + torch.arange(r, device=self.device)).repeat(self.group_slots)
+            (self.capacity + torch.arange(r, device=self.runs_on)).repeat(self.group_slots)
         )
         self._mask.zero_()
         self._mask[:, :, 0] = True
@@ -465,7 +471,7 @@ class StaticLlama:
             columns[place, :n] = p + first + torch.arange(n)
             mask[place, :n] = False
             mask[place, :n, : p + first + n] = seen[:, : p + first + n]
-        dev = self.device
+        dev = self.runs_on
         self._ids.copy_(ids.view(-1).to(dev, non_blocking=True))
         self._positions.copy_(positions.view(-1).to(dev, non_blocking=True))
         self._columns.copy_(columns.view(-1).to(dev, non_blocking=True))
@@ -486,13 +492,13 @@ class StaticLlama:
     ) -> None:
         """Copy the real rows' logits to the host (one copy) and keep hidden states."""
         r = self.rows
-        index = []
-        spans = []
+        index: list[int] = []
+        spans: list[tuple[int, int, int]] = []
         for place, s in enumerate(group):
             n = min(counts[s] - first, r)
             spans.append((s, len(index), n))
             index.extend(range(place * r, place * r + n))
-        where = torch.tensor(index, dtype=torch.long).to(self.device, non_blocking=True)
+        where = torch.tensor(index, dtype=torch.long).to(self.runs_on, non_blocking=True)
         rows = out.index_select(0, where).to("cpu")  # the one device-to-host copy
         rows = rows.to(logits[0].dtype)
         kept = last.index_select(0, where) if any(caches[s].keep_hidden for s in group) else None
@@ -507,7 +513,7 @@ class StaticLlama:
         each >= prefix): a gather within the sequence's slot, on the device."""
         end = prefix + len(slots)
         if slots != list(range(prefix, end)):
-            index = torch.tensor(slots, dtype=torch.long).to(self.device)
+            index = torch.tensor(slots, dtype=torch.long).to(self.runs_on)
             with self.forward_lock:
                 moved = self.keys[:, cache.slot].index_select(2, index)
                 self.keys[:, cache.slot, :, prefix:end] = moved
@@ -554,14 +560,3 @@ class StaticCache:
     def keep(self, prefix: int, slots: list[int]) -> None:
         """Keep positions [0, prefix) and then the cached positions ``slots`` (increasing)."""
         self.target.keep(self, prefix, slots)
-
-
-def attach_static(model: PreTrainedModel, target: StaticLlama) -> None:
-    """Make ``target`` the target backend of ``model`` (``sampler.cached_lm.open_cache``)."""
-    model.__dict__[_STATIC_ATTR] = target  # a plain attribute, not a submodule
-
-
-def static_of(model: PreTrainedModel) -> StaticLlama | None:
-    """The static target attached to ``model``, if any."""
-    target = model.__dict__.get(_STATIC_ATTR)
-    return target if isinstance(target, StaticLlama) else None

@@ -217,7 +217,7 @@ def add_model_tests(
 
     Args:
         shaped: ``multi_key_json(found, ...)``, changed in place and returned.
-        model: the target (``LoadedModel.model``). processing: a ``sampler.processing.
+        model: the target (``LoadedModel.target``). processing: a ``sampler.processing.
             Processing`` (the generation's temperature, top-k, top-p).
         entropy_weighting, likelihood_ratio, edit_filter: which tests (none: ``shaped``
             unchanged).

@@ -162,7 +162,7 @@ class GenerationWorker:
         self._queue: queue.Queue[Job | object] = queue.Queue(maxsize=queue_size)
         self._eos = eos_ids(loaded)
         self._drafters: dict[str, Drafter] = {}
-        self._batch = Batch(loaded.model, node_budget)
+        self._batch = Batch(loaded.target, node_budget)
         self._active: list[Job] = []
         self._reported_batch = -1
         self.peak_active = 0  # the most jobs that stepped together so far
@@ -345,7 +345,7 @@ class GenerationWorker:
             raise ValueError("drafter: a speculative method needs one (ngram, heads or self:N)")
         if spec not in self._drafters:
             try:
-                self._drafters[spec] = make_drafter(spec, self.loaded.model)
+                self._drafters[spec] = make_drafter(spec, self.loaded.target)
             except ValueError as exc:  # make_drafter's check of the spec (e.g. self:N too deep)
                 raise InvalidInput("drafter", str(exc)) from None
         return fresh_drafter(self._drafters[spec])

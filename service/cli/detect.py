@@ -305,7 +305,7 @@ def detect(
             shaped = add_model_tests(
                 shaped,
                 found,
-                loaded.model,
+                loaded.target,
                 processing,
                 entropy_weighting=entropy_weighting,
                 likelihood_ratio=likelihood_ratio,

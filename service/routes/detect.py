@@ -38,7 +38,7 @@ async def detect(
     """Test one text against one key, or against every key of your tenant."""
     check_detect_input(body, settings, resources.vocab_size)
     await limiter.spend(principal.token_id)
-    model = resources.loaded.model if body.reads_model else None
+    model = resources.loaded.target if body.reads_model else None
     (result,) = await pool.run(
         pool.detect_all, store, principal.tenant, [body], body, settings.max_keys_per_detect, model
     )
@@ -60,7 +60,7 @@ async def detect_batch(
     """Test several texts with the same options (each counts against the rate limit)."""
     check_batch(body.items, settings, resources.vocab_size)
     await limiter.spend(principal.token_id, len(body.items))
-    model = resources.loaded.model if body.reads_model else None
+    model = resources.loaded.target if body.reads_model else None
     results = await pool.run(
         pool.detect_all,
         store,

@@ -100,7 +100,7 @@ def test_weighted_h0_on_human_text_with_model_entropies(
     for text in texts:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"][:96]
         entropy = processed_entropy(
-            real_model.model, ids, processing, prefix=[tokenizer.bos_token_id]
+            real_model.target, ids, processing, prefix=[tokenizer.bos_token_id]
         ).numpy()
         token_ids = np.array(ids, dtype=np.int64)
         plan = detection_plan_arrays(token_ids, 4, special)

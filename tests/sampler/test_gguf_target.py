@@ -23,7 +23,6 @@ from sampler.gguf_target import (
     GgufCache,
     GgufTarget,
     RowInvarianceError,
-    gguf_of,
     repacking_safe,
 )
 from sampler.models import DEFAULT_MODEL, load_model
@@ -39,8 +38,8 @@ def gguf_model(data_dir):  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="module")
 def target(gguf_model) -> GgufTarget:  # type: ignore[no-untyped-def]
-    found = gguf_of(gguf_model.model)
-    assert found is not None
+    found = gguf_model.target
+    assert isinstance(found, GgufTarget)
     return found
 
 
@@ -66,7 +65,7 @@ def _tree_visible(base: int, ancestors: list[list[int]]) -> torch.Tensor:
 def test_auto_is_gguf_on_this_cpu(real_model) -> None:  # type: ignore[no-untyped-def]
     """llama-cpp-python is installed by scripts/setup.sh, so precision auto picks it."""
     assert real_model.precision == "gguf"
-    assert isinstance(open_cache(real_model.model), GgufCache)
+    assert isinstance(open_cache(real_model.target), GgufCache)
 
 
 def test_a_chain_at_once_equals_token_by_token(target: GgufTarget) -> None:
@@ -225,7 +224,7 @@ def test_a_forward_longer_than_a_micro_batch_is_copied_in_place(gguf_model, monk
     from sampler import gguf_target
 
     monkeypatch.setattr(gguf_target, "UBATCH", 8)
-    small = GgufTarget(gguf_of(gguf_model.model).path)  # type: ignore[union-attr]
+    small = GgufTarget(gguf_model.target.path)  # type: ignore[attr-defined]
     assert small.micro_batch == 8
     joint, alone = small.new_cache(), small.new_cache()
     together = joint.extend(PREFIX)
@@ -244,7 +243,7 @@ def test_position_laws_read_the_generation_backend(
     from sampler.processing import process
 
     processing = Processing(0.7, 0, 0.95)
-    laws = position_laws(gguf_model.model, CHAIN, processing, prefix=PREFIX, chunk=3)
+    laws = position_laws(gguf_model.target, CHAIN, processing, prefix=PREFIX, chunk=3)
     cache = target.new_cache()
     logits = cache.extend(PREFIX + CHAIN[:-1])[len(PREFIX) - 1 :].double()  # (T, V) -> CHAIN[t]
     support = process(logits, processing)

@@ -40,7 +40,7 @@ def test_static_target_on_cuda_equals_transformers_and_itself():
     from sampler.batch import generate_many
     from sampler.cached_lm import CachedLM
     from sampler.drafters import NgramDrafter, fresh_drafter
-    from sampler.static_target import ATTENTION_BLOCK, StaticLlama, attach_static
+    from sampler.static_target import ATTENTION_BLOCK, StaticLlama
     from tests.sampler.conftest import VOCAB
 
     model = tiny_llama(0, layers=3)
@@ -52,13 +52,9 @@ def test_static_target_on_cuda_equals_transformers_and_itself():
     prompt = [(5 * j + 2) % VOCAB for j in range(ATTENTION_BLOCK + 9)]
     ours, theirs = exact.new_cache().extend(prompt), CachedLM(model).extend(prompt)
     torch.testing.assert_close(ours, theirs, atol=1e-12, rtol=0)
-    served = tiny_llama(0, layers=3)
-    attach_static(
-        served,
-        StaticLlama(
-            served, device="cuda", weights=torch.float32, group_slots=2, rows=4,
-            capacity=2 * ATTENTION_BLOCK, slots=8,
-        ),
+    served = StaticLlama(
+        tiny_llama(0, layers=3), device="cuda", weights=torch.float32, group_slots=2, rows=4,
+        capacity=2 * ATTENTION_BLOCK, slots=8,
     )  # fmt: skip
     requests = []
     for i in range(5):

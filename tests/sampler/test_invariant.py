@@ -24,8 +24,6 @@ from sampler.invariant import (
     InvariantCache,
     InvariantLlama,
     RowInvarianceError,
-    attach_runner,
-    runner_of,
 )
 from sampler.models import load_model
 from sampler.processing import Processing
@@ -91,17 +89,15 @@ def bf16_target():
     model = LlamaForCausalLM(target.config).eval()
     model.load_state_dict({k: v.float() for k, v in target.state_dict().items()})
     try:
-        attach_runner(model, InvariantLlama(model, torch.bfloat16))
+        return InvariantLlama(model, torch.bfloat16)
     except RowInvarianceError as refused:
         pytest.skip(f"this CPU's bfloat16 kernels are not row-invariant: {refused}")
-    return model
 
 
 def test_bfloat16_rows_do_not_depend_on_the_forward(bf16_target):
     """The logits at a context: one token at a time == a tree row == a row of a forward over
     three sequences' trees (torch.equal, not a tolerance)."""
-    runner = runner_of(bf16_target)
-    assert runner is not None
+    runner = bf16_target
     prompt = [(3 * j + 1) % VOCAB for j in range(9)]
     tokens, depths, visible = _tree_inputs(len(prompt))
     tree = runner.new_cache()
@@ -150,7 +146,7 @@ def test_bfloat16_mpfr_equals_basic_uwm(bf16_target, config):
     for i in range(3):
         prompt = [(11 * i + 5 * j + 1) % VOCAB for j in range(2 + 3 * i)]
         want = generate(bf16_target, prompt, basic, _source(i)).token_ids
-        for drafter in (NgramDrafter(VOCAB), self_drafter(bf16_target, 1)):
+        for drafter in (NgramDrafter(VOCAB), self_drafter(bf16_target.model, 1)):
             got = generate(bf16_target, prompt, config, _source(i), drafter)
             assert got.token_ids == want
             accepted += sum(got.stats.accepted_per_level)
@@ -258,17 +254,15 @@ def test_real_model_auto_precision_follows_the_cpu(real_model):
     is installed (scripts/setup.sh builds it), else the bfloat16 runner exactly where the CPU
     has AMX bfloat16 (and its shapes pass the probe), float32 elsewhere."""
     from sampler.cpu_features import native_bfloat16
-    from sampler.gguf_target import available, gguf_of
-    from sampler.invariant import runner_of
+    from sampler.gguf_target import GgufTarget, available
 
     if available():
         assert real_model.precision == "gguf"
-        assert gguf_of(real_model.model) is not None
-        assert runner_of(real_model.model) is None
+        assert isinstance(real_model.target, GgufTarget)
         return
     expected = torch.bfloat16 if native_bfloat16() else torch.float32
     assert real_model.dtype == expected
-    assert (runner_of(real_model.model) is not None) == (expected == torch.bfloat16)
+    assert isinstance(real_model.target, InvariantLlama) == (expected == torch.bfloat16)
 
 
 def test_heads_decode_through_the_runners_head_and_train_through_transformers(bf16_target):
@@ -278,7 +272,7 @@ def test_heads_decode_through_the_runners_head_and_train_through_transformers(bf
     float32 head and the heads learn. Both agree to bfloat16 rounding."""
     from sampler.heads import new_heads
 
-    heads = new_heads(bf16_target, 3)
+    heads = new_heads(bf16_target.model, 3)
     g = torch.Generator().manual_seed(5)
     with torch.no_grad():
         for p in heads.parameters():

@@ -21,7 +21,7 @@ from sampler.cached_lm import CachedLM, forward_many, open_cache
 from sampler.decoder import SamplerConfig, generate
 from sampler.drafters import NgramDrafter, fresh_drafter, self_drafter
 from sampler.processing import Processing
-from sampler.static_target import ATTENTION_BLOCK, StaticCache, StaticLlama, attach_static
+from sampler.static_target import ATTENTION_BLOCK, StaticCache, StaticLlama
 from tests.sampler.conftest import VOCAB, tiny_llama
 
 EXACT = 1e-12
@@ -83,14 +83,10 @@ def float32_static():
     """The tiny float64 model served by a float32 static target: G = 2, R = 4 (small, so
     trees and prompts need several passes and groups)."""
     model = tiny_llama(0, layers=3)
-    attach_static(
-        model,
-        StaticLlama(
-            model, weights=torch.float32, group_slots=2, rows=4,
-            capacity=2 * ATTENTION_BLOCK, slots=8,
-        ),
+    return StaticLlama(
+        model, weights=torch.float32, group_slots=2, rows=4, capacity=2 * ATTENTION_BLOCK,
+        slots=8,
     )  # fmt: skip
-    return model
 
 
 def test_float32_rows_do_not_depend_on_the_forward(float32_static):
@@ -147,7 +143,7 @@ def test_float32_mpfr_equals_basic_uwm(float32_static, config):
     for i in range(3):
         prompt = [(11 * i + 5 * j + 1) % VOCAB for j in range(2 + 3 * i)]
         want = generate(float32_static, prompt, basic, _source(i)).token_ids
-        for drafter in (NgramDrafter(VOCAB), self_drafter(float32_static, 1)):
+        for drafter in (NgramDrafter(VOCAB), self_drafter(float32_static.model, 1)):
             got = generate(float32_static, prompt, config, _source(i), drafter)
             assert got.token_ids == want
             accepted += sum(got.stats.accepted_per_level)

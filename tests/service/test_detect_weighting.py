@@ -46,7 +46,7 @@ def test_the_weighted_test_is_reported_beside_the_verdict(
     ).json()["results"][0]["tokens"]]  # fmt: skip
     bos = tiny_loaded.tokenizer.bos_token_id
     entropy = processed_entropy(
-        tiny_loaded.model, ids, Processing(0.7, 0, 0.95), prefix=[bos]
+        tiny_loaded.target, ids, Processing(0.7, 0, 0.95), prefix=[bos]
     ).numpy()
     source = svc.store.get(key_id, None).source(0)
     direct = detect(tiny_loaded.tokenizer, source, token_ids=ids, options=DetectOptions())
@@ -146,7 +146,7 @@ def _direct_lr(
     from detector.weighted import likelihood_ratio_test
     from sampler.entropy import position_laws
 
-    laws = position_laws(loaded.model, ids, Processing(1.0, 1, 1.0), prefix=prefix)
+    laws = position_laws(loaded.target, ids, Processing(1.0, 1, 1.0), prefix=prefix)
     source = svc.store.get(key_id, None).source(0)
     direct = detect(loaded.tokenizer, source, token_ids=ids, options=DetectOptions())
     test = likelihood_ratio_test(
@@ -326,7 +326,7 @@ def test_the_edit_filtered_test_is_reported_per_key_with_its_own_width(
     bos = tiny_loaded.tokenizer.bos_token_id
     greedy = _greedy_after(tiny_loaded, [bos], 40)
     ids = [*greedy[:20], 504, 2365, 6354, *greedy[20:]]
-    rank = position_laws(tiny_loaded.model, ids, Processing(1.0, 50, 1.0), prefix=[bos]).raw_rank
+    rank = position_laws(tiny_loaded.target, ids, Processing(1.0, 50, 1.0), prefix=[bos]).raw_rank
     assert 0 < int((rank >= 1000).sum()) < len(ids) // 2
     plain_body = {"token_ids": ids}
     plain = svc.client.post("/v1/detect", json=plain_body, headers=svc.admin).json()

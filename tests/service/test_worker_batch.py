@@ -49,8 +49,8 @@ def _wide(loaded):  # type: ignore[no-untyped-def]
 
 def _solo(loaded, i: int):  # type: ignore[no-untyped-def]
     prompt, config, spec = JOBS[i]
-    drafter = make_drafter(spec, loaded.model) if spec else None
-    return generate(loaded.model, prompt, config, _source(i), drafter, eos_ids(loaded))
+    drafter = make_drafter(spec, loaded.target) if spec else None
+    return generate(loaded.target, prompt, config, _source(i), drafter, eos_ids(loaded))
 
 
 async def _collect(job: Job) -> tuple[list[int], Finished | Failed]:

@@ -1,0 +1,99 @@
+"""The target interface: what the decoder, batching, tree ``auto`` and the detector's model
+tests need of a target, whatever runs it.
+
+One ``Target`` object per loaded target (``sampler.models.load_model`` returns it as
+``LoadedModel.target``). The backends that implement it:
+
+- ``sampler.cached_lm.TransformersTarget``: transformers' own forward (the float64 reference,
+  float32 on the CPU, any precision on CUDA);
+- ``sampler.invariant.InvariantLlama``: the row-invariant bfloat16 CPU runner;
+- ``sampler.gguf_target.GgufTarget``: llama.cpp on the model's GGUF file;
+- ``sampler.static_target.StaticLlama``: the static-layout target (CUDA graphs; eager on the
+  CPU).
+
+A sequence's KV cache (``new_cache``) takes ``forward``/``extend``/``keep`` (``TargetLM`` in
+``sampler.cached_lm``); ``forward`` runs many sequences' trees in one call.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from transformers import PreTrainedModel
+
+if TYPE_CHECKING:
+    from sampler.cached_lm import TargetLM
+
+__all__ = ["Target"]
+
+
+class Target:
+    """A loaded target (module docstring). Subclasses set ``model`` and implement
+    ``new_cache``, ``forward`` and ``backend``.
+
+    Attributes:
+        model: the transformers model of the same weights: its config, tokenizer-facing
+            settings, and the layers drafters share (self-drafting, heads).
+        vocab_size: V, the logits' width.
+        invariant: whether a context's logits are the same bits whatever the tree or batch
+            around it (tree ``auto`` chooses trees only then; drafter and batch invariance
+            of the output rest on it).
+        rows_per_call: the most new tokens one forward should carry for a single sequence
+            (None: no limit); the detector's model tests chunk by it.
+        profile_dir: where tree ``auto``'s forward-cost profile is kept on disk.
+        forward_profile: the profile once measured or read (``sampler.autotree``).
+    """
+
+    model: PreTrainedModel
+    vocab_size: int
+    invariant: bool = False
+    rows_per_call: int | None = None
+    profile_dir: Path | None = None
+    forward_profile: Any = None
+
+    @property
+    def config(self) -> Any:
+        """The model's transformers config."""
+        return self.model.config
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the transformers model (and of drafters built on it)."""
+        return next(self.model.parameters()).device
+
+    def backend(self) -> str:
+        """A short description of what computes the logits (for fingerprints and logs)."""
+        raise NotImplementedError
+
+    def new_cache(self) -> TargetLM:
+        """An empty KV cache for one sequence."""
+        raise NotImplementedError
+
+    def forward(
+        self,
+        caches: list[Any],
+        tokens: list[list[int]],
+        depths: list[list[int]],
+        visible: list[torch.Tensor],
+        bases: list[int],
+    ) -> list[torch.Tensor]:
+        """One forward over S sequences' new tokens, each over its own cache.
+
+        Args:
+            caches: S caches of this target.
+            tokens: per sequence, q_s token ids.
+            depths: per sequence, q_s position offsets (position id = base + depth).
+            visible: per sequence, (q_s, P_s + q_s) bool, which cached and new positions each
+                new token attends to.
+            bases: per sequence, the position id of depth 0.
+        Returns:
+            S tensors of (q_s, V) logits.
+        """
+        raise NotImplementedError
+
+    def project(self, features: torch.Tensor) -> torch.Tensor | None:
+        """The target's final norm and LM head on (n, d) drafter features, through the
+        backend's own head where it has one (None: use transformers' head)."""
+        return None
