@@ -180,7 +180,8 @@ class StaticLlama(Target):
             self.values = torch.zeros_like(self.keys)
         self.spare = slots  # the empty places' slot
         self._free = list(range(slots))
-        self._lock = threading.Lock()
+        # re-entrant: a cache the collector drops inside _acquire releases its slot there
+        self._lock = threading.RLock()
         self.forward_lock = threading.Lock()  # one group forward at a time (static buffers)
         m = group_slots * rows
         with torch.inference_mode():
