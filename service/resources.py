@@ -124,7 +124,7 @@ async def watch_embedded(
         await pool.disconnect()
         if pool.connection_kwargs.get("path") != socket:  # joined another process's server
             pool.connection_kwargs["path"] = socket
-            pool.reset()  # pooled connections hold the old path
+            pool.reset()  # type: ignore[no-untyped-call]  # pooled connections: the old path
         log.warning("embedded redis had stopped: started again on its data (%s)", socket)
 
 
