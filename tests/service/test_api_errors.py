@@ -232,6 +232,7 @@ def test_text_and_token_ids_that_disagree_are_422_naming_both(
 def test_a_body_that_is_not_json_is_415_naming_its_content_type(
     svc: Service, content_type: str | None, named: str
 ) -> None:
+    svc.create_key()
     headers = dict(svc.admin)
     if content_type is not None:
         headers["Content-Type"] = content_type
