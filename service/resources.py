@@ -116,6 +116,10 @@ async def watch_embedded(
             failures = min(failures + 1, 5)
             log.error("embedded redis is down and did not start again (%s); retrying", exc.reason)
             continue
+        except Exception:  # a bug must not end the supervision: logged, tried again
+            failures = min(failures + 1, 5)
+            log.exception("embedded redis: the restart check failed; retrying")
+            continue
         failures = 0
         if socket is None:
             continue

@@ -191,7 +191,10 @@ def test_embedded_redis_killed_under_serve_is_started_again_on_its_data(
             "/v1/generate", json={"key_id": keys[0], **GEN, "max_new_tokens": 30}, headers=user
         )
         assert generated.status_code == 200, generated.text
-        text = generated.json()["text"]
+        exact = {"key_id": keys[0], "token_ids": generated.json()["token_ids"]}
+        before = client.post("/v1/detect", json=exact, headers=user)
+        assert before.status_code == 200, before.text
+        assert before.json()["verdict"] == "watermarked"
 
         dead = psutil.Process(resources.redis.pid)
         killed_at = time.monotonic()
@@ -201,7 +204,7 @@ def test_embedded_redis_killed_under_serve_is_started_again_on_its_data(
             for method, path, body, headers in [
                 ("GET", "/v1/keys", None, user),
                 ("POST", "/v1/keys", {}, admin),
-                ("POST", "/v1/detect", {"key_id": keys[0], "text": text}, user),
+                ("POST", "/v1/detect", exact, user),
                 ("POST", "/v1/generate", {"key_id": keys[0], **GEN}, user),
             ]:
                 start = time.monotonic()
@@ -222,9 +225,9 @@ def test_embedded_redis_killed_under_serve_is_started_again_on_its_data(
         listed = client.get("/v1/keys", headers=user)
         assert listed.status_code == 200, listed.text
         assert sorted(k["key_id"] for k in listed.json()["keys"]) == sorted(keys)
-        found = client.post("/v1/detect", json={"key_id": keys[0], "text": text}, headers=user)
-        assert found.status_code == 200, found.text
-        assert found.json()["verdict"] == "watermarked"  # the secret survived, bit for bit
+        after = client.post("/v1/detect", json=exact, headers=user)
+        assert after.status_code == 200, after.text
+        assert after.json() == before.json()  # the secret survived, bit for bit
         # counted once the watcher is back from the restart (/readyz may be 200 a moment before)
         while "restarts_total 1.0" not in (metrics := client.get("/metrics").text):
             assert time.monotonic() - killed_at < 10, metrics
