@@ -46,7 +46,7 @@ class TextTokenIdsMismatch(DetectorError):
 
     Detection scores the ids; a caller who also sends a text reads the verdict as one about
     that text. When the ids decode to another text, any verdict would be about something the
-    caller did not mean (an unrelated text came back "watermarked"), so detection refuses
+    caller did not mean (an unrelated text would read as "watermarked"), so detection refuses
     rather than answers. Ids that decode to the text but that re-tokenizing would not produce
     (case C9) agree: ``retokenization_matches`` reports that case.
 

@@ -1,7 +1,7 @@
 """``poissonmark detect``'s exit status and tenant: ``--exit-status`` exits by the verdict as
 grep does (0 watermarked, 1 not, 2 an error), and a detection without ``--key`` says which
-tenant's keys it tested and how to test another's (a text watermarked under tenant ``acme``
-came back ``not_detected`` from tenant ``default`` without a word about tenants).
+tenant's keys it tested and how to test another's (a text watermarked under tenant ``acme`` is
+``not_detected`` among tenant ``default``'s keys, and the output must say where it looked).
 
 The watermarked ids come from the model-free keyed race (``tests/detector/helpers.py``) under
 the secret of a key the CLI created; fixed seeds.

@@ -1,5 +1,5 @@
 """The site icon: ``/favicon.ico`` is a small SVG the app serves itself (browsers ask for it on
-every page; a 404 there filled access logs)."""
+every page)."""
 
 from __future__ import annotations
 
