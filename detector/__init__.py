@@ -13,14 +13,15 @@ Public API (DESIGN §4):
 - ``SCORES``, ``SCORE_NAMES``, ``ScoreFamily``, ``u_score``, ``li_score``, ``lattimore_score``,
   ``anlppt``: the score families (Aaronson, U, Li et al., Lattimore).
 - ``PValue``, ``aaronson_log_sf``, ``aaronson_p_value``, ``min_scored_tokens``: null laws.
-- ``check_tokenizer``, ``TokenizerMismatch``, ``DetectorError``: diagnostics and domain errors.
+- ``check_tokenizer``, ``TokenizerMismatch``, ``TextTokenIdsMismatch``, ``DetectorError``:
+  diagnostics and domain errors.
 
 Never imports ``sampler``: keyed randomness comes from ``keyed`` alone.
 """
 
 from detector.corpus import CorpusItem, CorpusResult, detect_many
 from detector.detect import detect, verdict
-from detector.errors import DetectorError, TokenizerMismatch
+from detector.errors import DetectorError, TextTokenIdsMismatch, TokenizerMismatch
 from detector.evidence import Detection, TokenColumns, TokenEvidence, Verdict
 from detector.multikey import MultiKeyDetection, detect_multi
 from detector.options import DEFAULT_ALPHA, DEFAULT_SCORES, DetectOptions
@@ -61,6 +62,7 @@ __all__ = [
     "ScoreFamily",
     "Span",
     "SpanSearch",
+    "TextTokenIdsMismatch",
     "TokenColumns",
     "TokenEvidence",
     "TokenizedText",

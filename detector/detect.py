@@ -71,7 +71,8 @@ def detect(
             repeated contexts, the only nonce-keyed positions, are never scored.
         text: the text as submitted (may be empty or whitespace only: M = 0, p = 1).
         token_ids: (T,) exact ids to score instead of re-tokenizing ``text``; each in
-            [0, len(tokenizer)). With ``text`` too, ``retokenization_matches`` reports whether
+            [0, len(tokenizer)). With ``text`` too, they must decode to exactly ``text``
+            (``TextTokenIdsMismatch`` otherwise), and ``retokenization_matches`` reports whether
             tokenizing the text reproduces them.
         options: level, key id, score families, span search (``DetectOptions``, validated
             where it is made).

@@ -39,3 +39,33 @@ class TokenizerMismatch(DetectorError):
             f"{which} was made for tokenizer {self.key_fingerprint}, but the detector's "
             f"tokenizer is {self.tokenizer_fingerprint}: detect with the key's model"
         )
+
+
+class TextTokenIdsMismatch(DetectorError):
+    """``text`` and ``token_ids`` were both given, and the ids do not decode to the text.
+
+    Detection scores the ids; a caller who also sends a text reads the verdict as one about
+    that text. When the ids decode to another text, any verdict would be about something the
+    caller did not mean (an unrelated text would read as "watermarked"), so detection refuses
+    rather than answers. Ids that decode to the text but that re-tokenizing would not produce
+    (case C9) agree: ``retokenization_matches`` reports that case.
+
+    Attributes:
+        offset: the first character at which the decoding and the text differ (the shorter
+            one's length when one is a prefix of the other).
+        text_length: the text's length in characters.
+        decoded_length: the decoding's length in characters.
+    """
+
+    def __init__(self, offset: int, text_length: int, decoded_length: int) -> None:
+        super().__init__(offset, text_length, decoded_length)
+        self.offset = offset
+        self.text_length = text_length
+        self.decoded_length = decoded_length
+
+    def __str__(self) -> str:
+        return (
+            f"text and token_ids disagree: the ids decode to {self.decoded_length} characters "
+            f"that differ from the {self.text_length} of text at character {self.offset}; "
+            "send the text the ids decode to, or only one of the two"
+        )

@@ -25,7 +25,7 @@ from typing import Any, Final, Protocol
 
 import numpy as np
 
-from detector.errors import TokenizerMismatch
+from detector.errors import TextTokenIdsMismatch, TokenizerMismatch
 
 _REPLACEMENT = "\ufffd"  # what a decoder emits for an incomplete UTF-8 sequence
 
@@ -280,17 +280,26 @@ def tokenize(
     Args:
         tokenizer: the key's tokenizer (a fast tokenizer when ``text`` is tokenized).
         text: the text as submitted; never trimmed or normalised.
-        token_ids: exact ids to score (case C9); when given they win over ``text``, their spans
-            index into their own decoding, and ``retokenization_matches`` says whether
-            tokenizing ``text`` (if given) reproduces them.
+        token_ids: exact ids to score (case C9); when given they are what is scored, their
+            spans index into their own decoding, and with ``text`` too, the ids must decode to
+            exactly ``text`` and ``retokenization_matches`` says whether tokenizing ``text``
+            reproduces them.
     Returns:
         a ``TokenizedText``.
     Raises:
+        TextTokenIdsMismatch: both given, and the ids decode to another text (a verdict about
+            the ids would read as one about the text).
         ValueError: neither text nor token_ids; only ``text`` with a slow tokenizer.
     """
     if token_ids is not None:
         ids = [int(i) for i in token_ids]
         decoded, pieces = decoded_pieces(tokenizer, ids)
+        if text is not None and decoded != text:
+            offset = next(
+                (i for i, (a, b) in enumerate(zip(decoded, text, strict=False)) if a != b),
+                min(len(decoded), len(text)),
+            )
+            raise TextTokenIdsMismatch(offset, len(text), len(decoded))
         ends = np.cumsum([len(piece) for piece in pieces], dtype=np.int64)
         starts = np.zeros_like(ends)
         starts[1:] = ends[:-1]

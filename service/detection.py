@@ -46,6 +46,7 @@ from typing import Any, TypeVar
 
 import cachetools
 
+from detector.errors import TextTokenIdsMismatch
 from detector.evidence import Detection
 from detector.multikey import MultiKeyDetection, detect_multi
 from detector.options import DetectOptions as DetectorOptions
@@ -413,7 +414,12 @@ class DetectionPool:
         """One text against ``records``: the ``DetectResponse`` wire shape; with
         ``options.reads_model`` (entropy weighting, likelihood ratio, edit filter), those
         tests too (``add_model_tests`` with ``model``, the served target, after
-        ``prompt_ids``, the item's checked prompt from ``prompt_ids()``, when it has one)."""
+        ``prompt_ids``, the item's checked prompt from ``prompt_ids()``, when it has one).
+
+        Raises:
+            InvalidInput: ``token_ids`` when the item's ids do not decode to its ``text``
+                (``TextTokenIdsMismatch``; the message names both fields).
+        """
         wanted = DetectorOptions(
             alpha=options.alpha,
             scores=options.scores,
@@ -421,14 +427,17 @@ class DetectionPool:
             realign=options.realign,
             reference_mean_score=options.reference_mean_score,
         )
-        found = detect_keys(
-            self.tokenizer(),
-            records,
-            wanted,
-            text=item.text,
-            token_ids=item.token_ids,
-            detailed=options.max_results,
-        )
+        try:
+            found = detect_keys(
+                self.tokenizer(),
+                records,
+                wanted,
+                text=item.text,
+                token_ids=item.token_ids,
+                detailed=options.max_results,
+            )
+        except TextTokenIdsMismatch as exc:  # a 422 naming the field (items[i]. in a batch)
+            raise InvalidInput("token_ids", str(exc)) from None
         shaped = multi_key_json(found, tokens=options.evidence)
         if options.reads_model:
             assert model is not None, "the route passes the served model"

@@ -258,6 +258,24 @@ class UnknownQueryParameter(PoissonmarkError):
         return f"unknown query parameter (this endpoint takes: {accepted})"
 
 
+class UnsupportedMediaType(PoissonmarkError):
+    """A request body that is not JSON (by its ``Content-Type``) where a route reads JSON.
+
+    ``media_type`` is what to show: the header's ``type/subtype`` when it is a plain media
+    type, ``"none"`` without the header, else a placeholder (a header is caller input).
+    """
+
+    def __init__(self, media_type: str) -> None:
+        super().__init__(media_type)
+        self.media_type = media_type
+
+    def __str__(self) -> str:
+        return (
+            f"Content-Type: expected application/json, got {self.media_type}; send the body as "
+            "JSON with Content-Type: application/json"
+        )
+
+
 # --- The mapping table -------------------------------------------------------------------
 
 
@@ -296,6 +314,7 @@ PROBLEMS: Final[dict[type[BaseException], ProblemType]] = {
     LimitExceeded: ProblemType("limit-exceeded", 422, "Limit exceeded"),
     UnknownQueryParameter: INVALID_REQUEST,
     BodyTooLarge: ProblemType("body-too-large", 413, "Request body too large"),
+    UnsupportedMediaType: ProblemType("unsupported-media-type", 415, "Unsupported media type"),
     NotAuthenticated: ProblemType("unauthenticated", 401, "Not authenticated"),
     ScopeMissing: ProblemType("insufficient-scope", 403, "Insufficient scope"),
     RateLimited: ProblemType("rate-limited", 429, "Too many requests"),

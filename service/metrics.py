@@ -93,6 +93,11 @@ class Metrics:
         self.rate_limited = Counter(
             "poissonmark_rate_limited", "Requests refused by the per-token rate limit.", registry=r
         )
+        self.redis_restarts = Counter(
+            "poissonmark_embedded_redis_restarts",
+            "Times the embedded Redis was found dead and started again on its data.",
+            registry=r,
+        )
 
     def generation_finished(self, result: GenerationResult) -> None:
         self.tokens_generated.inc(result.stats.emitted_tokens)

@@ -33,9 +33,10 @@ from service.errors import (
     KeyRevoked,
     ProblemType,
     UnknownKey,
+    UnsupportedMediaType,
     problem_for,
 )
-from service.problems import problem_response
+from service.problems import not_json_body, problem_response, shown_media_type
 from service.schemas.openai import OpenAIError
 
 log = logging.getLogger("poissonmark.service")
@@ -46,7 +47,7 @@ _TYPES = {
     404: "not_found_error",
     429: "rate_limit_error",
 }
-_KEPT_HEADERS = ("retry-after", "www-authenticate", "allow")
+_KEPT_HEADERS = ("retry-after", "www-authenticate", "allow", "accept-post")
 
 
 class InvalidParameter(Exception):
@@ -144,6 +145,9 @@ def _problem_error(exc: Exception, request: Request) -> JSONResponse:
 def openai_error(exc: Exception, request: Request) -> JSONResponse:
     """The OpenAI-shaped response of any exception raised while serving an OpenAI route."""
     if isinstance(exc, RequestValidationError):
+        if not_json_body(exc):
+            media = shown_media_type(request.headers.get("content-type"))
+            return _problem_error(UnsupportedMediaType(media), request)
         return _validation_error(exc)
     if isinstance(exc, InvalidParameter):
         return error_response(400, f"{exc.param}: {exc.message}", exc.param, exc.code)

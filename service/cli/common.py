@@ -2,7 +2,8 @@
 
 ``--json`` prints one JSON object on stdout; without it the output is for people. Errors print
 one line on stderr naming the problem and exit with status 2 (bad input) or 1 (environment:
-Redis, model files). Secrets never appear in any output.
+Redis, model files; 2 as well under ``detect --exit-status``). Secrets never appear in any
+output.
 """
 
 from __future__ import annotations
@@ -64,16 +65,21 @@ def report(payload: dict[str, Any], as_json: bool, line: str) -> None:
 
 
 @contextlib.contextmanager
-def errors() -> Iterator[None]:
-    """Map domain and input errors to one clear line; never a traceback for bad input."""
+def errors(code: int | None = None) -> Iterator[None]:
+    """Map domain and input errors to one clear line; never a traceback for bad input.
+
+    Exit status 2 for bad input, 1 for the environment (Redis, files), or ``code`` for every
+    error when given (``detect --exit-status`` keeps 1 for "not watermarked").
+    """
     try:
         yield
     except (PoissonmarkError, DetectorError) as exc:
-        fail(str(exc), 1 if isinstance(exc, KeyStoreUnavailable) else 2)  # Redis: environment
+        environment = isinstance(exc, KeyStoreUnavailable)  # Redis
+        fail(str(exc), code or (1 if environment else 2))
     except ValueError as exc:
-        fail(str(exc))
+        fail(str(exc), code or 2)
     except OSError as exc:
-        fail(f"{type(exc).__name__}: {exc}", 1)
+        fail(f"{type(exc).__name__}: {exc}", code or 1)
 
 
 @contextlib.contextmanager

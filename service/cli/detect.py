@@ -41,6 +41,7 @@ from service.cli.common import (
     out,
     tokenizer_and_fingerprint,
 )
+from service.errors import NoKeys
 from service.settings import Settings
 
 if TYPE_CHECKING:
@@ -236,17 +237,32 @@ def detect(
     include_revoked: Annotated[
         bool, typer.Option("--include-revoked", help="Without --key: test revoked keys too.")
     ] = False,
+    exit_status: Annotated[
+        bool,
+        typer.Option(
+            "--exit-status",
+            help="Exit with the verdict, as grep does: 0 watermarked, 1 not (not_detected or "
+            "insufficient_evidence), 2 an error. Not with --jsonl.",
+        ),
+    ] = False,
     model: ModelOpt = None,
     as_json: Json = False,
 ) -> None:
     """Test a text for the key's watermark (text from --text, --file or stdin), or every line
-    of a JSONL corpus (--jsonl). Without --key, test every key of the tenant (multi-key)."""
+    of a JSONL corpus (--jsonl). Without --key, test every key of --tenant (multi-key; the
+    tenant tested is printed, on stderr with --json).
+
+    Exit status: 0 when a verdict was printed, whatever it is; with --exit-status 0 for
+    watermarked, 1 for not watermarked, 2 for an error. Without --exit-status an error exits 2
+    (bad input) or 1 (Redis or files unreachable)."""
     from service.detection import choose_keys, detect_keys, multi_key_json
 
     settings = Settings()
-    with errors():
+    with errors(2 if exit_status else None):
         if text is not None and file is not None:
             raise ValueError("give at most one of --text or --file")
+        if exit_status and jsonl is not None:
+            raise ValueError("--exit-status goes without --jsonl (a corpus has many verdicts)")
         if jsonl is not None and (text is not None or file is not None or token_ids is not None):
             raise ValueError(
                 "--jsonl reads its inputs from the file: drop --text/--file/--token-ids"
@@ -282,14 +298,20 @@ def detect(
             text = _utf8(sys.stdin.buffer.read(), "stdin")
         tok, fingerprint = tokenizer_and_fingerprint(settings, model, as_json or jsonl is not None)
         with key_store(settings) as store:
-            records = choose_keys(
-                store,
-                fingerprint,
-                None if key else tenant,
-                key,
-                include_revoked=include_revoked,
-                max_keys=settings.max_keys_per_detect,
-            )
+            try:
+                records = choose_keys(
+                    store,
+                    fingerprint,
+                    None if key else tenant,
+                    key,
+                    include_revoked=include_revoked,
+                    max_keys=settings.max_keys_per_detect,
+                )
+            except NoKeys:
+                raise ValueError(
+                    f"tenant {tenant!r} has no key for this model's tokenizer: give --key, or "
+                    "--tenant to test another tenant's keys"
+                ) from None
         if jsonl is not None:
             run = _CorpusRun(workers, not no_tokens, engine, address, q_values)
             _corpus(tok, records[0], jsonl, output, options, run)
@@ -314,17 +336,30 @@ def detect(
             )
     if as_json:
         emit_json(shaped)
-        return
-    if key is None:
-        show_multi_key(found, tenant)
+        if key is None:  # stdout is the API's shape: the tenant goes to stderr
+            err.print(_tenant_line(found, tenant), highlight=False, markup=False)
     else:
-        show(found.best)
-    if entropy_weighting:
-        _show_weighted(shaped, "entropy_weighted", "entropy-weighted", "weighted")
-    if likelihood_ratio:
-        _show_likelihood_ratio(shaped)
-    if edit_filter:
-        _show_weighted(shaped, "edit_filtered", "edit-filtered", "kept")
+        if key is None:
+            show_multi_key(found, tenant)
+        else:
+            show(found.best)
+        if entropy_weighting:
+            _show_weighted(shaped, "entropy_weighted", "entropy-weighted", "weighted")
+        if likelihood_ratio:
+            _show_likelihood_ratio(shaped)
+        if edit_filter:
+            _show_weighted(shaped, "edit_filtered", "edit-filtered", "kept")
+    if exit_status:
+        raise typer.Exit(0 if found.verdict.value == "watermarked" else 1)
+
+
+def _tenant_line(found: MultiKeyDetection, tenant: str) -> str:
+    """Which tenant a key-less detection tested, and how to test another."""
+    plural = "s" if found.num_keys != 1 else ""
+    return (
+        f"tested {found.num_keys} key{plural} of tenant {tenant!r}, the keys of other tenants "
+        "not (--tenant chooses the tenant)"
+    )
 
 
 def _model_processing(
@@ -465,6 +500,8 @@ def show_multi_key(found: MultiKeyDetection, tenant: str) -> None:
         highlight=False,
     )
     out.print(f"verdict (corrected): [bold]{found.verdict.value}[/]")
+    if found.verdict.value != "watermarked":
+        out.print(Text(_tenant_line(found, tenant), style="dim"), highlight=False)
     span = found.span_log10_p_value
     out.print(
         f"[dim]whole text, corrected for the keys: log10 p {found.whole_text_log10_p_value:.2f}"

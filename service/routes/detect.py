@@ -21,7 +21,7 @@ from service.schemas.detect import (
 )
 
 router = APIRouter(prefix="/v1/detect", tags=["detect"])
-_ERRORS = problem_responses(400, 401, 403, 404, 409, 413, 422, 429, 503)
+_ERRORS = problem_responses(400, 401, 403, 404, 409, 413, 415, 422, 429, 503)
 
 
 @router.post("", responses=_ERRORS)

@@ -121,7 +121,7 @@ async def _events(
 @router.post(
     "/generate",
     response_model=GenerateResponse,
-    responses={200: _STREAM_DOC, **problem_responses(400, 401, 403, 404, 409, 413, 422, 503)},
+    responses={200: _STREAM_DOC, **problem_responses(400, 401, 403, 404, 409, 413, 415, 422, 503)},
 )
 async def generate(
     body: GenerateRequest,

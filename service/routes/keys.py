@@ -23,7 +23,7 @@ from service.schemas.keys import KeyCreateRequest, KeyList, KeyOut
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"])
 _ERRORS = problem_responses(401, 403, 422, 503)
-_CREATE_ERRORS = problem_responses(400, 401, 403, 413, 422, 503)
+_CREATE_ERRORS = problem_responses(400, 401, 403, 413, 415, 422, 503)
 KeyIdPath = Annotated[KeyId, Path(description="The key's id.")]
 audit = logging.getLogger("poissonmark.audit")
 

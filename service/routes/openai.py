@@ -110,6 +110,7 @@ _ERROR_DESCRIPTIONS: dict[int | str, str] = {
     404: "Unknown key (or another tenant's), or a model this server does not serve.",
     409: "The key cannot generate (revoked, made for another tokenizer).",
     413: "Request body over the size limit.",
+    415: "The body is not JSON (`Content-Type` other than `application/json`).",
     503: "Generation queue full, key store unreachable or not ready; see Retry-After.",
     "default": "Any other error (405 for another method, 500), in the same shape.",
 }
@@ -121,7 +122,7 @@ def _errors(*statuses: int | str) -> dict[int | str, dict[str, Any]]:
     return {s: {"model": OpenAIError, "description": _ERROR_DESCRIPTIONS[s]} for s in statuses}
 
 
-_GENERATION_ERRORS = _errors(400, 401, 403, 404, 409, 413, 503, "default")
+_GENERATION_ERRORS = _errors(400, 401, 403, 404, 409, 413, 415, 503, "default")
 
 
 def _stream_doc(chunk: str) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The web page at ``/`` and its assets at ``/ui/…`` (static, no build step; issue 7).
+"""The web page at ``/``, its assets at ``/ui/…`` and the icon at ``/favicon.ico`` (static, no
+build step).
 
 The page is a client of the documented API only (``/v1/keys``, ``/v1/detect``,
 ``/v1/generate``). Its responses carry a strict Content-Security-Policy: scripts and styles
@@ -28,6 +29,8 @@ SECURITY_HEADERS: Final = {
     "Cache-Control": "no-cache",
 }
 
+_ICON_HEADERS: Final = {**SECURITY_HEADERS, "Cache-Control": "public, max-age=86400"}
+
 router = APIRouter(include_in_schema=False)
 
 
@@ -44,3 +47,9 @@ async def asset(name: str) -> FileResponse:
     if media_type is None:
         raise HTTPException(status_code=404)
     return FileResponse(WEB / name, media_type=media_type, headers=SECURITY_HEADERS)
+
+
+@router.get("/favicon.ico")
+async def favicon() -> FileResponse:
+    """The site icon (an SVG of ~400 bytes: browsers take an SVG at this path too)."""
+    return FileResponse(WEB / "favicon.svg", media_type="image/svg+xml", headers=_ICON_HEADERS)

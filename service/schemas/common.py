@@ -116,6 +116,7 @@ PROBLEM_DESCRIPTIONS: dict[int, str] = {
     404: "No such key for this tenant (another tenant's key looks absent).",
     409: "The key cannot be used for this (revoked, other tokenizer, no keys).",
     413: "Request body over the size limit.",
+    415: "The body is not JSON (`Content-Type` other than `application/json`; see Accept-Post).",
     422: "Invalid field, or a field over a limit (`field`, `limit`).",
     429: "Per-token rate limit reached; see Retry-After.",
     503: "Generation queue full, key store unreachable or service not ready; see Retry-After.",

@@ -146,8 +146,11 @@ class DetectOptions(RequestModel):
 
 
 class DetectInput(RequestModel):
-    """The text to test: ``text``, exact ``token_ids``, or both (then the ids are scored and
-    ``retokenization_matches`` says whether tokenizing the text gives them)."""
+    """The text to test: ``text``, exact ``token_ids``, or both. With both, the ids are scored
+    and must decode to exactly ``text``, else 422 ``invalid-request`` naming ``token_ids`` and
+    ``text``: the verdict is about the ids, and answering one about other ids than the text's
+    would read as a verdict about the text. Ids that decode to the text but that re-tokenizing
+    it would not give are fine (``retokenization_matches: false`` says so)."""
 
     # The schema says what the validator below checks: text or token_ids (not null), and not
     # both prompt and messages.

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from detector.errors import DetectorError, TokenizerMismatch
+from detector.errors import DetectorError, TextTokenIdsMismatch, TokenizerMismatch
 from detector.tokens import check_tokenizer, decoded_pieces, partition_offsets, tokenize
 
 
@@ -43,6 +43,29 @@ def test_text_and_id_paths_agree_on_human_text(real_tokenizer, human_passages) -
         assert from_ids.retokenization_matches is True
         assert from_ids.text == text
         assert from_ids.spans == from_text.spans
+
+
+@pytest.mark.parametrize(
+    ("text", "offset"),
+    [
+        pytest.param("Hello, world!", 7, id="differs_inside"),
+        pytest.param("Hello, the", 10, id="decoding_is_longer"),
+        pytest.param("Hello, there and more", 12, id="text_is_longer"),
+        pytest.param("", 0, id="empty_text"),
+    ],
+)
+def test_text_that_the_ids_do_not_decode_to_is_refused(
+    real_tokenizer: Any, text: str, offset: int
+) -> None:
+    ids = real_tokenizer("Hello, there", add_special_tokens=False)["input_ids"]
+    with pytest.raises(TextTokenIdsMismatch) as raised:
+        tokenize(real_tokenizer, text, ids)
+    assert (raised.value.offset, raised.value.text_length) == (offset, len(text))
+    assert raised.value.decoded_length == len("Hello, there")
+    assert isinstance(raised.value, DetectorError)
+    assert "text and token_ids disagree" in str(raised.value)
+    assert pickle.loads(pickle.dumps(raised.value)).offset == offset  # crosses processes
+    assert tokenize(real_tokenizer, "Hello, there", ids).retokenization_matches is True
 
 
 def test_split_characters_go_to_the_completing_token(real_tokenizer) -> None:  # type: ignore[no-untyped-def]

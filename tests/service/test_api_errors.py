@@ -184,6 +184,81 @@ def test_the_input_is_never_echoed(svc: Service) -> None:
     assert r.status_code == 422 and pasted not in r.text
 
 
+def test_text_and_token_ids_that_disagree_are_422_naming_both(
+    embedded_services: ServiceFactory,
+) -> None:
+    """The ids of a watermarked answer beside another text: refused (a verdict would be about
+    the ids and read as one about the text), in a batch naming the item; the answer's own text
+    beside its ids agrees and is detected."""
+    svc = embedded_services()  # the module's limits are too small for a 30-token answer
+    key = svc.create_key()
+    answer = svc.client.post(
+        "/v1/generate", json={"key_id": key, **GEN, "max_new_tokens": 30}, headers=svc.admin
+    ).json()
+    unrelated = "The quick brown fox jumps over the lazy dog."
+    body = {"key_id": key, "text": unrelated, "token_ids": answer["token_ids"]}
+    r = svc.client.post("/v1/detect", json=body, headers=svc.admin)
+    found = problem(r, 422, "invalid-request")
+    assert found["field"] == "token_ids"
+    assert "text and token_ids disagree" in found["detail"]
+    assert "at character 0" in found["detail"]  # where they part: the first character here
+    assert unrelated not in found["detail"]  # the input is never echoed
+    items = [
+        {"text": answer["text"]},
+        {"text": answer["text"] + " ", "token_ids": answer["token_ids"]},
+    ]
+    batch = {"key_id": key, "items": items}
+    r = svc.client.post("/v1/detect/batch", json=batch, headers=svc.admin)
+    found = problem(r, 422, "invalid-request")
+    assert found["field"] == "items[1].token_ids"
+    assert f"at character {len(answer['text'])}" in found["detail"]  # one is the other's prefix
+    agreeing = {"key_id": key, "text": answer["text"], "token_ids": answer["token_ids"]}
+    r = svc.client.post("/v1/detect", json=agreeing, headers=svc.admin)
+    assert r.status_code == 200, r.text
+    assert r.json()["verdict"] == "watermarked"
+
+
+@pytest.mark.parametrize(
+    ("content_type", "named"),
+    [
+        pytest.param("text/plain", "text/plain", id="text_plain"),
+        pytest.param("text/plain; charset=utf-8", "text/plain", id="with_parameters"),
+        pytest.param(
+            "application/x-www-form-urlencoded", "application/x-www-form-urlencoded", id="form"
+        ),
+        pytest.param(None, "none", id="missing"),
+    ],
+)
+def test_a_body_that_is_not_json_is_415_naming_its_content_type(
+    svc: Service, content_type: str | None, named: str
+) -> None:
+    svc.create_key()
+    headers = dict(svc.admin)
+    if content_type is not None:
+        headers["Content-Type"] = content_type
+    for path in ("/v1/detect", "/v1/generate", "/v1/keys"):
+        raw = json.dumps({"text": "x", **GEN}).encode()
+        r = svc.client.post(path, content=raw, headers=headers)
+        found = problem(r, 415, "unsupported-media-type")
+        assert found["field"] == "Content-Type"
+        assert f"got {named}" in found["detail"] and "application/json" in found["detail"]
+        assert r.headers["accept-post"] == "application/json"
+    r = svc.client.post(  # a JSON type with parameters, or +json, is JSON
+        "/v1/detect",
+        content=b'{"text": "x"}',
+        headers={**svc.admin, "Content-Type": "application/json; charset=utf-8"},
+    )
+    assert r.status_code == 200, r.text
+
+
+def test_a_content_type_is_named_only_when_it_is_a_plain_media_type(svc: Service) -> None:
+    pasted = "pmk_" + "zz" * 20
+    headers = {**svc.admin, "Content-Type": f"text/{pasted}{'x' * 80}"}
+    r = svc.client.post("/v1/detect", content=b'{"text": "x"}', headers=headers)
+    found = problem(r, 415, "unsupported-media-type")
+    assert pasted not in r.text and "got an unreadable media type" in found["detail"]
+
+
 def test_malformed_json_is_400(svc: Service) -> None:
     r = svc.client.post(
         "/v1/detect",

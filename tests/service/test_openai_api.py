@@ -324,6 +324,15 @@ def test_http_level_errors_keep_the_openai_shape(tiny: Service) -> None:
     )
     assert bad.status_code == 400 and bad.headers["content-type"] == "application/json"
     assert bad.json()["error"]["code"] == "malformed_request"
+    plain = tiny.client.post(
+        "/v1/chat/completions",
+        content=b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}]}',
+        headers={**user, "Content-Type": "text/plain"},
+    )
+    assert plain.status_code == 415 and plain.headers["accept-post"] == "application/json"
+    error = plain.json()["error"]
+    assert (error["code"], error["param"]) == ("unsupported_media_type", "Content-Type")
+    assert "got text/plain" in error["message"]
     wrong = tiny.client.get("/v1/chat/completions", headers=user)
     assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
     assert wrong.json()["error"]["type"] == "invalid_request_error"

@@ -42,6 +42,7 @@ DOCUMENTED = {path for path in yaml.safe_load((ROOT / "openapi.yaml").read_text(
     "/openapi.json",  # the served document: the generate form's limits
     "/ui/app.js",
     "/ui/style.css",
+    "/favicon.ico",
 }
 
 pytestmark = pytest.mark.browser

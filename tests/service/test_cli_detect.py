@@ -1,0 +1,109 @@
+"""``poissonmark detect``'s exit status and tenant: ``--exit-status`` exits by the verdict as
+grep does (0 watermarked, 1 not, 2 an error), and a detection without ``--key`` says which
+tenant's keys it tested and how to test another's (a text watermarked under tenant ``acme`` is
+``not_detected`` among tenant ``default``'s keys, and the output must say where it looked).
+
+The watermarked ids come from the model-free keyed race (``tests/detector/helpers.py``) under
+the secret of a key the CLI created; fixed seeds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner, Result
+
+from service.cli import app
+from service.cli.common import key_store
+from service.settings import Settings
+from tests.detector.helpers import fixed_secret, keyed_race_ids
+from tests.service.conftest import free_port
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data_dir: Path) -> Path:
+    """A fresh data dir (its own embedded Redis) sharing the converted model."""
+    for name in ("REDIS_URL", "POISSONMARK_REDIS_URL", "POISSONMARK_KEK"):
+        monkeypatch.delenv(name, raising=False)
+    home = tmp_path / "home"
+    home.mkdir()
+    (data_dir / "models").mkdir(parents=True, exist_ok=True)
+    (home / "models").symlink_to(data_dir / "models", target_is_directory=True)
+    monkeypatch.setenv("POISSONMARK_HOME", str(home))
+    return home
+
+
+def invoke(*args: str) -> Result:
+    return CliRunner().invoke(app, list(args))
+
+
+def create_key(*args: str) -> str:
+    made = invoke("keys", "create", "--json", *args)
+    assert made.exit_code == 0, made.output
+    return str(json.loads(made.stdout)["key_id"])
+
+
+def marked_ids(key_id: str, seed: int) -> str:
+    """60 keyed-race ids under the key's secret, as ``--token-ids`` takes them."""
+    with key_store(Settings()) as store:
+        secret = store.get(key_id).secret
+    return json.dumps(keyed_race_ids(secret, 60, seed=seed))
+
+
+def test_exit_status_follows_the_verdict_with_the_flag(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = create_key()
+    marked = marked_ids(key, seed=3)
+    # the same race under another secret: unrelated to the key (fixed seed: not a false positive)
+    other = json.dumps(keyed_race_ids(fixed_secret("another key"), 60, seed=3))
+    found = invoke("detect", "--key", key, "--token-ids", marked, "--exit-status")
+    assert found.exit_code == 0, found.output
+    assert "verdict: watermarked" in found.stdout
+    missed = invoke("detect", "--key", key, "--token-ids", other, "--exit-status")
+    assert missed.exit_code == 1, missed.output
+    assert "verdict: not_detected" in missed.stdout
+    short = invoke("detect", "--key", key, "--token-ids", marked[:30] + "]", "--exit-status")
+    assert short.exit_code == 1 and "insufficient_evidence" in short.stdout, short.output
+    as_json = invoke("detect", "--key", key, "--token-ids", other, "--exit-status", "--json")
+    assert as_json.exit_code == 1 and json.loads(as_json.stdout)["verdict"] == "not_detected"
+    # without the flag a printed verdict exits 0, whatever it is (scripts that relied on it)
+    assert invoke("detect", "--key", key, "--token-ids", other).exit_code == 0
+    # errors exit 2 under the flag: bad input, and the environment (1 without the flag)
+    bad = invoke("detect", "--key", key, "--token-ids", "[1, 2", "--exit-status")
+    assert bad.exit_code == 2 and "--token-ids" in bad.output
+    corpus = invoke("detect", "--key", key, "--jsonl", str(home / "c.jsonl"), "--exit-status")
+    assert corpus.exit_code == 2 and "--exit-status goes without --jsonl" in corpus.output
+    monkeypatch.setenv("REDIS_URL", f"redis://127.0.0.1:{free_port()}/0")  # nobody listens
+    down = invoke("detect", "--key", key, "--token-ids", marked, "--exit-status")
+    assert down.exit_code == 2 and "key store unavailable" in down.output, down.output
+    assert invoke("detect", "--key", key, "--token-ids", marked).exit_code == 1
+
+
+def test_detect_help_documents_the_exit_status(home: Path) -> None:
+    shown = " ".join(invoke("detect", "--help").output.split())
+    assert "with --exit-status 0 for watermarked, 1 for not watermarked, 2 for an error" in shown
+
+
+def test_key_less_detect_names_the_tenant_it_tested(home: Path) -> None:
+    acme = create_key("--tenant", "acme")
+    create_key()  # a key of tenant default, unrelated to the text
+    ids = marked_ids(acme, seed=4)
+    plain = invoke("detect", "--token-ids", ids)
+    assert plain.exit_code == 0, plain.output
+    assert "verdict (corrected): not_detected" in plain.stdout
+    told = " ".join(plain.stdout.split())
+    assert "tenant 'default'" in told and "--tenant chooses the tenant" in told
+    as_json = invoke("detect", "--token-ids", ids, "--json")
+    assert json.loads(as_json.stdout)["verdict"] == "not_detected"  # stdout: the API's shape
+    assert "tested 1 key of tenant 'default'" in as_json.stderr
+    chosen = invoke("detect", "--token-ids", ids, "--tenant", "acme", "--json", "--exit-status")
+    assert chosen.exit_code == 0, chosen.output
+    assert json.loads(chosen.stdout)["best_key_id"] == acme
+    assert "tenant 'acme'" in chosen.stderr
+    nobody = invoke("detect", "--token-ids", ids, "--tenant", "nobody")
+    assert nobody.exit_code == 2
+    told = " ".join(nobody.output.split())
+    assert "tenant 'nobody' has no key" in told and "--tenant" in told and "--key" in told
