@@ -9,7 +9,9 @@ Glossary:
 - **digest**: SHA-256 of the whole token (hex), the only form stored. A token carries 256
   random bits, so a fast hash suffices (password KDFs exist for guessable secrets); digests are
   compared with ``hmac.compare_digest`` (constant time).
-- **scopes**: a non-empty subset of ``SCOPES`` — what the token may call.
+- **scopes**: a non-empty subset of ``SCOPES`` — what the token may call. ``evidence`` adds
+  raw per-token evidence (pivots and per-token terms: the keyed PRF's outputs) to what
+  ``detect`` returns; without it detection shows coarse bands only.
 - **principal**: who a verified token speaks for: token id, tenant, scopes.
 - **admin token**: ``Settings.admin_token``; every scope for ``Settings.admin_tenant``, never
   stored (it bootstraps a deployment: create keys, then tokens with the CLI).
@@ -41,7 +43,10 @@ from service.key_record import check_tenant, utc_now_iso
 from service.keystore import DEFAULT_PREFIX
 from service.redis import as_text, describe_client, reaching_redis
 
-SCOPES: Final = ("generate", "detect", "keys")
+SCOPES: Final = ("generate", "detect", "keys", "evidence")
+DEFAULT_SCOPES: Final = ("generate", "detect", "keys")
+"""What ``poissonmark tokens create`` grants without ``--scope``: every scope but the
+privileged ``evidence``."""
 TOKEN_PREFIX: Final = "pmt_"
 TOKEN_PATTERN: Final = re.compile(r"pmt_([0-9a-f]{16})_([A-Za-z0-9_-]{43})")
 TOKEN_ID_PATTERN: Final = re.compile(r"[0-9a-f]{16}")

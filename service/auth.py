@@ -60,3 +60,8 @@ def _require(scope: str):  # type: ignore[no-untyped-def]
 CanGenerate = Annotated[Principal, Depends(_require("generate"))]
 CanDetect = Annotated[Principal, Depends(_require("detect"))]
 CanManageKeys = Annotated[Principal, Depends(_require("keys"))]
+
+
+def raw_evidence(principal: Principal) -> bool:
+    """Whether ``principal`` may see raw per-token evidence (the ``evidence`` scope)."""
+    return "evidence" in principal.scopes

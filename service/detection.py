@@ -42,10 +42,11 @@ import math
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import cachetools
 
+from detector.bands import NO_BAND, evidence_bands
 from detector.evidence import Detection
 from detector.multikey import MultiKeyDetection, detect_multi
 from detector.options import DetectOptions as DetectorOptions
@@ -128,25 +129,53 @@ def detect_keys(
     )
 
 
-def detection_json(detection: Detection, *, tokens: bool) -> dict[str, Any]:
+_RAW_FIELDS: Final = ("pivot", "score", "terms")
+"""Per-token fields that are outputs of the keyed PRF (only with raw evidence)."""
+
+
+def evidence_rows(detection: Detection, *, raw: bool) -> list[dict[str, Any]]:
+    """One key's per-token evidence (``TokenEvidenceOut``): every token's id, piece, offsets,
+    status and coarse ``band`` (``detector.bands``: one per block of scored tokens, null when
+    skipped); with ``raw`` also its pivot, Aaronson term and per-family terms, else those are
+    null (they are the keyed PRF's outputs: DESIGN §5, the detector is no oracle)."""
+    columns = detection.evidence
+    bands = evidence_bands(columns.skip, columns.terms["aaronson"]).tolist()
+    rows = []
+    for token, band in zip(detection.tokens, bands, strict=True):
+        row = token.to_json()
+        row["band"] = None if band == NO_BAND else band
+        if not raw:
+            for name in _RAW_FIELDS:
+                row[name] = None
+        rows.append(row)
+    return rows
+
+
+def detection_json(detection: Detection, *, tokens: bool, raw: bool = True) -> dict[str, Any]:
     """One key's result, uncorrected (``KeyDetectionOut``): the detector's wire shape and the
-    scored tokens a verdict needs; ``tokens`` null unless asked for."""
-    return detection.to_json(tokens=tokens) | {"min_scored_tokens": detection.min_scored_tokens}
+    scored tokens a verdict needs; ``tokens`` null unless asked for, raw per-token evidence
+    only with ``raw`` (``evidence_rows``)."""
+    shaped = detection.to_json(tokens=False) | {"min_scored_tokens": detection.min_scored_tokens}
+    shaped["tokens"] = evidence_rows(detection, raw=raw) if tokens else None
+    return shaped
 
 
-def multi_key_json(found: MultiKeyDetection, *, tokens: bool) -> dict[str, Any]:
+def multi_key_json(found: MultiKeyDetection, *, tokens: bool, raw: bool = True) -> dict[str, Any]:
     """The whole detection (``DetectResponse``): the verdict on the best key's corrected
     p-value (whole text and spans, ``detector.combined``), the plain whole-text and the span
     p-values corrected for the keys too, what the text could have shown (``power``), then the
-    detailed keys' own results in ``results``, best first; each of their spans also carries
-    ``keys_corrected_p_value`` (its windows-corrected p times K, capped at 1), and so does
-    their ``edit_tolerant`` test (its p times K: the keys are ranked by the verdict's p, which
-    shares the plain labels' pivots, so a detailed key's own re-aligned p is selected, not
-    valid for "one of these keys"). Plain JSON, no key material."""
+    detailed keys' own results in ``results``, best first, with per-token evidence
+    (``tokens``; raw only with ``raw``: ``evidence_rows``) in the best key's alone; each of
+    their spans also carries ``keys_corrected_p_value`` (its windows-corrected p times K,
+    capped at 1), and so does their ``edit_tolerant`` test (its p times K: the keys are
+    ranked by the verdict's p, which shares the plain labels' pivots, so a detailed key's own
+    re-aligned p is selected, not valid for "one of these keys"). Plain JSON, no key
+    material."""
     keys = math.log10(found.num_keys)
     results = []
-    for detection in found.results.values():
-        shaped = detection_json(detection, tokens=tokens)
+    for key_id, detection in found.results.items():
+        best = key_id == found.best_key_id
+        shaped = detection_json(detection, tokens=tokens and best, raw=raw)
         if shaped["spans"] is not None:
             for span in shaped["spans"]["spans"]:
                 log10 = min(0.0, span["corrected_log10_p_value"] + keys)
@@ -409,11 +438,15 @@ class DetectionPool:
         options: DetectOptions,
         model: Any = None,
         prompt_ids: list[int] | None = None,
+        raw_evidence: bool = False,
     ) -> dict[str, Any]:
         """One text against ``records``: the ``DetectResponse`` wire shape; with
         ``options.reads_model`` (entropy weighting, likelihood ratio, edit filter), those
         tests too (``add_model_tests`` with ``model``, the served target, after
-        ``prompt_ids``, the item's checked prompt from ``prompt_ids()``, when it has one)."""
+        ``prompt_ids``, the item's checked prompt from ``prompt_ids()``, when it has one).
+        With ``options.evidence``, the best key's per-token evidence: raw (pivots and terms)
+        only with ``raw_evidence`` and for a text (never for caller-chosen ``token_ids``),
+        else coarse bands (``evidence_rows``)."""
         wanted = DetectorOptions(
             alpha=options.alpha,
             scores=options.scores,
@@ -429,7 +462,8 @@ class DetectionPool:
             token_ids=item.token_ids,
             detailed=options.max_results,
         )
-        shaped = multi_key_json(found, tokens=options.evidence)
+        raw = raw_evidence and item.token_ids is None
+        shaped = multi_key_json(found, tokens=options.evidence, raw=raw)
         if options.reads_model:
             assert model is not None, "the route passes the served model"
             shaped = add_model_tests(
@@ -481,11 +515,13 @@ class DetectionPool:
         max_keys: int,
         model: Any = None,
         batch: bool = False,
+        raw_evidence: bool = False,
     ) -> list[dict[str, Any]]:
         """Every item against the request's keys (looked up once); ``model``: the served
         target, for the tests that read its law (``options.reads_model``), whose prompts are all
         templated and checked before any key is read or text scored; ``batch``: an item's
-        InvalidInput or LimitExceeded names it (``items[i].<field>``)."""
+        InvalidInput or LimitExceeded names it (``items[i].<field>``); ``raw_evidence``: the
+        caller holds the ``evidence`` scope (``detect``)."""
         model_tests = options.reads_model
         prompts = _each_item(
             items, batch, lambda item: self.prompt_ids(item) if model_tests else None
@@ -494,7 +530,7 @@ class DetectionPool:
         return _each_item(
             list(zip(items, prompts, strict=True)),
             batch,
-            lambda pair: self.detect(records, pair[0], options, model, pair[1]),
+            lambda pair: self.detect(records, pair[0], options, model, pair[1], raw_evidence),
         )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from service.auth import CanDetect
+from service.auth import CanDetect, raw_evidence
 from service.deps import LimiterDep, MetricsDep, PoolDep, ResourcesDep, SettingsDep, StoreDep
 from service.limits import check_batch, check_detect_input
 from service.schemas.common import problem_responses
@@ -40,7 +40,15 @@ async def detect(
     await limiter.spend(principal.token_id)
     model = resources.loaded.model if body.reads_model else None
     (result,) = await pool.run(
-        pool.detect_all, store, principal.tenant, [body], body, settings.max_keys_per_detect, model
+        pool.detect_all,
+        store,
+        principal.tenant,
+        [body],
+        body,
+        settings.max_keys_per_detect,
+        model,
+        False,
+        raw_evidence(principal),
     )
     metrics.detections.labels(result["verdict"]).inc()
     return DetectResponse.model_validate(result)
@@ -70,6 +78,7 @@ async def detect_batch(
         settings.max_keys_per_detect,
         model,
         True,
+        raw_evidence(principal),
     )
     for result in results:
         metrics.detections.labels(result["verdict"]).inc()
