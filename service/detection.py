@@ -42,15 +42,17 @@ import math
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 import cachetools
 
 from detector.bands import NO_BAND, evidence_bands
+from detector.detect import tokenize_input
 from detector.evidence import Detection
 from detector.multikey import MultiKeyDetection, detect_multi
 from detector.options import DetectOptions as DetectorOptions
-from detector.tokens import Tokenizer, check_tokenizer
+from detector.tokens import TokenizedText, Tokenizer, check_tokenizer
 from service.errors import InvalidInput, LimitExceeded, NoKeys
 from service.key_record import KeyRecord
 from service.keystore import KeyStore
@@ -79,6 +81,7 @@ def choose_keys(
     max_keys: int,
     lookup: KeyLookup | None = None,
     lookup_many: ManyLookup | None = None,
+    key_ids: Sequence[str] | None = None,
 ) -> list[KeyRecord]:
     """The keys a detection tests (module docstring), in the store's order (creation).
 
@@ -88,24 +91,69 @@ def choose_keys(
         key_id: test this key alone; None for every key of ``tenant`` for this tokenizer.
         lookup: how a record is read by id (default ``store.get``).
         lookup_many: how the candidates' records are read (default ``store.get_many``).
+        key_ids: no ``key_id``: the candidates ``candidate_key_ids`` gave (default: read
+            them now).
     Raises:
         UnknownKey: ``key_id`` is absent or another tenant's.
         TokenizerMismatch: ``key_id`` was made for another tokenizer.
         NoKeys: no ``key_id`` and the tenant has no key for this tokenizer.
-        LimitExceeded: no ``key_id`` and more than ``max_keys`` candidates.
+        LimitExceeded: no ``key_id`` and more than ``max_keys`` candidates (before any record
+            is read).
     """
     if key_id is not None:
         record = (lookup or store.get)(key_id, tenant)
         check_tokenizer(record.tokenizer, fingerprint, record.key_id)
         return [record]
-    key_ids = store.candidate_ids(tenant, include_revoked)
+    if key_ids is None:
+        key_ids = candidate_key_ids(store, tenant, None, include_revoked, max_keys)
     listed = (lookup_many or store.get_many)(key_ids, tenant)
     records = [r for r in listed if r.tokenizer == fingerprint]
     if not records:
         raise NoKeys("(any)" if tenant is None else tenant)
-    if len(records) > max_keys:
-        raise LimitExceeded("key_id (omitted: keys to test)", max_keys, len(records), "keys")
     return records
+
+
+def candidate_key_ids(
+    store: KeyStore, tenant: str | None, key_id: str | None, include_revoked: bool, max_keys: int
+) -> list[str]:
+    """The ids of the keys a detection will test, from the key index alone (no record is read
+    or unsealed): ``[key_id]``, or every key of ``tenant`` (revoked ones with
+    ``include_revoked``; keys of another tokenizer are counted here and left out later).
+
+    Raises:
+        LimitExceeded: no ``key_id`` and more than ``max_keys`` candidates.
+    """
+    if key_id is not None:
+        return [key_id]
+    key_ids = store.candidate_ids(tenant, include_revoked)
+    if len(key_ids) > max_keys:
+        raise LimitExceeded("key_id (omitted: keys to test)", max_keys, len(key_ids), "keys")
+    return key_ids
+
+
+@dataclass(frozen=True)
+class DetectPlan:
+    """What a detection request will do, known before any key record is read or any text
+    scored (``DetectionPool.plan``): the cost the rate limit charges.
+
+    Attributes:
+        tokenized: each item's tokens (``detector.detect.tokenize_input``), in item order.
+        prompts: each item's templated prompt ids (for the tests that read the model), or None.
+        key_ids: the keys to test (the request's ``key_id``, or the tenant's candidates).
+    """
+
+    tokenized: list[TokenizedText]
+    prompts: list[list[int] | None]
+    key_ids: list[str]
+
+    @property
+    def work(self) -> list[int]:
+        """(items,) tokens × keys tested, per item."""
+        return [len(t.ids) * len(self.key_ids) for t in self.tokenized]
+
+    def cost(self, unit: int) -> int:
+        """Rate-limit units: Σ over items of max(1, ceil(tokens × keys / ``unit``))."""
+        return sum(max(1, -(-work // unit)) for work in self.work)
 
 
 def detect_keys(
@@ -116,16 +164,24 @@ def detect_keys(
     text: str | None = None,
     token_ids: Sequence[int] | None = None,
     detailed: int = DEFAULT_DETAILED,
+    tokenized: TokenizedText | None = None,
 ) -> MultiKeyDetection:
-    """One text against ``records`` (from ``choose_keys``), tokenized once; the full result of
-    the best ``detailed`` keys.
+    """One text against ``records`` (from ``choose_keys``), tokenized once (or given as
+    ``tokenized`` instead of ``text``/``token_ids``); the full result of the best ``detailed``
+    keys.
 
     Raises:
         ValueError: from the detector (bad ids, no keys, ``options.key_id`` set).
     """
     sources = {r.key_id: r.source(DETECTION_NONCE) for r in records}
     return detect_multi(
-        tokenizer, sources, text=text, token_ids=token_ids, options=options, detailed=detailed
+        tokenizer,
+        sources,
+        text=text,
+        token_ids=token_ids,
+        options=options,
+        detailed=detailed,
+        tokenized=tokenized,
     )
 
 
@@ -334,6 +390,10 @@ class DetectionPool:
             least the keys of a multi-key detection, or each one reads most of them again.
         max_prompt_tokens: the most tokens a detect item's templated prompt may have (the
             ``max_prompt_tokens`` setting; None: no limit).
+        max_tokens: the most tokens a detect item may have after tokenizing (``max_tokens``;
+            None: no limit).
+        max_evidence_tokens: the most per-token evidence rows of one response, summed over
+            its items (``max_evidence_tokens``; None: no limit).
     """
 
     def __init__(
@@ -345,9 +405,13 @@ class DetectionPool:
         key_cache_ttl_s: float = 0.0,
         key_cache_size: int = 20_000,
         max_prompt_tokens: int | None = None,
+        max_tokens: int | None = None,
+        max_evidence_tokens: int | None = None,
     ) -> None:
         self._tokenizer = tokenizer
         self.max_prompt_tokens = max_prompt_tokens
+        self.max_tokens = max_tokens
+        self.max_evidence_tokens = max_evidence_tokens
         self.fingerprint = fingerprint
         self._local = threading.local()
         self._copy_lock = threading.Lock()
@@ -379,7 +443,12 @@ class DetectionPool:
     # --- work done on the pool ---------------------------------------------------------------
 
     def candidate_keys(
-        self, store: KeyStore, tenant: str, options: DetectOptions, max_keys: int
+        self,
+        store: KeyStore,
+        tenant: str,
+        options: DetectOptions,
+        max_keys: int,
+        key_ids: Sequence[str] | None = None,
     ) -> list[KeyRecord]:
         """``choose_keys`` for a request of ``tenant``, by-id lookups through the cache."""
         return choose_keys(
@@ -391,6 +460,7 @@ class DetectionPool:
             max_keys=max_keys,
             lookup=functools.partial(self._record, store),
             lookup_many=functools.partial(self._records_of, store),
+            key_ids=key_ids,
         )
 
     def forget(self, key_id: str) -> None:
@@ -439,6 +509,7 @@ class DetectionPool:
         model: Any = None,
         prompt_ids: list[int] | None = None,
         raw_evidence: bool = False,
+        tokenized: TokenizedText | None = None,
     ) -> dict[str, Any]:
         """One text against ``records``: the ``DetectResponse`` wire shape; with
         ``options.reads_model`` (entropy weighting, likelihood ratio, edit filter), those
@@ -446,7 +517,8 @@ class DetectionPool:
         ``prompt_ids``, the item's checked prompt from ``prompt_ids()``, when it has one).
         With ``options.evidence``, the best key's per-token evidence: raw (pivots and terms)
         only with ``raw_evidence`` and for a text (never for caller-chosen ``token_ids``),
-        else coarse bands (``evidence_rows``)."""
+        else coarse bands (``evidence_rows``). ``tokenized``: the item already tokenized
+        (``plan``)."""
         wanted = DetectorOptions(
             alpha=options.alpha,
             scores=options.scores,
@@ -454,13 +526,10 @@ class DetectionPool:
             realign=options.realign,
             reference_mean_score=options.reference_mean_score,
         )
+        if tokenized is None:
+            tokenized = self.tokenized(item)
         found = detect_keys(
-            self.tokenizer(),
-            records,
-            wanted,
-            text=item.text,
-            token_ids=item.token_ids,
-            detailed=options.max_results,
+            self.tokenizer(), records, wanted, detailed=options.max_results, tokenized=tokenized
         )
         raw = raw_evidence and item.token_ids is None
         shaped = multi_key_json(found, tokens=options.evidence, raw=raw)
@@ -506,6 +575,78 @@ class DetectionPool:
             check_prompt_tokens(len(ids), self.max_prompt_tokens, field)
         return ids
 
+    def tokenized(self, item: DetectInput) -> TokenizedText:
+        """The item's tokens (text tokenized, or its ``token_ids`` with their pieces).
+
+        Raises:
+            LimitExceeded: naming ``text`` (or ``token_ids``), when there are more than
+                ``max_tokens`` tokens.
+        """
+        found = tokenize_input(self.tokenizer(), item.text, item.token_ids)
+        if self.max_tokens is not None and len(found.ids) > self.max_tokens:
+            field = "text" if item.token_ids is None else "token_ids"
+            raise LimitExceeded(field, self.max_tokens, len(found.ids), "tokens after tokenizing")
+        return found
+
+    def plan(
+        self,
+        store: KeyStore,
+        tenant: str,
+        items: Sequence[DetectInput],
+        options: DetectOptions,
+        max_keys: int,
+        batch: bool = False,
+    ) -> DetectPlan:
+        """Everything a detection's cost depends on, before any key record is read or text
+        scored: the keys to test (their ids, from the index: ``candidate_key_ids``), every
+        item's prompt (templated and checked, for the tests that read the model) and tokens.
+
+        Raises:
+            LimitExceeded: too many keys, an item over ``max_tokens`` or its prompt over
+                ``max_prompt_tokens`` (``items[i].<field>`` in a batch), or more evidence rows
+                than ``max_evidence_tokens`` (field ``evidence``).
+        """
+        key_ids = candidate_key_ids(
+            store, tenant, options.key_id, options.include_revoked, max_keys
+        )
+        model_tests = options.reads_model
+        prompts = _each_item(
+            items, batch, lambda item: self.prompt_ids(item) if model_tests else None
+        )
+        tokenized = _each_item(items, batch, self.tokenized)
+        rows = sum(len(t.ids) for t in tokenized)
+        cap = self.max_evidence_tokens
+        if options.evidence and cap is not None and rows > cap:
+            raise LimitExceeded("evidence", cap, rows, "rows (tokens) per response")
+        return DetectPlan(tokenized, prompts, key_ids)
+
+    def run_plan(
+        self,
+        store: KeyStore,
+        tenant: str,
+        items: Sequence[DetectInput],
+        plan: DetectPlan,
+        options: DetectOptions,
+        max_keys: int,
+        model: Any = None,
+        batch: bool = False,
+        raw_evidence: bool = False,
+    ) -> list[dict[str, Any]]:
+        """The planned detection (``plan``): the keys' records read once, then every item;
+        ``model``: the served target, for the tests that read its law
+        (``options.reads_model``); ``batch``: an item's InvalidInput or LimitExceeded names it
+        (``items[i].<field>``); ``raw_evidence``: the caller holds the ``evidence`` scope
+        (``detect``)."""
+        records = self.candidate_keys(store, tenant, options, max_keys, plan.key_ids)
+        work = list(zip(items, plan.prompts, plan.tokenized, strict=True))
+        return _each_item(
+            work,
+            batch,
+            lambda each: self.detect(
+                records, each[0], options, model, each[1], raw_evidence, each[2]
+            ),
+        )
+
     def detect_all(
         self,
         store: KeyStore,
@@ -517,20 +658,10 @@ class DetectionPool:
         batch: bool = False,
         raw_evidence: bool = False,
     ) -> list[dict[str, Any]]:
-        """Every item against the request's keys (looked up once); ``model``: the served
-        target, for the tests that read its law (``options.reads_model``), whose prompts are all
-        templated and checked before any key is read or text scored; ``batch``: an item's
-        InvalidInput or LimitExceeded names it (``items[i].<field>``); ``raw_evidence``: the
-        caller holds the ``evidence`` scope (``detect``)."""
-        model_tests = options.reads_model
-        prompts = _each_item(
-            items, batch, lambda item: self.prompt_ids(item) if model_tests else None
-        )
-        records = self.candidate_keys(store, tenant, options, max_keys)
-        return _each_item(
-            list(zip(items, prompts, strict=True)),
-            batch,
-            lambda pair: self.detect(records, pair[0], options, model, pair[1], raw_evidence),
+        """``plan`` then ``run_plan`` in one call (no rate limit in between)."""
+        plan = self.plan(store, tenant, items, options, max_keys, batch)
+        return self.run_plan(
+            store, tenant, items, plan, options, max_keys, model, batch, raw_evidence
         )
 
 

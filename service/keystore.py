@@ -47,6 +47,7 @@ from service.errors import (
     InvalidInput,
     KeyRevoked,
     KeyStoreUnavailable,
+    QuotaExceeded,
     UnknownKey,
 )
 from service.kek import Sealer
@@ -150,11 +151,17 @@ class KeyStore:
         context_width: int = DEFAULT_CONTEXT_WIDTH,
         masking: bool = True,
         tenant: str = DEFAULT_TENANT,
+        quota: int | None = None,
     ) -> KeyRecord:
         """Generate a key (32 bytes from ``secrets.token_bytes``) and store it.
 
+        Args:
+            quota: the most keys ``tenant`` may hold, revoked ones included (None: no limit);
+                counted in the same transaction that writes the key, so concurrent creations
+                never pass it.
         Raises:
             InvalidInput: a parameter out of its limits (checked before Redis is touched).
+            QuotaExceeded: ``tenant`` already holds ``quota`` keys; nothing is stored.
             KeyStoreUnavailable: Redis failed; nothing of the key is stored then.
         """
         record = KeyRecord(
@@ -167,19 +174,23 @@ class KeyStore:
         )
         with reaching_redis(self._client):
             for _ in range(_WRITE_ATTEMPTS):
-                if self._insert(record):
+                if self._insert(record, quota):
                     return record
                 record = dataclasses.replace(record, key_id=new_key_id())
         raise KeyStoreUnavailable(self._where, "could not allocate an unused key id")
 
-    def _insert(self, record: KeyRecord) -> bool:
-        """Write ``record`` and its set memberships in one transaction; False if the id is taken."""
+    def _insert(self, record: KeyRecord, quota: int | None = None) -> bool:
+        """Write ``record`` and its set memberships in one transaction; False if the id is taken
+        or the tenant's keys changed meanwhile (``QuotaExceeded`` when they number ``quota``)."""
         key = self._record_key(record.key_id)
+        held = f"{self._scope(record.tenant)}order"
         with self._client.pipeline(transaction=True) as pipe:
             try:
-                pipe.watch(key)  # type: ignore[no-untyped-call]
+                pipe.watch(key, held)  # type: ignore[no-untyped-call]
                 if pipe.exists(key):
                     return False
+                if quota is not None and int(pipe.zcard(held)) >= quota:
+                    raise QuotaExceeded(record.tenant, quota)
                 pipe.multi()
                 pipe.hset(key, mapping=encode_record(record, self._sealer))
                 for scope in self._scopes(record.tenant):

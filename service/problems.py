@@ -39,6 +39,7 @@ from service.errors import (
     PoissonmarkError,
     ProblemType,
     QueueFull,
+    QuotaExceeded,
     RateLimited,
     problem_for,
 )
@@ -65,6 +66,8 @@ def problem_body(
         body["field"] = exc.field
     elif isinstance(exc, BodyTooLarge):
         body["field"], body["limit"] = "body", exc.limit
+    elif isinstance(exc, QuotaExceeded):
+        body["field"], body["limit"] = "max_keys_per_tenant", exc.quota
     return body
 
 

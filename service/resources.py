@@ -141,6 +141,8 @@ async def open_resources(
             key_cache_ttl_s=settings.key_cache_ttl_s,
             key_cache_size=settings.key_cache_size,
             max_prompt_tokens=settings.max_prompt_tokens,
+            max_tokens=settings.max_tokens,
+            max_evidence_tokens=settings.max_evidence_tokens,
         )
         stack.callback(pool.close)
         limiter = RateLimiter(

@@ -66,6 +66,12 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=1_048_576, ge=1024)
     max_text_chars: int = Field(default=100_000, ge=1)
     max_token_ids: int = Field(default=32_768, ge=1)
+    max_tokens: int = Field(default=32_768, ge=1)
+    """Tokens a detect item's text may have after tokenizing (counted before any key is read;
+    ``max_text_chars`` bounds the characters first)."""
+    max_evidence_tokens: int = Field(default=32_768, ge=1)
+    """Per-token evidence rows one detect response may hold (the best key's, summed over a
+    batch's items)."""
     max_prompt_chars: int = Field(default=32_000, ge=1)
     max_prompt_tokens: int = Field(default=4096, ge=1)
     max_messages: int = Field(default=64, ge=1)
@@ -74,9 +80,13 @@ class Settings(BaseSettings):
     max_lookahead: int = Field(default=8, ge=1)
     max_batch: int = Field(default=32, ge=1)
     max_keys_per_detect: int = Field(default=10_000, ge=1, le=10_000)
-    """Keys a detection without ``key_id`` may test (else 422 ``limit-exceeded``). The per-key
-    cost is ~0.2 µs per scored token (``bench/results/multikey_cost.json``): 10,000 keys on a
-    500-token text are ~1 s of one core; and every key costs a factor in the p-value."""
+    """Keys a detection without ``key_id`` may test (else 422 ``limit-exceeded``), counted in
+    the tenant's key index before any record is read. The per-key cost is ~0.2 µs per scored
+    token (``bench/results/multikey_cost.json``): 10,000 keys on a 500-token text are ~1 s of
+    one core; and every key costs a factor in the p-value."""
+    max_keys_per_tenant: int = Field(default=10_000, ge=1)
+    """Keys a tenant may hold, revoked ones included until deleted (``POST /v1/keys`` beyond
+    it: 403 ``quota-exceeded``)."""
     # concurrency and abuse
     queue_size: int = Field(default=8, ge=1)
     """Generation requests that may wait for the worker; one more is 503 + Retry-After."""
@@ -100,7 +110,13 @@ class Settings(BaseSettings):
     key_cache_size: int = Field(default=20_000, ge=1, le=1_000_000)
     """Cached records; at least ``max_keys_per_detect`` so a tenant's keys stay cached."""
     detect_rate_limit: int = Field(default=600, ge=1)
-    """Detections (batch items count one each) per token per ``detect_rate_window_s``."""
+    """Work units of detection per token per ``detect_rate_window_s``: an item costs
+    ceil(tokens × keys tested / ``detect_work_unit``), at least 1; a request that costs more
+    than the whole window's budget is refused (422 ``limit-exceeded``)."""
+    detect_work_unit: int = Field(default=10_000, ge=1)
+    """Token·keys per rate-limit unit: 10,000 are ~2 ms of one core for the keyed pivots
+    (``bench/results/multikey_cost.json``), so the default budget is ~1.2 s of CPU a minute
+    for multi-key work and 600 texts of up to 10,000 tokens against one key."""
     detect_rate_window_s: int = Field(default=60, ge=1)
     redis_timeout_s: float = Field(default=2.0, gt=0)
 
