@@ -325,7 +325,9 @@ def test_a_detect_only_token_sees_the_heatmap_in_bands(page: Page, service: Serv
     )
     scored = [t for t in tokens if t["status"] == "scored" and t["text"]]
     assert len(levels) == len(scored) >= 64
-    assert [float(level) for level, _ in levels] == pytest.approx([t["band"] / 3 for t in scored])
+    assert [float(level) for level, _ in levels] == pytest.approx(
+        [t["band"] / 3 for t in scored], abs=1e-3
+    )
     assert sum(float(level) for level, _ in levels) / len(levels) > 0.3
     assert all(title.endswith("evidence in this stretch of text") for _, title in levels)
 
