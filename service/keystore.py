@@ -4,7 +4,8 @@ Glossary:
 - **key record**: one watermark key — id, secret, and the parameters detection must reuse
   (context width m, repeated-context masking, ``PRF_VERSION``, tokenizer fingerprint).
 - **KEK**, **sealed secret**: the key-encryption key and the only form a secret is stored in
-  (``service.kek``: AES-256-GCM with the key id as associated data).
+  (``service.kek``: AES-256-GCM with the key id, the tenant and the key's parameters as
+  associated data; ``reseal`` moves records of the earlier key-id-only form to it).
 - **tenant**: the owner of a key; a caller bound to one tenant never sees another's keys
   (a foreign key id is reported exactly like an absent one).
 
@@ -50,11 +51,12 @@ from service.errors import (
     QuotaExceeded,
     UnknownKey,
 )
-from service.kek import Sealer
+from service.kek import Sealer, is_v1_seal
 from service.key_record import (
     DEFAULT_CONTEXT_WIDTH,
     DEFAULT_TENANT,
     KeyRecord,
+    bound_values,
     check_tenant,
     created_score,
     decode_record,
@@ -406,6 +408,52 @@ class KeyStore:
             return ids
         gone = {as_text(m) for m in revoked}
         return [key_id for key_id in ids if key_id not in gone]
+
+    def reseal(self) -> int:
+        """Re-seal every record still in the v1 form (``service.kek``: bound to its key id
+        alone) as v2, bound to its tenant and parameters as they are now; each record in its
+        own WATCHed transaction. Idempotent. Returns how many records were re-sealed.
+
+        Raises:
+            KeyDecryptionFailed: a v1 record that does not open under this KEK (those before
+                it are re-sealed; it and those after are left as they are).
+            KeyRecordCorrupt, KeyStoreUnavailable.
+        """
+        resealed = 0
+        with reaching_redis(self._client):
+            ordered: list[Any] = self._client.zrange(f"{self._prefix}order", 0, -1)
+            key_ids = [as_text(m) for m in ordered]
+            pipe = self._client.pipeline(transaction=False)
+            for key_id in key_ids:
+                pipe.hget(self._record_key(key_id), "secret")
+            stored = pipe.execute()
+            for key_id, sealed in zip(key_ids, stored, strict=True):
+                if sealed is not None and is_v1_seal(as_text(sealed)):
+                    resealed += self._reseal_one(key_id)
+        return resealed
+
+    def _reseal_one(self, key_id: str) -> bool:
+        """Re-seal one v1 record (``reseal``); False when it is gone or no longer v1."""
+        key = self._record_key(key_id)
+        for _ in range(_WRITE_ATTEMPTS):
+            with self._client.pipeline(transaction=True) as pipe:
+                try:
+                    pipe.watch(key)  # type: ignore[no-untyped-call]
+                    raw = pipe.hgetall(key)
+                    if not raw:
+                        return False
+                    fields = record_fields(key_id, raw)
+                    if not is_v1_seal(fields["secret"]):
+                        return False
+                    secret = self._sealer.unseal_v1(key_id, fields["secret"])
+                    sealed = self._sealer.seal(key_id, secret, bound_values(fields))
+                    pipe.multi()
+                    pipe.hset(key, "secret", sealed)
+                    pipe.execute()
+                    return True
+                except redis.WatchError:
+                    continue  # revoked or deleted meanwhile: read it again
+        raise KeyStoreUnavailable(self._where, "the record kept changing during reseal")
 
     def get_many(self, key_ids: Sequence[str], tenant: str | None = None) -> list[KeyRecord]:
         """The records of ``key_ids``, in that order, in one round trip; ids that are absent

@@ -116,6 +116,9 @@ async def open_resources(
         log.info("key store: %s, prefix %r", describe_client(sync), settings.redis_prefix)
 
         store = KeyStore(sync, await asyncio.to_thread(_kek, settings), settings.redis_prefix)
+        resealed = await asyncio.to_thread(store.reseal)  # v1 records: bind tenant and params
+        if resealed:
+            log.info("key store: %d record(s) re-sealed bound to their tenant", resealed)
 
         loaded = await asyncio.to_thread(loader, settings)
         fingerprint = tokenizer_fingerprint(loaded.tokenizer)
