@@ -12,7 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic import AliasChoices, Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ADMIN_TOKEN_MIN_CHARS = 32
@@ -61,6 +61,9 @@ class Settings(BaseSettings):
     admin_token: SecretStr | None = None
     """Bootstrap bearer token with every scope for ``admin_tenant`` (>= 32 characters)."""
     admin_tenant: str = Field(default="default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    metrics_token: SecretStr | None = None
+    """Bearer token that reads ``/metrics`` and nothing else (>= 32 characters); the admin
+    token reads it too. Neither set: ``/metrics`` answers 401 to everyone."""
     redis_prefix: str = Field(default="pm:", min_length=1, max_length=64)
     # limits
     max_body_bytes: int = Field(default=1_048_576, ge=1024)
@@ -138,19 +141,20 @@ class Settings(BaseSettings):
             raise ValueError(f"POISSONMARK_KEK: expected 32 bytes, got {len(raw)}")
         return value
 
-    @field_validator("admin_token")
+    @field_validator("admin_token", "metrics_token")
     @classmethod
-    def _admin_token_is_strong(cls, value: SecretStr | None) -> SecretStr | None:
+    def _token_is_strong(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
         if value is None or not value.get_secret_value():
             return None
+        name = f"POISSONMARK_{(info.field_name or '').upper()}"
         token = value.get_secret_value()
         if len(token) < ADMIN_TOKEN_MIN_CHARS or len(set(token)) < 8:
             raise ValueError(
-                f"POISSONMARK_ADMIN_TOKEN: expected at least {ADMIN_TOKEN_MIN_CHARS} random "
+                f"{name}: expected at least {ADMIN_TOKEN_MIN_CHARS} random "
                 "characters (e.g. `python -c 'import secrets; print(secrets.token_urlsafe())'`)"
             )
         if any(word in token.lower() for word in _PLACEHOLDER_WORDS):
-            raise ValueError("POISSONMARK_ADMIN_TOKEN: looks like a placeholder; use a random one")
+            raise ValueError(f"{name}: looks like a placeholder; use a random one")
         return value
 
     def kek_bytes(self) -> bytes | None:
