@@ -10,12 +10,27 @@ import base64
 import binascii
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, SecretStr, ValidationInfo, field_validator
+from pydantic import (
+    AliasChoices,
+    Field,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ADMIN_TOKEN_MIN_CHARS = 32
+_SECRET_FILES: dict[str, tuple[str, ...]] = {
+    "kek": ("kek",),
+    "admin_token": ("admin_token",),
+    "metrics_token": ("metrics_token",),
+    "redis_url": ("REDIS_URL", "POISSONMARK_REDIS_URL", "redis_url"),
+}
+"""Secrets that may come from a file (``<name>_file``): the input keys each is set by (the
+first is the one the file's text is given as)."""
 _PLACEHOLDER_WORDS = ("changeme", "change-me", "change_me", "example", "placeholder", "xxxxxxxx")
 
 
@@ -25,6 +40,8 @@ class Settings(BaseSettings):
     Environment: ``POISSONMARK_HOME`` (data dir: converted models, embedded Redis, KEK file),
     ``REDIS_URL`` or ``POISSONMARK_REDIS_URL`` (external Redis; unset = embedded),
     ``POISSONMARK_KEK`` (base64 of 32 bytes; unset = a generated one in ``HOME/kek``),
+    each secret also from a file: ``POISSONMARK_KEK_FILE``, ``POISSONMARK_ADMIN_TOKEN_FILE``,
+    ``POISSONMARK_METRICS_TOKEN_FILE``, ``POISSONMARK_REDIS_URL_FILE`` (Docker secrets),
     ``POISSONMARK_MODEL``, ``POISSONMARK_DEVICE``, ``POISSONMARK_PRECISION``; for
     ``poissonmark serve`` every field below ``precision`` as ``POISSONMARK_<FIELD>`` (e.g.
     ``POISSONMARK_ADMIN_TOKEN``, ``POISSONMARK_MAX_NEW_TOKENS``). Exceeding a ``max_*`` limit
@@ -41,6 +58,13 @@ class Settings(BaseSettings):
         default=None, validation_alias=AliasChoices("REDIS_URL", "POISSONMARK_REDIS_URL")
     )
     kek: SecretStr | None = None
+    kek_file: Path | None = None
+    """A file holding ``kek`` (e.g. a Docker secret, ``/run/secrets/...``): keeps the KEK out
+    of the environment that ``docker inspect`` shows. Likewise ``admin_token_file``,
+    ``metrics_token_file`` and ``redis_url_file``; giving a secret both ways is an error."""
+    admin_token_file: Path | None = None
+    metrics_token_file: Path | None = None
+    redis_url_file: Path | None = None
     model: str = "smollm2-135m-instruct"
     device: str = "auto"
     precision: Literal["auto", "float32", "bfloat16", "gguf"] = "auto"
@@ -122,6 +146,26 @@ class Settings(BaseSettings):
     for multi-key work and 600 texts of up to 10,000 tokens against one key."""
     detect_rate_window_s: int = Field(default=60, ge=1)
     redis_timeout_s: float = Field(default=2.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _secrets_from_files(cls, data: Any) -> Any:
+        """``<secret>_file`` -> ``<secret>``: the file's text without its trailing newline."""
+        if not isinstance(data, dict):
+            return data
+        for name, aliases in _SECRET_FILES.items():
+            path = data.get(f"{name}_file")
+            if path is None or path == "":
+                continue
+            env = f"POISSONMARK_{name.upper()}"
+            if any(data.get(alias) not in (None, "") for alias in aliases):
+                raise ValueError(f"{env}_FILE: give {env} or {env}_FILE, not both")
+            try:
+                text = Path(path).expanduser().read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ValueError(f"{env}_FILE: cannot read {path} ({type(exc).__name__})") from None
+            data = {**data, aliases[0]: text.rstrip("\r\n")}
+        return data
 
     @field_validator("home")
     @classmethod
