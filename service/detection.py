@@ -576,17 +576,9 @@ class DetectionPool:
         return ids
 
     def tokenized(self, item: DetectInput) -> TokenizedText:
-        """The item's tokens (text tokenized, or its ``token_ids`` with their pieces).
-
-        Raises:
-            LimitExceeded: naming ``text`` (or ``token_ids``), when there are more than
-                ``max_tokens`` tokens.
-        """
-        found = tokenize_input(self.tokenizer(), item.text, item.token_ids)
-        if self.max_tokens is not None and len(found.ids) > self.max_tokens:
-            field = "text" if item.token_ids is None else "token_ids"
-            raise LimitExceeded(field, self.max_tokens, len(found.ids), "tokens after tokenizing")
-        return found
+        """The item's tokens (text tokenized, or its ``token_ids`` with their pieces); their
+        number is checked by ``check_plan``."""
+        return tokenize_input(self.tokenizer(), item.text, item.token_ids)
 
     def plan(
         self,
@@ -599,12 +591,13 @@ class DetectionPool:
     ) -> DetectPlan:
         """Everything a detection's cost depends on, before any key record is read or text
         scored: the keys to test (their ids, from the index: ``candidate_key_ids``), every
-        item's prompt (templated and checked, for the tests that read the model) and tokens.
+        item's prompt (templated and checked, for the tests that read the model) and tokens
+        (not yet checked against ``max_tokens``: ``check_plan``, once the caller has charged
+        the tokenizing).
 
         Raises:
-            LimitExceeded: too many keys, an item over ``max_tokens`` or its prompt over
-                ``max_prompt_tokens`` (``items[i].<field>`` in a batch), or more evidence rows
-                than ``max_evidence_tokens`` (field ``evidence``).
+            LimitExceeded: too many keys, or an item's prompt over ``max_prompt_tokens``
+                (``items[i].<field>`` in a batch).
         """
         key_ids = candidate_key_ids(
             store, tenant, options.key_id, options.include_revoked, max_keys
@@ -613,12 +606,34 @@ class DetectionPool:
         prompts = _each_item(
             items, batch, lambda item: self.prompt_ids(item) if model_tests else None
         )
-        tokenized = _each_item(items, batch, self.tokenized)
-        rows = sum(len(t.ids) for t in tokenized)
-        cap = self.max_evidence_tokens
-        if options.evidence and cap is not None and rows > cap:
-            raise LimitExceeded("evidence", cap, rows, "rows (tokens) per response")
+        tokenized = [self.tokenized(item) for item in items]
         return DetectPlan(tokenized, prompts, key_ids)
+
+    def check_plan(
+        self,
+        plan: DetectPlan,
+        items: Sequence[DetectInput],
+        options: DetectOptions,
+        batch: bool = False,
+    ) -> None:
+        """The limits a plan must keep: every item at most ``max_tokens`` tokens, and with
+        ``options.evidence`` at most ``max_evidence_tokens`` evidence rows in all (the best
+        key's: one per token).
+
+        Raises:
+            LimitExceeded: naming ``text`` or ``token_ids`` (``items[i].…`` in a batch) and the
+                token limit, or ``evidence`` and the row limit.
+        """
+        cap = self.max_tokens
+        for i, (item, tokenized) in enumerate(zip(items, plan.tokenized, strict=True)):
+            if cap is not None and len(tokenized.ids) > cap:
+                field = "text" if item.token_ids is None else "token_ids"
+                field = f"items[{i}].{field}" if batch else field
+                raise LimitExceeded(field, cap, len(tokenized.ids), "tokens after tokenizing")
+        rows = sum(len(t.ids) for t in plan.tokenized)
+        rows_cap = self.max_evidence_tokens
+        if options.evidence and rows_cap is not None and rows > rows_cap:
+            raise LimitExceeded("evidence", rows_cap, rows, "rows (tokens) per response")
 
     def run_plan(
         self,
@@ -658,8 +673,9 @@ class DetectionPool:
         batch: bool = False,
         raw_evidence: bool = False,
     ) -> list[dict[str, Any]]:
-        """``plan`` then ``run_plan`` in one call (no rate limit in between)."""
+        """``plan``, ``check_plan`` and ``run_plan`` in one call (no rate limit)."""
         plan = self.plan(store, tenant, items, options, max_keys, batch)
+        self.check_plan(plan, items, options, batch)
         return self.run_plan(
             store, tenant, items, plan, options, max_keys, model, batch, raw_evidence
         )

@@ -4,9 +4,10 @@ The detector is an oracle (an attacker could probe it to learn the watermark), s
 request's cost is bounded and charged to the caller's token in the Redis rate limit before
 the keyed work: one unit per item at once, then — after the pool has counted the keys to test
 (from the key index, no record read) and tokenized the items — the rest of
-ceil(tokens × keys / ``detect_work_unit``) per item. A request costing more than a whole
-window's budget is refused (422). The work itself — key lookups and the detector — runs on the
-detection pool, off the event loop.
+ceil(tokens × keys / ``detect_work_unit``) per item, at most a whole window's budget, whether
+the request then passes its limits or not (its tokenizing was work). A request over
+``max_tokens``, ``max_evidence_tokens`` or a whole window's budget is refused (422). The
+work itself — key lookups and the detector — runs on the detection pool, off the event loop.
 """
 
 from __future__ import annotations
@@ -59,6 +60,11 @@ async def _detect(
     )
     unit = settings.detect_work_unit
     cost = plan.cost(unit)
+    # charged as planned (tokenizing a refused text was work too), at most a window's budget
+    charge = min(cost, limiter.limit) - len(items)
+    if charge > 0:
+        await limiter.spend(principal.token_id, charge)
+    pool.check_plan(plan, items, options, batch)
     if cost > limiter.limit:
         field = "items" if batch else ("text" if items[0].token_ids is None else "token_ids")
         raise LimitExceeded(
@@ -68,8 +74,6 @@ async def _detect(
             f"work units per request (ceil(tokens × keys tested / {unit}) per item, the "
             "detect_rate_limit of a whole window)",
         )
-    if cost > len(items):
-        await limiter.spend(principal.token_id, cost - len(items))
     return await pool.run(
         pool.run_plan,
         store,

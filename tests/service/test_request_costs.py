@@ -60,6 +60,26 @@ def test_a_text_of_99999_emoji_is_refused_naming_the_token_limit(
     assert problem(batch, 422, "limit-exceeded")["field"] == "items[1].text"
 
 
+def test_a_refused_text_is_charged_its_tokenizing(embedded_services: ServiceFactory) -> None:
+    """Tokenizing 99,999 emoji (299,997 tokens: 30 units of 10,000) is work the request made
+    the service do: it is charged before the 422, so a client cannot make the service tokenize
+    such texts at one unit each."""
+    svc = embedded_services()
+    frozen_limiter(svc, 35)
+    try:
+        key_id = svc.create_key()
+        reader = svc.token("default", ("detect",))
+        body = {"text": "\U0001f600" * 99_999, "key_id": key_id}
+        problem(post_raw(svc, "/v1/detect", body, reader), 422, "limit-exceeded")
+        short = {"text": "x", "key_id": key_id}
+        statuses = [
+            svc.client.post("/v1/detect", json=short, headers=reader).status_code for _ in range(6)
+        ]
+        assert statuses == [200] * 5 + [429]
+    finally:
+        svc.app.dependency_overrides.clear()
+
+
 def test_max_tokens_counts_tokens_not_characters(embedded_services: ServiceFactory) -> None:
     svc = embedded_services(max_tokens=50)
     key_id = svc.create_key()
