@@ -131,6 +131,14 @@ def candidate_key_ids(
     return key_ids
 
 
+DETAILED_KEY_WEIGHT: Final = 8
+"""What one key's full result (``max_results``) costs per token, in keys tested: the full
+result of a detailed key (every requested score family, spans, per-token columns) took 7 times
+the keyed pivots of one more key tested (8,192 tokens, 200 keys, all families and spans:
+1.15 against 0.17 µs per token; ``bench/results/request_memory.json``), plus that key's own
+pivots."""
+
+
 @dataclass(frozen=True)
 class DetectPlan:
     """What a detection request will do, known before any key record is read or any text
@@ -140,19 +148,23 @@ class DetectPlan:
         tokenized: each item's tokens (``detector.detect.tokenize_input``), in item order.
         prompts: each item's templated prompt ids (for the tests that read the model), or None.
         key_ids: the keys to test (the request's ``key_id``, or the tenant's candidates).
+        detailed: how many keys get a full result: min(keys, ``max_results``).
     """
 
     tokenized: list[TokenizedText]
     prompts: list[list[int] | None]
     key_ids: list[str]
+    detailed: int = 1
 
     @property
     def work(self) -> list[int]:
-        """(items,) tokens × keys tested, per item."""
-        return [len(t.ids) * len(self.key_ids) for t in self.tokenized]
+        """(items,) work in token·keys per item: tokens × (keys tested +
+        ``DETAILED_KEY_WEIGHT`` × keys detailed)."""
+        keys = len(self.key_ids) + DETAILED_KEY_WEIGHT * self.detailed
+        return [len(t.ids) * keys for t in self.tokenized]
 
     def cost(self, unit: int) -> int:
-        """Rate-limit units: Σ over items of max(1, ceil(tokens × keys / ``unit``))."""
+        """Rate-limit units: Σ over items of max(1, ceil(work / ``unit``))."""
         return sum(max(1, -(-work // unit)) for work in self.work)
 
 
@@ -607,7 +619,8 @@ class DetectionPool:
             items, batch, lambda item: self.prompt_ids(item) if model_tests else None
         )
         tokenized = [self.tokenized(item) for item in items]
-        return DetectPlan(tokenized, prompts, key_ids)
+        detailed = min(len(key_ids), options.max_results)
+        return DetectPlan(tokenized, prompts, key_ids, detailed)
 
     def check_plan(
         self,

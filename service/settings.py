@@ -138,12 +138,13 @@ class Settings(BaseSettings):
     """Cached records; at least ``max_keys_per_detect`` so a tenant's keys stay cached."""
     detect_rate_limit: int = Field(default=600, ge=1)
     """Work units of detection per token per ``detect_rate_window_s``: an item costs
-    ceil(tokens × keys tested / ``detect_work_unit``), at least 1; a request that costs more
-    than the whole window's budget is refused (422 ``limit-exceeded``)."""
+    ceil(tokens × (keys tested + 8 × keys with a full result) / ``detect_work_unit``), at
+    least 1 (``service.detection.DetectPlan``); a request that costs more than the whole
+    window's budget is refused (422 ``limit-exceeded``)."""
     detect_work_unit: int = Field(default=10_000, ge=1)
     """Token·keys per rate-limit unit: 10,000 are ~2 ms of one core for the keyed pivots
-    (``bench/results/multikey_cost.json``), so the default budget is ~1.2 s of CPU a minute
-    for multi-key work and 600 texts of up to 10,000 tokens against one key."""
+    (``bench/results/multikey_cost.json``), so the default budget is ~1.2 s of CPU a minute:
+    600 texts of up to 1,111 tokens against one key, or 20 of 32,768."""
     detect_rate_window_s: int = Field(default=60, ge=1)
     redis_timeout_s: float = Field(default=2.0, gt=0)
 

@@ -43,8 +43,9 @@ def frozen_limiter(svc: Service, limit: int) -> RateLimiter:
 def test_a_text_of_99999_emoji_is_refused_naming_the_token_limit(
     embedded_services: ServiceFactory,
 ) -> None:
-    """99,999 emoji are under the character and body limits (400 KB) but ~266,000 tokens."""
-    svc = embedded_services()
+    """99,999 emoji are under the character and body limits (400 KB) but 299,997 tokens (each
+    refusal is charged its tokenizing: a budget for three)."""
+    svc = embedded_services(detect_rate_limit=1000)
     key_id = svc.create_key()
     text = "\U0001f600" * 99_999
     assert len(text) <= svc.settings.max_text_chars
@@ -61,11 +62,11 @@ def test_a_text_of_99999_emoji_is_refused_naming_the_token_limit(
 
 
 def test_a_refused_text_is_charged_its_tokenizing(embedded_services: ServiceFactory) -> None:
-    """Tokenizing 99,999 emoji (299,997 tokens: 30 units of 10,000) is work the request made
-    the service do: it is charged before the 422, so a client cannot make the service tokenize
-    such texts at one unit each."""
+    """Tokenizing 99,999 emoji (299,997 tokens) is work the request made the service do: it
+    is charged as planned (299,997 × (1 + 8) / 10,000: 270 units) before the 422, so a client
+    cannot make the service tokenize such texts at one unit each."""
     svc = embedded_services()
-    frozen_limiter(svc, 35)
+    frozen_limiter(svc, 275)
     try:
         key_id = svc.create_key()
         reader = svc.token("default", ("detect",))
@@ -131,43 +132,55 @@ def test_key_creation_over_the_quota_is_refused_naming_it(
     svc.create_key(acme)  # a deleted key frees its place
 
 
+def allowed(units: int, budget: int) -> list[int]:
+    """The statuses of requests costing ``units`` each until one is refused."""
+    return [200] * (budget // units) + [429]
+
+
 def test_the_rate_limit_charges_tokens_times_keys(embedded_services: ServiceFactory) -> None:
-    """10 units a window, 100 token·keys a unit: a ~250-token text against one key costs 3
-    units, against two keys 5 or 6; one unit per text would have let all of these pass."""
-    svc = embedded_services(detect_work_unit=100)
-    frozen_limiter(svc, 10)
+    """20 units a window, 1,000 token·keys a unit. A text of T tokens against one key costs
+    ceil(T·(1 + 8)/1000) units (its pivots and its full result: DETAILED_KEY_WEIGHT), against
+    two keys ceil(T·(2 + 2·8)/1000); one unit per text would let every request pass."""
+    svc = embedded_services(detect_work_unit=1000)
+    frozen_limiter(svc, 20)
     try:
         key_id = svc.create_key()
-        reader = svc.token("default", ("detect",))
         text = "one two three four five six seven eight nine ten " * 25
-        first = svc.client.post("/v1/detect", json={"text": text, "key_id": key_id}, headers=reader)
-        assert first.status_code == 200, first.text
-        tokens = first.json()["results"][0]["num_tokens"]
-        assert 201 <= tokens <= 300  # 3 units with one key
-        for _ in range(2):  # 6, 9 units spent
-            r = svc.client.post("/v1/detect", json={"text": text, "key_id": key_id}, headers=reader)
-            assert r.status_code == 200
-        problem(
-            svc.client.post("/v1/detect", json={"text": text, "key_id": key_id}, headers=reader),
-            429,
-            "rate-limited",
-        )
-        # another token's budget: two keys, one text of 2·tokens token·keys, twice
+        tokens = svc.client.post(
+            "/v1/detect", json={"text": text, "key_id": key_id}, headers=svc.admin
+        ).json()["results"][0]["num_tokens"]
+        assert 223 <= tokens <= 333  # 3 units with one key, 5 or 6 with two
+        one, two = -(-tokens * 9 // 1000), -(-tokens * 18 // 1000)
+        assert (one, two) in ((3, 5), (3, 6))
+        reader = svc.token("default", ("detect",))
+        statuses = []
+        while not statuses or statuses[-1] == 200:
+            body = {"text": text, "key_id": key_id}
+            statuses.append(svc.client.post("/v1/detect", json=body, headers=reader).status_code)
+        assert statuses == allowed(one, 20)
+        # another token's budget: both keys of the tenant tested
         svc.create_key()
         other = svc.token("default", ("detect",))
-        units = -(-2 * tokens // 100)
-        assert units in (5, 6)
-        assert svc.client.post("/v1/detect", json={"text": text}, headers=other).status_code == 200
-        problem(
-            svc.client.post("/v1/detect", json={"text": text}, headers=other), 429, "rate-limited"
-        )
-        # a request costing more than a whole window is refused outright, naming the limit
+        statuses = []
+        while not statuses or statuses[-1] == 200:
+            statuses.append(
+                svc.client.post("/v1/detect", json={"text": text}, headers=other).status_code
+            )
+        assert statuses == allowed(two, 20)
+        # fewer detailed keys cost less: max_results 1 is T·(2 + 8)
         third = svc.token("default", ("detect",))
-        batch = {"items": [{"text": text}] * 2}
+        statuses = []
+        while not statuses or statuses[-1] == 200:
+            body = {"text": text, "max_results": 1}
+            statuses.append(svc.client.post("/v1/detect", json=body, headers=third).status_code)
+        assert statuses == allowed(-(-tokens * 10 // 1000), 20)
+        # a request costing more than a whole window is refused outright, naming the limit
+        fourth = svc.token("default", ("detect",))
+        batch = {"items": [{"text": text}] * 5}  # 25 or 30 units
         found = problem(
-            svc.client.post("/v1/detect/batch", json=batch, headers=third), 422, "limit-exceeded"
+            svc.client.post("/v1/detect/batch", json=batch, headers=fourth), 422, "limit-exceeded"
         )
-        assert (found["field"], found["limit"]) == ("items", 10)
+        assert (found["field"], found["limit"]) == ("items", 20)
         assert "work units per request" in found["detail"]
     finally:
         svc.app.dependency_overrides.clear()
