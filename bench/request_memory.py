@@ -10,9 +10,9 @@ the re-aligned test, ``max_results`` 100, evidence on. The text is human text of
 
 Cases: one key; the most keys the default rate limit lets one such request test (its work,
 32,768 × (K + 8·min(K, 100)) token·keys, within 600 units of 10,000: K = 20); and 10,000 keys
-(``max_keys_per_detect``, allowed only with a raised ``detect_rate_limit``). Each case runs in a fresh process; its peak
-is the largest resident set a 5 ms sampler saw during the request, minus the resident set
-before it (tokenizer and imports loaded).
+(``max_keys_per_detect``, allowed only with a raised ``detect_rate_limit``). Each case runs
+in a fresh process; its peak is the largest resident set a 5 ms sampler saw during the
+request, minus the resident set before it (tokenizer and imports loaded).
 
 Writes ``bench/results/request_memory.json``. Several minutes on two shared cores (the
 10,000-key case computes 3.3e8 keyed pivots). Run from the repository root::
