@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import threading
@@ -62,9 +63,12 @@ def human_text(tokenizer: Any, tokens: int) -> str:
         cut -= count - tokens
 
 
-def request(tokenizer: Any, text: str, keys: int) -> tuple[int, float, int]:
+def request(
+    tokenizer: Any, text: str, keys: int, limit_mib: int | None = None
+) -> tuple[int, float, int]:
     """One request as the route runs it; (peak resident bytes over the start, seconds, bytes
-    of the response's JSON)."""
+    of the response's JSON). ``limit_mib``: the address space the request may add
+    (``RLIMIT_AS``, set once the sampler thread runs; lifted again afterwards)."""
     import secrets
 
     from detector.detect import tokenize_input
@@ -95,11 +99,19 @@ def request(tokenizer: Any, text: str, keys: int) -> tuple[int, float, int]:
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if limit_mib is not None:
+        resource.setrlimit(
+            resource.RLIMIT_AS, (process.memory_info().vms + limit_mib * 2**20, hard)
+        )
     start = time.perf_counter()
-    tokenized = tokenize_input(tokenizer, text, None)
-    found = detect_keys(tokenizer, records, options, detailed=MAX_RESULTS, tokenized=tokenized)
-    shaped = multi_key_json(found, tokens=True, raw=True)
-    body = DetectResponse.model_validate(shaped).model_dump_json()
+    try:
+        tokenized = tokenize_input(tokenizer, text, None)
+        found = detect_keys(tokenizer, records, options, detailed=MAX_RESULTS, tokenized=tokenized)
+        shaped = multi_key_json(found, tokens=True, raw=True)
+        body = DetectResponse.model_validate(shaped).model_dump_json()
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
     seconds = time.perf_counter() - start
     done.set()
     sampler.join()
@@ -107,8 +119,10 @@ def request(tokenizer: Any, text: str, keys: int) -> tuple[int, float, int]:
     return peak - before, seconds, len(body)
 
 
-def run_case(tokens: int, keys: int) -> dict[str, Any]:
-    """One case in this process (call it in a fresh one)."""
+def run_case(tokens: int, keys: int, limit_mib: int | None = None) -> dict[str, Any]:
+    """One case in this process (call it in a fresh one); with ``limit_mib``, the process's
+    address space may grow by at most that much during the request (``RLIMIT_AS``: an
+    allocation past it raises ``MemoryError``)."""
     import torch  # the service's detection threads run with one torch thread
 
     from bench.detector_common import data_home
@@ -121,7 +135,7 @@ def run_case(tokens: int, keys: int) -> dict[str, Any]:
     text = human_text(tokenizer, tokens)
     request(tokenizer, text[:2000], 2)  # first-call allocations (caches, pools) out of the way
     rss = psutil.Process().memory_info().rss
-    peak, seconds, body = request(tokenizer, text, keys)
+    peak, seconds, body = request(tokenizer, text, keys, limit_mib)
     return {
         "tokens": len(tokenizer(text, add_special_tokens=False)["input_ids"]),
         "keys": keys,
@@ -129,15 +143,19 @@ def run_case(tokens: int, keys: int) -> dict[str, Any]:
         "rss_before_mib": round(rss / 2**20, 1),
         "seconds": round(seconds, 2),
         "response_mib": round(body / 2**20, 2),
+        "address_space_limit_mib": limit_mib,
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", nargs=2, type=int, metavar=("TOKENS", "KEYS"))
+    parser.add_argument(
+        "--limit-mib", type=int, help="With --case: the address space the request may add."
+    )
     args = parser.parse_args()
     if args.case:
-        print(json.dumps(run_case(*args.case)))
+        print(json.dumps(run_case(*args.case, limit_mib=args.limit_mib)))
         return
     from bench.detector_common import run_metadata
 
