@@ -37,7 +37,11 @@ async def authenticate(
     token = credentials.credentials
     admin = settings.admin_token.get_secret_value() if settings.admin_token else None
     principal = admin_principal(token, admin, settings.admin_tenant) or await verify_token(
-        resources.aredis, token, settings.redis_prefix
+        resources.aredis,
+        token,
+        resources.token_key,
+        settings.redis_prefix,
+        legacy=settings.legacy_token_digests,
     )
     if principal is None:
         raise NotAuthenticated("invalid or revoked bearer token")

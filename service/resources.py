@@ -24,6 +24,7 @@ from redis.retry import Retry
 
 import keyed
 from sampler.models import LoadedModel, load_model, tokenizer_fingerprint
+from service.api_tokens import digest_key
 from service.contract import served_drafters
 from service.detection import DetectionPool
 from service.kek import KEK_FILENAME, load_or_create_kek
@@ -66,6 +67,7 @@ class Resources:
     limiter: RateLimiter
     worker: GenerationWorker
     pool: DetectionPool
+    token_key: bytes  # the API token digest key (service.api_tokens.digest_key of the KEK)
 
 
 def _async_client(sync: redis.Redis, url: str | None, settings: Settings) -> redis.asyncio.Redis:
@@ -115,7 +117,9 @@ async def open_resources(
         stack.push_async_callback(aredis.aclose)
         log.info("key store: %s, prefix %r", describe_client(sync), settings.redis_prefix)
 
-        store = KeyStore(sync, await asyncio.to_thread(_kek, settings), settings.redis_prefix)
+        kek = await asyncio.to_thread(_kek, settings)
+        store = KeyStore(sync, kek, settings.redis_prefix)
+        token_key = digest_key(kek)
         resealed = await asyncio.to_thread(store.reseal)  # v1 records: bind tenant and params
         if resealed:
             log.info("key store: %d record(s) re-sealed bound to their tenant", resealed)
@@ -167,4 +171,5 @@ async def open_resources(
             limiter,
             worker,
             pool,
+            token_key,
         )

@@ -85,6 +85,10 @@ class Settings(BaseSettings):
     admin_token: SecretStr | None = None
     """Bootstrap bearer token with every scope for ``admin_tenant`` (>= 32 characters)."""
     admin_tenant: str = Field(default="default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    legacy_token_digests: bool = False
+    """Also accept API tokens stored with the earlier unkeyed digest (SHA-256 of the token
+    alone). Whoever can write to Redis can then mint tokens: only while clients move to
+    reissued tokens (``service.api_tokens``)."""
     metrics_token: SecretStr | None = None
     """Bearer token that reads ``/metrics`` and nothing else (>= 32 characters); the admin
     token reads it too. Neither set: ``/metrics`` answers 401 to everyone."""
