@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -46,8 +46,11 @@ from keyed.prf import SECRET_BYTES, Secret
 from service.errors import (
     KEY_ID_PATTERN,
     InvalidInput,
+    KeyDecryptionFailed,
+    KeyRecordCorrupt,
     KeyRevoked,
     KeyStoreUnavailable,
+    PoissonmarkError,
     QuotaExceeded,
     UnknownKey,
 )
@@ -409,15 +412,18 @@ class KeyStore:
         gone = {as_text(m) for m in revoked}
         return [key_id for key_id in ids if key_id not in gone]
 
-    def reseal(self) -> int:
+    def reseal(self, skip: Callable[[str, PoissonmarkError], object] | None = None) -> int:
         """Re-seal every record still in the v1 form (``service.kek``: bound to its key id
         alone) as v2, bound to its tenant and parameters as they are now; each record in its
         own WATCHed transaction. Idempotent. Returns how many records were re-sealed.
 
+        Args:
+            skip: called with (key id, error) for a record that cannot be re-sealed, which is
+                then left as it is (None: raise instead).
         Raises:
-            KeyDecryptionFailed: a v1 record that does not open under this KEK (those before
-                it are re-sealed; it and those after are left as they are).
-            KeyRecordCorrupt, KeyStoreUnavailable.
+            KeyDecryptionFailed: without ``skip``, a v1 record that does not open under this
+                KEK (those before it are re-sealed; it and those after are left as they are).
+            KeyRecordCorrupt: likewise. KeyStoreUnavailable.
         """
         resealed = 0
         with reaching_redis(self._client):
@@ -428,8 +434,14 @@ class KeyStore:
                 pipe.hget(self._record_key(key_id), "secret")
             stored = pipe.execute()
             for key_id, sealed in zip(key_ids, stored, strict=True):
-                if sealed is not None and is_v1_seal(as_text(sealed)):
+                if sealed is None or not is_v1_seal(as_text(sealed)):
+                    continue
+                try:
                     resealed += self._reseal_one(key_id)
+                except (KeyDecryptionFailed, KeyRecordCorrupt) as exc:
+                    if skip is None:
+                        raise
+                    skip(key_id, exc)
         return resealed
 
     def _reseal_one(self, key_id: str) -> bool:

@@ -120,7 +120,12 @@ async def open_resources(
         kek = await asyncio.to_thread(_kek, settings)
         store = KeyStore(sync, kek, settings.redis_prefix)
         token_key = digest_key(kek)
-        resealed = await asyncio.to_thread(store.reseal)  # v1 records: bind tenant and params
+
+        def unreadable(key_id: str, exc: Exception) -> None:
+            log.warning("key store: %s cannot be re-sealed (%s); it stays unusable", key_id, exc)
+
+        # v1 records: bind tenant and parameters; one that cannot be opened stops no start
+        resealed = await asyncio.to_thread(store.reseal, unreadable)
         if resealed:
             log.info("key store: %d record(s) re-sealed bound to their tenant", resealed)
 
