@@ -61,7 +61,7 @@ from detector.options import DetectOptions
 from detector.scores import aaronson_terms
 from detector.spans import bonferroni_log
 from detector.stats import LN10, PValue, aaronson_log_sf_many
-from detector.tokens import Tokenizer
+from detector.tokens import TokenizedText, Tokenizer
 from keyed import KeyedSource, detection_plan_arrays, pivot_matrix
 
 MAX_KEYS: Final = 10_000
@@ -154,6 +154,7 @@ def detect_multi(
     token_ids: Sequence[int] | None = None,
     options: DetectOptions = DEFAULT_OPTIONS,
     detailed: int | None = None,
+    tokenized: TokenizedText | None = None,
 ) -> MultiKeyDetection:
     """Test a text against every candidate key and correct the best p-value for their number.
 
@@ -163,6 +164,8 @@ def detect_multi(
         sources: key id -> keyed source, 1..``MAX_KEYS`` keys (the caller chooses them: active
             keys of the tenant; revoked ones only when asked).
         text, token_ids: as ``detect``; the text is tokenized once.
+        tokenized: the input already tokenized (``detect.tokenize_input``: a caller that
+            bounds its length first), instead of ``text`` and ``token_ids``.
         options: as ``detect``, for the detailed keys, with ``key_id`` None (each result
             carries its key's id from ``sources``). The best-key search and the correction
             use the Aaronson p-value, the one a verdict uses.
@@ -193,7 +196,10 @@ def detect_multi(
             )
     if detailed is not None and (isinstance(detailed, bool) or detailed < 1):
         raise ValueError(f"expected detailed >= 1 or None, got {detailed!r}")
-    tokenized = tokenize_input(tokenizer, text, token_ids)
+    if tokenized is None:
+        tokenized = tokenize_input(tokenizer, text, token_ids)
+    elif text is not None or token_ids is not None:
+        raise ValueError("expected tokenized alone, or text and/or token_ids, got both")
     special = frozenset(int(i) for i in tokenizer.all_special_ids)
     ids = list(sources)
     log_p, scan, num_scored = _aaronson_all(tokenized.ids, special, [sources[k] for k in ids])

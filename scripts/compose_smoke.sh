@@ -72,7 +72,8 @@ end
 # --- secrets of this run (never printed) ----------------------------------------------------
 POISSONMARK_KEK=$(python3 -c 'import base64, os; print(base64.b64encode(os.urandom(32)).decode())')
 POISSONMARK_ADMIN_TOKEN=$(python3 -c 'import secrets; print(secrets.token_urlsafe(32))')
-export POISSONMARK_KEK POISSONMARK_ADMIN_TOKEN
+POISSONMARK_REDIS_PASSWORD=$(python3 -c 'import secrets; print(secrets.token_hex(32))')
+export POISSONMARK_KEK POISSONMARK_ADMIN_TOKEN POISSONMARK_REDIS_PASSWORD
 
 cleanup() {
   local rc=$?
@@ -232,10 +233,10 @@ end
 # --- no secret in any log ----------------------------------------------------------------------
 begin logs
 dc logs --no-color >"$work/logs" 2>&1 || fail "compose logs"
-for secret in "$POISSONMARK_KEK" "$POISSONMARK_ADMIN_TOKEN" "$TOKEN"; do
-  if grep -qF -- "$secret" "$work/logs"; then fail "a secret (KEK or bearer token) is in the containers' logs"; fi
+for secret in "$POISSONMARK_KEK" "$POISSONMARK_ADMIN_TOKEN" "$TOKEN" "$POISSONMARK_REDIS_PASSWORD"; do
+  if grep -qF -- "$secret" "$work/logs"; then fail "a secret (KEK, Redis password or bearer token) is in the containers' logs"; fi
 done
-log "   $(wc -l <"$work/logs") log lines, no KEK or bearer token in them"
+log "   $(wc -l <"$work/logs") log lines, no KEK, Redis password or bearer token in them"
 end
 
 # --- down -----------------------------------------------------------------------------------------

@@ -6,10 +6,19 @@ Glossary:
   in unpadded base64url (43 characters). Shown once, at creation; never stored or logged.
 - **token id**: the public half; it names the token in lists, logs, rate-limit counters and
   revocation.
-- **digest**: SHA-256 of the whole token (hex), the only form stored. A token carries 256
-  random bits, so a fast hash suffices (password KDFs exist for guessable secrets); digests are
-  compared with ``hmac.compare_digest`` (constant time).
-- **scopes**: a non-empty subset of ``SCOPES`` — what the token may call.
+- **digest**: the only form stored: ``"v2:"`` + HMAC-SHA256 (hex) under the **digest key**
+  of the whole token, its tenant and its scopes (``keyed_digest``). A token carries 256 random
+  bits, so a fast MAC suffices (password KDFs exist for guessable secrets); keyed, and binding
+  tenant and scopes, so that whoever can write to Redis cannot add a token record of their own
+  or move a record to another tenant or scope. Compared with ``hmac.compare_digest``.
+- **digest key**: 32 bytes derived from the KEK (``digest_key``), so the CLI and every
+  replica that hold the KEK agree on it, and nothing else needs to be kept.
+- **unkeyed digest**: the earlier form, SHA-256 of the token alone. Refused unless the service
+  allows it for a transition (``Settings.legacy_token_digests``): then anyone who can write to
+  Redis can mint tokens again, so reissue such tokens and turn it off.
+- **scopes**: a non-empty subset of ``SCOPES`` — what the token may call. ``evidence`` adds
+  raw per-token evidence (pivots and per-token terms: the keyed PRF's outputs) to what
+  ``detect`` returns; without it detection shows coarse bands only.
 - **principal**: who a verified token speaks for: token id, tenant, scopes.
 - **admin token**: ``Settings.admin_token``; every scope for ``Settings.admin_tenant``, never
   stored (it bootstraps a deployment: create keys, then tokens with the CLI).
@@ -26,6 +35,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import json
 import re
 import secrets
 from collections.abc import Iterable, Mapping
@@ -41,7 +51,10 @@ from service.key_record import check_tenant, utc_now_iso
 from service.keystore import DEFAULT_PREFIX
 from service.redis import as_text, describe_client, reaching_redis
 
-SCOPES: Final = ("generate", "detect", "keys")
+SCOPES: Final = ("generate", "detect", "keys", "evidence")
+DEFAULT_SCOPES: Final = ("generate", "detect", "keys")
+"""What ``poissonmark tokens create`` grants without ``--scope``: every scope but the
+privileged ``evidence``."""
 TOKEN_PREFIX: Final = "pmt_"
 TOKEN_PATTERN: Final = re.compile(r"pmt_([0-9a-f]{16})_([A-Za-z0-9_-]{43})")
 TOKEN_ID_PATTERN: Final = re.compile(r"[0-9a-f]{16}")
@@ -92,9 +105,32 @@ class TokenRecord:
         }
 
 
+DIGEST_VERSION: Final = "v2:"
+_DIGEST_KEY_LABEL: Final = b"poissonmark api token digests v2"
+
+
 def digest(token: str) -> str:
-    """SHA-256 of the token's UTF-8 bytes, hex."""
+    """SHA-256 of the token's UTF-8 bytes, hex (unkeyed: constant-time equality of secrets
+    from settings, and the earlier stored form)."""
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def digest_key(kek: bytes) -> bytes:
+    """The 32-byte key of token digests: HMAC-SHA256(KEK, a fixed label).
+
+    Raises:
+        InvalidInput: a KEK that is not 32 bytes.
+    """
+    if not isinstance(kek, bytes | bytearray) or len(kek) != 32:
+        raise InvalidInput("kek", "expected 32 bytes")
+    return hmac.new(bytes(kek), _DIGEST_KEY_LABEL, hashlib.sha256).digest()
+
+
+def keyed_digest(key: bytes, token: str, tenant: str, scopes: Iterable[str]) -> str:
+    """``"v2:"`` + HMAC-SHA256(key, canonical JSON of token, tenant and scopes), hex."""
+    bound = {"scopes": sorted(scopes), "tenant": tenant, "token": token}
+    message = json.dumps(bound, sort_keys=True, separators=(",", ":")).encode("ascii")
+    return DIGEST_VERSION + hmac.new(key, message, hashlib.sha256).hexdigest()
 
 
 def check_scopes(scopes: Iterable[str]) -> tuple[str, ...]:
@@ -117,20 +153,33 @@ def admin_principal(token: str, admin_token: str | None, tenant: str) -> Princip
     return None
 
 
-def _principal(token: str, raw: Mapping[Any, Any]) -> Principal | None:
+def _principal(token: str, raw: Mapping[Any, Any], key: bytes, legacy: bool) -> Principal | None:
     fields = {as_text(k): as_text(v) for k, v in raw.items()}
     stored = fields.get("digest", "")
+    tenant, scopes = fields.get("tenant", ""), fields.get("scopes", "").split(",")
+    if stored.startswith(DIGEST_VERSION) or not legacy:
+        expected = keyed_digest(key, token, tenant, scopes)
+    else:
+        expected = digest(token)
     # compare_digest first and unconditionally, so a missing or revoked record costs the same
-    if not hmac.compare_digest(digest(token), stored) or fields.get("revoked") != "0":
+    if not hmac.compare_digest(expected, stored) or fields.get("revoked") != "0":
         return None
-    return Principal(fields["token_id"], fields["tenant"], frozenset(fields["scopes"].split(",")))
+    return Principal(fields["token_id"], tenant, frozenset(scopes))
 
 
 async def verify_token(
-    client: redis.asyncio.Redis, token: str, prefix: str = DEFAULT_PREFIX
+    client: redis.asyncio.Redis,
+    token: str,
+    key: bytes,
+    prefix: str = DEFAULT_PREFIX,
+    *,
+    legacy: bool = False,
 ) -> Principal | None:
     """The principal of a valid, unrevoked token; None for anything else (never says why).
 
+    Args:
+        key: the digest key (``digest_key``).
+        legacy: also accept records with an unkeyed digest (module docstring).
     Raises:
         KeyStoreUnavailable: Redis failed (the caller answers 503, not 401).
     """
@@ -141,7 +190,7 @@ async def verify_token(
         raw = await client.hgetall(f"{prefix}token:{match.group(1)}")
     except redis.RedisError as exc:
         raise KeyStoreUnavailable("redis (token lookup)", type(exc).__name__) from exc
-    return _principal(token, raw)
+    return _principal(token, raw, key, legacy)
 
 
 class TokenStore:
@@ -149,12 +198,18 @@ class TokenStore:
 
     Args:
         client: a sync ``redis.Redis`` (not owned: whoever opened it closes it).
+        key: the digest key (``digest_key`` of the KEK), 32 bytes.
         prefix: the key namespace, the service's ``Settings.redis_prefix``.
+    Raises:
+        InvalidInput: a key that is not 32 bytes, or an empty prefix.
     """
 
-    def __init__(self, client: redis.Redis, prefix: str = DEFAULT_PREFIX) -> None:
+    def __init__(self, client: redis.Redis, key: bytes, prefix: str = DEFAULT_PREFIX) -> None:
+        if not isinstance(key, bytes) or len(key) != 32:
+            raise InvalidInput("key", "expected the 32-byte digest key")
         if not isinstance(prefix, str) or not prefix:
             raise InvalidInput("prefix", f"expected a non-empty string, got {prefix!r}")
+        self._digest_key = key
         self._client = client
         self._prefix = prefix
         self._where = describe_client(client)
@@ -181,7 +236,7 @@ class TokenStore:
                 record = TokenRecord(token_id, tenant, checked, name, utc_now_iso(), False)
                 fields: dict[FieldT, EncodableT] = {
                     "token_id": token_id,
-                    "digest": digest(token),
+                    "digest": keyed_digest(self._digest_key, token, tenant, checked),
                     "tenant": tenant,
                     "scopes": ",".join(checked),
                     "name": name,

@@ -9,12 +9,13 @@ good token. The principal's token id (never the token) goes to the access log.
 
 from __future__ import annotations
 
+import hmac
 from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from service.api_tokens import Principal, admin_principal, verify_token
+from service.api_tokens import Principal, admin_principal, digest, verify_token
 from service.deps import ResourcesDep, SettingsDep
 from service.errors import NotAuthenticated, ScopeMissing
 
@@ -36,7 +37,11 @@ async def authenticate(
     token = credentials.credentials
     admin = settings.admin_token.get_secret_value() if settings.admin_token else None
     principal = admin_principal(token, admin, settings.admin_tenant) or await verify_token(
-        resources.aredis, token, settings.redis_prefix
+        resources.aredis,
+        token,
+        resources.token_key,
+        settings.redis_prefix,
+        legacy=settings.legacy_token_digests,
     )
     if principal is None:
         raise NotAuthenticated("invalid or revoked bearer token")
@@ -60,3 +65,25 @@ def _require(scope: str):  # type: ignore[no-untyped-def]
 CanGenerate = Annotated[Principal, Depends(_require("generate"))]
 CanDetect = Annotated[Principal, Depends(_require("detect"))]
 CanManageKeys = Annotated[Principal, Depends(_require("keys"))]
+
+
+async def read_metrics(
+    settings: SettingsDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> None:
+    """``/metrics``: the bearer must be the metrics token or the admin token (settings; each
+    compared in constant time); anything else is 401. The counters show every tenant's
+    traffic and verdicts, so no API token reads them."""
+    given = credentials.credentials if credentials is not None else ""
+    allowed = [t.get_secret_value() for t in (settings.metrics_token, settings.admin_token) if t]
+    matches = [hmac.compare_digest(digest(given), digest(token)) for token in allowed]
+    if not given or not any(matches):
+        raise NotAuthenticated("missing or invalid metrics token")
+
+
+CanReadMetrics = Depends(read_metrics)
+
+
+def raw_evidence(principal: Principal) -> bool:
+    """Whether ``principal`` may see raw per-token evidence (the ``evidence`` scope)."""
+    return "evidence" in principal.scopes

@@ -42,15 +42,18 @@ import math
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
 
 import cachetools
 
+from detector.bands import NO_BAND, evidence_bands
+from detector.detect import tokenize_input
 from detector.errors import TextTokenIdsMismatch
 from detector.evidence import Detection
 from detector.multikey import MultiKeyDetection, detect_multi
 from detector.options import DetectOptions as DetectorOptions
-from detector.tokens import Tokenizer, check_tokenizer
+from detector.tokens import TokenizedText, Tokenizer, check_tokenizer
 from service.errors import InvalidInput, LimitExceeded, NoKeys
 from service.key_record import KeyRecord
 from service.keystore import KeyStore
@@ -79,6 +82,7 @@ def choose_keys(
     max_keys: int,
     lookup: KeyLookup | None = None,
     lookup_many: ManyLookup | None = None,
+    key_ids: Sequence[str] | None = None,
 ) -> list[KeyRecord]:
     """The keys a detection tests (module docstring), in the store's order (creation).
 
@@ -88,24 +92,81 @@ def choose_keys(
         key_id: test this key alone; None for every key of ``tenant`` for this tokenizer.
         lookup: how a record is read by id (default ``store.get``).
         lookup_many: how the candidates' records are read (default ``store.get_many``).
+        key_ids: no ``key_id``: the candidates ``candidate_key_ids`` gave (default: read
+            them now).
     Raises:
         UnknownKey: ``key_id`` is absent or another tenant's.
         TokenizerMismatch: ``key_id`` was made for another tokenizer.
         NoKeys: no ``key_id`` and the tenant has no key for this tokenizer.
-        LimitExceeded: no ``key_id`` and more than ``max_keys`` candidates.
+        LimitExceeded: no ``key_id`` and more than ``max_keys`` candidates (before any record
+            is read).
     """
     if key_id is not None:
         record = (lookup or store.get)(key_id, tenant)
         check_tokenizer(record.tokenizer, fingerprint, record.key_id)
         return [record]
-    key_ids = store.candidate_ids(tenant, include_revoked)
+    if key_ids is None:
+        key_ids = candidate_key_ids(store, tenant, None, include_revoked, max_keys)
     listed = (lookup_many or store.get_many)(key_ids, tenant)
     records = [r for r in listed if r.tokenizer == fingerprint]
     if not records:
         raise NoKeys("(any)" if tenant is None else tenant)
-    if len(records) > max_keys:
-        raise LimitExceeded("key_id (omitted: keys to test)", max_keys, len(records), "keys")
     return records
+
+
+def candidate_key_ids(
+    store: KeyStore, tenant: str | None, key_id: str | None, include_revoked: bool, max_keys: int
+) -> list[str]:
+    """The ids of the keys a detection will test, from the key index alone (no record is read
+    or unsealed): ``[key_id]``, or every key of ``tenant`` (revoked ones with
+    ``include_revoked``; keys of another tokenizer are counted here and left out later).
+
+    Raises:
+        LimitExceeded: no ``key_id`` and more than ``max_keys`` candidates.
+    """
+    if key_id is not None:
+        return [key_id]
+    key_ids = store.candidate_ids(tenant, include_revoked)
+    if len(key_ids) > max_keys:
+        raise LimitExceeded("key_id (omitted: keys to test)", max_keys, len(key_ids), "keys")
+    return key_ids
+
+
+DETAILED_KEY_WEIGHT: Final = 8
+"""What one key's full result (``max_results``) costs per token, in keys tested: the full
+result of a detailed key (every requested score family, spans, per-token columns) took about 7
+times the keyed pivots of one more key tested (``detect_keys`` on 8,192 tokens of human text,
+200 keys, every family and spans, 1 against 100 detailed keys, CPU time on 2 shared cores:
+1.15 against 0.17 µs per token), plus that key's own pivots."""
+
+
+@dataclass(frozen=True)
+class DetectPlan:
+    """What a detection request will do, known before any key record is read or any text
+    scored (``DetectionPool.plan``): the cost the rate limit charges.
+
+    Attributes:
+        tokenized: each item's tokens (``detector.detect.tokenize_input``), in item order.
+        prompts: each item's templated prompt ids (for the tests that read the model), or None.
+        key_ids: the keys to test (the request's ``key_id``, or the tenant's candidates).
+        detailed: how many keys get a full result: min(keys, ``max_results``).
+    """
+
+    tokenized: list[TokenizedText]
+    prompts: list[list[int] | None]
+    key_ids: list[str]
+    detailed: int = 1
+
+    @property
+    def work(self) -> list[int]:
+        """(items,) work in token·keys per item: tokens × (keys tested +
+        ``DETAILED_KEY_WEIGHT`` × keys detailed)."""
+        keys = len(self.key_ids) + DETAILED_KEY_WEIGHT * self.detailed
+        return [len(t.ids) * keys for t in self.tokenized]
+
+    def cost(self, unit: int) -> int:
+        """Rate-limit units: Σ over items of max(1, ceil(work / ``unit``))."""
+        return sum(max(1, -(-work // unit)) for work in self.work)
 
 
 def detect_keys(
@@ -116,38 +177,74 @@ def detect_keys(
     text: str | None = None,
     token_ids: Sequence[int] | None = None,
     detailed: int = DEFAULT_DETAILED,
+    tokenized: TokenizedText | None = None,
 ) -> MultiKeyDetection:
-    """One text against ``records`` (from ``choose_keys``), tokenized once; the full result of
-    the best ``detailed`` keys.
+    """One text against ``records`` (from ``choose_keys``), tokenized once (or given as
+    ``tokenized`` instead of ``text``/``token_ids``); the full result of the best ``detailed``
+    keys.
 
     Raises:
         ValueError: from the detector (bad ids, no keys, ``options.key_id`` set).
     """
     sources = {r.key_id: r.source(DETECTION_NONCE) for r in records}
     return detect_multi(
-        tokenizer, sources, text=text, token_ids=token_ids, options=options, detailed=detailed
+        tokenizer,
+        sources,
+        text=text,
+        token_ids=token_ids,
+        options=options,
+        detailed=detailed,
+        tokenized=tokenized,
     )
 
 
-def detection_json(detection: Detection, *, tokens: bool) -> dict[str, Any]:
+_RAW_FIELDS: Final = ("pivot", "score", "terms")
+"""Per-token fields that are outputs of the keyed PRF (only with raw evidence)."""
+
+
+def evidence_rows(detection: Detection, *, raw: bool) -> list[dict[str, Any]]:
+    """One key's per-token evidence (``TokenEvidenceOut``): every token's id, piece, offsets,
+    status and coarse ``band`` (``detector.bands``: one per block of scored tokens, null when
+    skipped); with ``raw`` also its pivot, Aaronson term and per-family terms, else those are
+    null (they are the keyed PRF's outputs: DESIGN §5, the detector is no oracle)."""
+    columns = detection.evidence
+    bands = evidence_bands(columns.skip, columns.terms["aaronson"]).tolist()
+    rows = []
+    for token, band in zip(detection.tokens, bands, strict=True):
+        row = token.to_json()
+        row["band"] = None if band == NO_BAND else band
+        if not raw:
+            for name in _RAW_FIELDS:
+                row[name] = None
+        rows.append(row)
+    return rows
+
+
+def detection_json(detection: Detection, *, tokens: bool, raw: bool = True) -> dict[str, Any]:
     """One key's result, uncorrected (``KeyDetectionOut``): the detector's wire shape and the
-    scored tokens a verdict needs; ``tokens`` null unless asked for."""
-    return detection.to_json(tokens=tokens) | {"min_scored_tokens": detection.min_scored_tokens}
+    scored tokens a verdict needs; ``tokens`` null unless asked for, raw per-token evidence
+    only with ``raw`` (``evidence_rows``)."""
+    shaped = detection.to_json(tokens=False) | {"min_scored_tokens": detection.min_scored_tokens}
+    shaped["tokens"] = evidence_rows(detection, raw=raw) if tokens else None
+    return shaped
 
 
-def multi_key_json(found: MultiKeyDetection, *, tokens: bool) -> dict[str, Any]:
+def multi_key_json(found: MultiKeyDetection, *, tokens: bool, raw: bool = True) -> dict[str, Any]:
     """The whole detection (``DetectResponse``): the verdict on the best key's corrected
     p-value (whole text and spans, ``detector.combined``), the plain whole-text and the span
     p-values corrected for the keys too, what the text could have shown (``power``), then the
-    detailed keys' own results in ``results``, best first; each of their spans also carries
-    ``keys_corrected_p_value`` (its windows-corrected p times K, capped at 1), and so does
-    their ``edit_tolerant`` test (its p times K: the keys are ranked by the verdict's p, which
-    shares the plain labels' pivots, so a detailed key's own re-aligned p is selected, not
-    valid for "one of these keys"). Plain JSON, no key material."""
+    detailed keys' own results in ``results``, best first, with per-token evidence
+    (``tokens``; raw only with ``raw``: ``evidence_rows``) in the best key's alone; each of
+    their spans also carries ``keys_corrected_p_value`` (its windows-corrected p times K,
+    capped at 1), and so does their ``edit_tolerant`` test (its p times K: the keys are
+    ranked by the verdict's p, which shares the plain labels' pivots, so a detailed key's own
+    re-aligned p is selected, not valid for "one of these keys"). Plain JSON, no key
+    material."""
     keys = math.log10(found.num_keys)
     results = []
-    for detection in found.results.values():
-        shaped = detection_json(detection, tokens=tokens)
+    for key_id, detection in found.results.items():
+        best = key_id == found.best_key_id
+        shaped = detection_json(detection, tokens=tokens and best, raw=raw)
         if shaped["spans"] is not None:
             for span in shaped["spans"]["spans"]:
                 log10 = min(0.0, span["corrected_log10_p_value"] + keys)
@@ -306,6 +403,10 @@ class DetectionPool:
             least the keys of a multi-key detection, or each one reads most of them again.
         max_prompt_tokens: the most tokens a detect item's templated prompt may have (the
             ``max_prompt_tokens`` setting; None: no limit).
+        max_tokens: the most tokens a detect item may have after tokenizing (``max_tokens``;
+            None: no limit).
+        max_evidence_tokens: the most per-token evidence rows of one response, summed over
+            its items (``max_evidence_tokens``; None: no limit).
     """
 
     def __init__(
@@ -317,9 +418,13 @@ class DetectionPool:
         key_cache_ttl_s: float = 0.0,
         key_cache_size: int = 20_000,
         max_prompt_tokens: int | None = None,
+        max_tokens: int | None = None,
+        max_evidence_tokens: int | None = None,
     ) -> None:
         self._tokenizer = tokenizer
         self.max_prompt_tokens = max_prompt_tokens
+        self.max_tokens = max_tokens
+        self.max_evidence_tokens = max_evidence_tokens
         self.fingerprint = fingerprint
         self._local = threading.local()
         self._copy_lock = threading.Lock()
@@ -351,7 +456,12 @@ class DetectionPool:
     # --- work done on the pool ---------------------------------------------------------------
 
     def candidate_keys(
-        self, store: KeyStore, tenant: str, options: DetectOptions, max_keys: int
+        self,
+        store: KeyStore,
+        tenant: str,
+        options: DetectOptions,
+        max_keys: int,
+        key_ids: Sequence[str] | None = None,
     ) -> list[KeyRecord]:
         """``choose_keys`` for a request of ``tenant``, by-id lookups through the cache."""
         return choose_keys(
@@ -363,6 +473,7 @@ class DetectionPool:
             max_keys=max_keys,
             lookup=functools.partial(self._record, store),
             lookup_many=functools.partial(self._records_of, store),
+            key_ids=key_ids,
         )
 
     def forget(self, key_id: str) -> None:
@@ -410,15 +521,21 @@ class DetectionPool:
         options: DetectOptions,
         model: Any = None,
         prompt_ids: list[int] | None = None,
+        raw_evidence: bool = False,
+        tokenized: TokenizedText | None = None,
     ) -> dict[str, Any]:
         """One text against ``records``: the ``DetectResponse`` wire shape; with
         ``options.reads_model`` (entropy weighting, likelihood ratio, edit filter), those
         tests too (``add_model_tests`` with ``model``, the served target, after
         ``prompt_ids``, the item's checked prompt from ``prompt_ids()``, when it has one).
+        With ``options.evidence``, the best key's per-token evidence: raw (pivots and terms)
+        only with ``raw_evidence`` and for a text (never for caller-chosen ``token_ids``),
+        else coarse bands (``evidence_rows``). ``tokenized``: the item already tokenized
+        (``plan``).
 
         Raises:
             InvalidInput: ``token_ids`` when the item's ids do not decode to its ``text``
-                (``TextTokenIdsMismatch``; the message names both fields).
+                (``tokenized``).
         """
         wanted = DetectorOptions(
             alpha=options.alpha,
@@ -427,18 +544,13 @@ class DetectionPool:
             realign=options.realign,
             reference_mean_score=options.reference_mean_score,
         )
-        try:
-            found = detect_keys(
-                self.tokenizer(),
-                records,
-                wanted,
-                text=item.text,
-                token_ids=item.token_ids,
-                detailed=options.max_results,
-            )
-        except TextTokenIdsMismatch as exc:  # a 422 naming the field (items[i]. in a batch)
-            raise InvalidInput("token_ids", str(exc)) from None
-        shaped = multi_key_json(found, tokens=options.evidence)
+        if tokenized is None:
+            tokenized = self.tokenized(item)
+        found = detect_keys(
+            self.tokenizer(), records, wanted, detailed=options.max_results, tokenized=tokenized
+        )
+        raw = raw_evidence and item.token_ids is None
+        shaped = multi_key_json(found, tokens=options.evidence, raw=raw)
         if options.reads_model:
             assert model is not None, "the route passes the served model"
             shaped = add_model_tests(
@@ -481,6 +593,103 @@ class DetectionPool:
             check_prompt_tokens(len(ids), self.max_prompt_tokens, field)
         return ids
 
+    def tokenized(self, item: DetectInput) -> TokenizedText:
+        """The item's tokens (text tokenized, or its ``token_ids`` with their pieces); their
+        number is checked by ``check_plan``.
+
+        Raises:
+            InvalidInput: ``token_ids`` when both are given and the ids do not decode to the
+                text (``TextTokenIdsMismatch``; a verdict about the ids would read as one about
+                the text; the message names both fields).
+        """
+        try:
+            return tokenize_input(self.tokenizer(), item.text, item.token_ids)
+        except TextTokenIdsMismatch as exc:
+            raise InvalidInput("token_ids", str(exc)) from None
+
+    def plan(
+        self,
+        store: KeyStore,
+        tenant: str,
+        items: Sequence[DetectInput],
+        options: DetectOptions,
+        max_keys: int,
+        batch: bool = False,
+    ) -> DetectPlan:
+        """Everything a detection's cost depends on, before any key record is read or text
+        scored: the keys to test (their ids, from the index: ``candidate_key_ids``), every
+        item's prompt (templated and checked, for the tests that read the model) and tokens
+        (not yet checked against ``max_tokens``: ``check_plan``, once the caller has charged
+        the tokenizing).
+
+        Raises:
+            LimitExceeded: too many keys, or an item's prompt over ``max_prompt_tokens``
+                (``items[i].<field>`` in a batch).
+        """
+        key_ids = candidate_key_ids(
+            store, tenant, options.key_id, options.include_revoked, max_keys
+        )
+        model_tests = options.reads_model
+        prompts = _each_item(
+            items, batch, lambda item: self.prompt_ids(item) if model_tests else None
+        )
+        tokenized = _each_item(items, batch, self.tokenized)
+        detailed = min(len(key_ids), options.max_results)
+        return DetectPlan(tokenized, prompts, key_ids, detailed)
+
+    def check_plan(
+        self,
+        plan: DetectPlan,
+        items: Sequence[DetectInput],
+        options: DetectOptions,
+        batch: bool = False,
+    ) -> None:
+        """The limits a plan must keep: every item at most ``max_tokens`` tokens, and with
+        ``options.evidence`` at most ``max_evidence_tokens`` evidence rows in all (the best
+        key's: one per token).
+
+        Raises:
+            LimitExceeded: naming ``text`` or ``token_ids`` (``items[i].…`` in a batch) and the
+                token limit, or ``evidence`` and the row limit.
+        """
+        cap = self.max_tokens
+        for i, (item, tokenized) in enumerate(zip(items, plan.tokenized, strict=True)):
+            if cap is not None and len(tokenized.ids) > cap:
+                field = "text" if item.token_ids is None else "token_ids"
+                field = f"items[{i}].{field}" if batch else field
+                raise LimitExceeded(field, cap, len(tokenized.ids), "tokens after tokenizing")
+        rows = sum(len(t.ids) for t in plan.tokenized)
+        rows_cap = self.max_evidence_tokens
+        if options.evidence and rows_cap is not None and rows > rows_cap:
+            raise LimitExceeded("evidence", rows_cap, rows, "rows (tokens) per response")
+
+    def run_plan(
+        self,
+        store: KeyStore,
+        tenant: str,
+        items: Sequence[DetectInput],
+        plan: DetectPlan,
+        options: DetectOptions,
+        max_keys: int,
+        model: Any = None,
+        batch: bool = False,
+        raw_evidence: bool = False,
+    ) -> list[dict[str, Any]]:
+        """The planned detection (``plan``): the keys' records read once, then every item;
+        ``model``: the served target, for the tests that read its law
+        (``options.reads_model``); ``batch``: an item's InvalidInput or LimitExceeded names it
+        (``items[i].<field>``); ``raw_evidence``: the caller holds the ``evidence`` scope
+        (``detect``)."""
+        records = self.candidate_keys(store, tenant, options, max_keys, plan.key_ids)
+        work = list(zip(items, plan.prompts, plan.tokenized, strict=True))
+        return _each_item(
+            work,
+            batch,
+            lambda each: self.detect(
+                records, each[0], options, model, each[1], raw_evidence, each[2]
+            ),
+        )
+
     def detect_all(
         self,
         store: KeyStore,
@@ -490,20 +699,13 @@ class DetectionPool:
         max_keys: int,
         model: Any = None,
         batch: bool = False,
+        raw_evidence: bool = False,
     ) -> list[dict[str, Any]]:
-        """Every item against the request's keys (looked up once); ``model``: the served
-        target, for the tests that read its law (``options.reads_model``), whose prompts are all
-        templated and checked before any key is read or text scored; ``batch``: an item's
-        InvalidInput or LimitExceeded names it (``items[i].<field>``)."""
-        model_tests = options.reads_model
-        prompts = _each_item(
-            items, batch, lambda item: self.prompt_ids(item) if model_tests else None
-        )
-        records = self.candidate_keys(store, tenant, options, max_keys)
-        return _each_item(
-            list(zip(items, prompts, strict=True)),
-            batch,
-            lambda pair: self.detect(records, pair[0], options, model, pair[1]),
+        """``plan``, ``check_plan`` and ``run_plan`` in one call (no rate limit)."""
+        plan = self.plan(store, tenant, items, options, max_keys, batch)
+        self.check_plan(plan, items, options, batch)
+        return self.run_plan(
+            store, tenant, items, plan, options, max_keys, model, batch, raw_evidence
         )
 
 

@@ -153,6 +153,22 @@ class LimitExceeded(PoissonmarkError):
         return f"{self.field}: at most {self.limit}{unit} allowed, got {self.actual}"
 
 
+class QuotaExceeded(PoissonmarkError):
+    """The tenant already holds as many keys as its quota allows (revoked keys count until
+    they are deleted)."""
+
+    def __init__(self, tenant: str, quota: int) -> None:
+        super().__init__(tenant, quota)
+        self.tenant = tenant
+        self.quota = quota
+
+    def __str__(self) -> str:
+        return (
+            f"key quota: tenant {self.tenant!r} holds {self.quota} keys, the most allowed "
+            "(max_keys_per_tenant); delete keys it no longer needs"
+        )
+
+
 class BodyTooLarge(PoissonmarkError):
     """The request body is over the size limit (bytes)."""
 
@@ -187,7 +203,7 @@ class ScopeMissing(PoissonmarkError):
 
 
 class RateLimited(PoissonmarkError):
-    """The caller's token spent its request budget for the current window."""
+    """The caller's token spent its budget of work for the current window."""
 
     def __init__(self, limit: int, window_s: int, retry_after_s: int) -> None:
         super().__init__(limit, window_s, retry_after_s)
@@ -197,7 +213,8 @@ class RateLimited(PoissonmarkError):
 
     def __str__(self) -> str:
         return (
-            f"rate limit: at most {self.limit} detections per {self.window_s} s per token; "
+            f"rate limit: at most {self.limit} detection work units (tokens × keys) per "
+            f"{self.window_s} s per token; "
             f"retry in {self.retry_after_s} s"
         )
 
@@ -312,6 +329,7 @@ PROBLEMS: Final[dict[type[BaseException], ProblemType]] = {
     TokenizerMismatch: ProblemType("tokenizer-mismatch", 409, "Tokenizer mismatch"),
     NoKeys: ProblemType("no-keys", 409, "No key to test"),
     LimitExceeded: ProblemType("limit-exceeded", 422, "Limit exceeded"),
+    QuotaExceeded: ProblemType("quota-exceeded", 403, "Quota exceeded"),
     UnknownQueryParameter: INVALID_REQUEST,
     BodyTooLarge: ProblemType("body-too-large", 413, "Request body too large"),
     UnsupportedMediaType: ProblemType("unsupported-media-type", 415, "Unsupported media type"),

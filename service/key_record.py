@@ -179,11 +179,22 @@ def created_score(record: KeyRecord) -> int:
 # --- The Redis hash of a record ---------------------------------------------------------------
 
 
+BOUND_FIELDS: Final = ("tenant", "context_width", "masking", "prf_version", "tokenizer")
+"""The hash fields the sealed secret is bound to (its AEAD associated data, with the key id):
+who owns the key and how detection uses it. ``revoked`` and ``created_at`` are not bound
+(revocation changes a record in place)."""
+
+
+def bound_values(fields: Mapping[str, Any]) -> dict[str, str]:
+    """``BOUND_FIELDS`` of a record's hash, as stored (text)."""
+    return {name: as_text(fields[name]) for name in BOUND_FIELDS}
+
+
 def encode_record(record: KeyRecord, sealer: Sealer) -> dict[FieldT, EncodableT]:
-    """The record's Redis hash: flags "0"/"1", the secret sealed (never stored in clear)."""
-    return {
+    """The record's Redis hash: flags "0"/"1", the secret sealed (never stored in clear) and
+    bound to the key id and ``BOUND_FIELDS``."""
+    fields: dict[str, str] = {
         "key_id": record.key_id,
-        "secret": sealer.seal(record.key_id, record.secret),
         "context_width": str(record.context_width),
         "masking": "1" if record.masking else "0",
         "prf_version": str(record.prf_version),
@@ -192,6 +203,11 @@ def encode_record(record: KeyRecord, sealer: Sealer) -> dict[FieldT, EncodableT]
         "revoked": "1" if record.revoked else "0",
         "tenant": record.tenant,
     }
+    encoded: dict[FieldT, EncodableT] = {
+        "secret": sealer.seal(record.key_id, record.secret, bound_values(fields))
+    }
+    encoded.update(fields)
+    return encoded
 
 
 def record_fields(key_id: str, raw: Mapping[Any, Any]) -> dict[str, str]:
@@ -216,14 +232,15 @@ def decode_record(key_id: str, fields: dict[str, str], sealer: Sealer) -> KeyRec
     """The record of checked ``fields`` (``record_fields``), its secret unsealed.
 
     Raises:
-        KeyRecordCorrupt: a value out of its limits. KeyDecryptionFailed: from the sealer.
+        KeyRecordCorrupt: a value out of its limits. KeyDecryptionFailed: from the sealer
+            (also when the record's tenant or a parameter is not the one it was sealed with).
     """
     try:
         context_width = int(fields["context_width"])
         prf_version = int(fields["prf_version"])
     except ValueError:
         raise KeyRecordCorrupt(key_id, "context_width/prf_version: not integers") from None
-    secret = sealer.unseal(key_id, fields["secret"])
+    secret = sealer.unseal(key_id, fields["secret"], bound_values(fields))
     try:
         return KeyRecord(
             key_id=key_id,

@@ -4,7 +4,8 @@ Glossary:
 - **key record**: one watermark key — id, secret, and the parameters detection must reuse
   (context width m, repeated-context masking, ``PRF_VERSION``, tokenizer fingerprint).
 - **KEK**, **sealed secret**: the key-encryption key and the only form a secret is stored in
-  (``service.kek``: AES-256-GCM with the key id as associated data).
+  (``service.kek``: AES-256-GCM with the key id, the tenant and the key's parameters as
+  associated data; ``reseal`` moves records of the earlier key-id-only form to it).
 - **tenant**: the owner of a key; a caller bound to one tenant never sees another's keys
   (a foreign key id is reported exactly like an absent one).
 
@@ -35,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -45,15 +46,20 @@ from keyed.prf import SECRET_BYTES, Secret
 from service.errors import (
     KEY_ID_PATTERN,
     InvalidInput,
+    KeyDecryptionFailed,
+    KeyRecordCorrupt,
     KeyRevoked,
     KeyStoreUnavailable,
+    PoissonmarkError,
+    QuotaExceeded,
     UnknownKey,
 )
-from service.kek import Sealer
+from service.kek import Sealer, is_v1_seal
 from service.key_record import (
     DEFAULT_CONTEXT_WIDTH,
     DEFAULT_TENANT,
     KeyRecord,
+    bound_values,
     check_tenant,
     created_score,
     decode_record,
@@ -150,11 +156,17 @@ class KeyStore:
         context_width: int = DEFAULT_CONTEXT_WIDTH,
         masking: bool = True,
         tenant: str = DEFAULT_TENANT,
+        quota: int | None = None,
     ) -> KeyRecord:
         """Generate a key (32 bytes from ``secrets.token_bytes``) and store it.
 
+        Args:
+            quota: the most keys ``tenant`` may hold, revoked ones included (None: no limit);
+                counted in the same transaction that writes the key, so concurrent creations
+                never pass it.
         Raises:
             InvalidInput: a parameter out of its limits (checked before Redis is touched).
+            QuotaExceeded: ``tenant`` already holds ``quota`` keys; nothing is stored.
             KeyStoreUnavailable: Redis failed; nothing of the key is stored then.
         """
         record = KeyRecord(
@@ -167,19 +179,23 @@ class KeyStore:
         )
         with reaching_redis(self._client):
             for _ in range(_WRITE_ATTEMPTS):
-                if self._insert(record):
+                if self._insert(record, quota):
                     return record
                 record = dataclasses.replace(record, key_id=new_key_id())
         raise KeyStoreUnavailable(self._where, "could not allocate an unused key id")
 
-    def _insert(self, record: KeyRecord) -> bool:
-        """Write ``record`` and its set memberships in one transaction; False if the id is taken."""
+    def _insert(self, record: KeyRecord, quota: int | None = None) -> bool:
+        """Write ``record`` and its set memberships in one transaction; False if the id is taken
+        or the tenant's keys changed meanwhile (``QuotaExceeded`` when they number ``quota``)."""
         key = self._record_key(record.key_id)
+        held = f"{self._scope(record.tenant)}order"
         with self._client.pipeline(transaction=True) as pipe:
             try:
-                pipe.watch(key)  # type: ignore[no-untyped-call]
+                pipe.watch(key, held)  # type: ignore[no-untyped-call]
                 if pipe.exists(key):
                     return False
+                if quota is not None and int(pipe.zcard(held)) >= quota:
+                    raise QuotaExceeded(record.tenant, quota)
                 pipe.multi()
                 pipe.hset(key, mapping=encode_record(record, self._sealer))
                 for scope in self._scopes(record.tenant):
@@ -395,6 +411,61 @@ class KeyStore:
             return ids
         gone = {as_text(m) for m in revoked}
         return [key_id for key_id in ids if key_id not in gone]
+
+    def reseal(self, skip: Callable[[str, PoissonmarkError], object] | None = None) -> int:
+        """Re-seal every record still in the v1 form (``service.kek``: bound to its key id
+        alone) as v2, bound to its tenant and parameters as they are now; each record in its
+        own WATCHed transaction. Idempotent. Returns how many records were re-sealed.
+
+        Args:
+            skip: called with (key id, error) for a record that cannot be re-sealed, which is
+                then left as it is (None: raise instead).
+        Raises:
+            KeyDecryptionFailed: without ``skip``, a v1 record that does not open under this
+                KEK (those before it are re-sealed; it and those after are left as they are).
+            KeyRecordCorrupt: likewise. KeyStoreUnavailable.
+        """
+        resealed = 0
+        with reaching_redis(self._client):
+            ordered: list[Any] = self._client.zrange(f"{self._prefix}order", 0, -1)
+            key_ids = [as_text(m) for m in ordered]
+            pipe = self._client.pipeline(transaction=False)
+            for key_id in key_ids:
+                pipe.hget(self._record_key(key_id), "secret")
+            stored = pipe.execute()
+            for key_id, sealed in zip(key_ids, stored, strict=True):
+                if sealed is None or not is_v1_seal(as_text(sealed)):
+                    continue
+                try:
+                    resealed += self._reseal_one(key_id)
+                except (KeyDecryptionFailed, KeyRecordCorrupt) as exc:
+                    if skip is None:
+                        raise
+                    skip(key_id, exc)
+        return resealed
+
+    def _reseal_one(self, key_id: str) -> bool:
+        """Re-seal one v1 record (``reseal``); False when it is gone or no longer v1."""
+        key = self._record_key(key_id)
+        for _ in range(_WRITE_ATTEMPTS):
+            with self._client.pipeline(transaction=True) as pipe:
+                try:
+                    pipe.watch(key)  # type: ignore[no-untyped-call]
+                    raw = pipe.hgetall(key)
+                    if not raw:
+                        return False
+                    fields = record_fields(key_id, raw)
+                    if not is_v1_seal(fields["secret"]):
+                        return False
+                    secret = self._sealer.unseal_v1(key_id, fields["secret"])
+                    sealed = self._sealer.seal(key_id, secret, bound_values(fields))
+                    pipe.multi()
+                    pipe.hset(key, "secret", sealed)
+                    pipe.execute()
+                    return True
+                except redis.WatchError:
+                    continue  # revoked or deleted meanwhile: read it again
+        raise KeyStoreUnavailable(self._where, "the record kept changing during reseal")
 
     def get_many(self, key_ids: Sequence[str], tenant: str | None = None) -> list[KeyRecord]:
         """The records of ``key_ids``, in that order, in one round trip; ids that are absent

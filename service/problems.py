@@ -40,6 +40,7 @@ from service.errors import (
     PoissonmarkError,
     ProblemType,
     QueueFull,
+    QuotaExceeded,
     RateLimited,
     UnsupportedMediaType,
     problem_for,
@@ -71,6 +72,8 @@ def problem_body(
         body["field"], body["limit"] = "body", exc.limit
     elif isinstance(exc, UnsupportedMediaType):
         body["field"] = "Content-Type"
+    elif isinstance(exc, QuotaExceeded):
+        body["field"], body["limit"] = "max_keys_per_tenant", exc.quota
     return body
 
 

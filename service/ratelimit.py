@@ -1,7 +1,8 @@
 """Per-token rate limit for detection, counted in Redis (DESIGN §5: the detector is an oracle).
 
-A fixed window: ``P ratelimit:detect:<token id>:<window>`` counts the detections (a batch item
-counts one) of the current ``window_s``-second window; INCRBY and EXPIRE run in one MULTI, so
+A fixed window: ``P ratelimit:detect:<token id>:<window>`` counts the work units of the
+current ``window_s``-second window (what a request costs is the route's: tokens × keys tested,
+``service.routes.detect``); INCRBY and EXPIRE run in one MULTI, so
 every process of a deployment shares the budget and a counter never outlives its window. At
 the limit the request is refused with ``RateLimited`` (429 + Retry-After: the seconds to the
 next window) and counted by ``on_limited`` (the ``poissonmark_rate_limited_total`` counter).

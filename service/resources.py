@@ -31,6 +31,7 @@ from redis.retry import Retry
 
 import keyed
 from sampler.models import LoadedModel, load_model, tokenizer_fingerprint
+from service.api_tokens import digest_key
 from service.contract import served_drafters
 from service.detection import DetectionPool
 from service.errors import KeyStoreUnavailable
@@ -77,6 +78,7 @@ class Resources:
     limiter: RateLimiter
     worker: GenerationWorker
     pool: DetectionPool
+    token_key: bytes  # the API token digest key (service.api_tokens.digest_key of the KEK)
 
 
 def _async_client(sync: redis.Redis, url: str | None, settings: Settings) -> redis.asyncio.Redis:
@@ -173,7 +175,17 @@ async def open_resources(
             stack.push_async_callback(_stop_task, watcher)
         log.info("key store: %s, prefix %r", describe_client(sync), settings.redis_prefix)
 
-        store = KeyStore(sync, await asyncio.to_thread(_kek, settings), settings.redis_prefix)
+        kek = await asyncio.to_thread(_kek, settings)
+        store = KeyStore(sync, kek, settings.redis_prefix)
+        token_key = digest_key(kek)
+
+        def unreadable(key_id: str, exc: Exception) -> None:
+            log.warning("key store: %s cannot be re-sealed (%s); it stays unusable", key_id, exc)
+
+        # v1 records: bind tenant and parameters; one that cannot be opened stops no start
+        resealed = await asyncio.to_thread(store.reseal, unreadable)
+        if resealed:
+            log.info("key store: %d record(s) re-sealed bound to their tenant", resealed)
 
         loaded = await asyncio.to_thread(loader, settings)
         fingerprint = tokenizer_fingerprint(loaded.tokenizer)
@@ -199,6 +211,8 @@ async def open_resources(
             key_cache_ttl_s=settings.key_cache_ttl_s,
             key_cache_size=settings.key_cache_size,
             max_prompt_tokens=settings.max_prompt_tokens,
+            max_tokens=settings.max_tokens,
+            max_evidence_tokens=settings.max_evidence_tokens,
         )
         stack.callback(pool.close)
         limiter = RateLimiter(
@@ -220,4 +234,5 @@ async def open_resources(
             limiter,
             worker,
             pool,
+            token_key,
         )

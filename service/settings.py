@@ -10,12 +10,27 @@ import base64
 import binascii
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic import (
+    AliasChoices,
+    Field,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ADMIN_TOKEN_MIN_CHARS = 32
+_SECRET_FILES: dict[str, tuple[str, ...]] = {
+    "kek": ("kek",),
+    "admin_token": ("admin_token",),
+    "metrics_token": ("metrics_token",),
+    "redis_url": ("REDIS_URL", "POISSONMARK_REDIS_URL", "redis_url"),
+}
+"""Secrets that may come from a file (``<name>_file``): the input keys each is set by (the
+first is the one the file's text is given as)."""
 _PLACEHOLDER_WORDS = ("changeme", "change-me", "change_me", "example", "placeholder", "xxxxxxxx")
 
 
@@ -25,6 +40,8 @@ class Settings(BaseSettings):
     Environment: ``POISSONMARK_HOME`` (data dir: converted models, embedded Redis, KEK file),
     ``REDIS_URL`` or ``POISSONMARK_REDIS_URL`` (external Redis; unset = embedded),
     ``POISSONMARK_KEK`` (base64 of 32 bytes; unset = a generated one in ``HOME/kek``),
+    each secret also from a file: ``POISSONMARK_KEK_FILE``, ``POISSONMARK_ADMIN_TOKEN_FILE``,
+    ``POISSONMARK_METRICS_TOKEN_FILE``, ``POISSONMARK_REDIS_URL_FILE`` (Docker secrets),
     ``POISSONMARK_MODEL``, ``POISSONMARK_DEVICE``, ``POISSONMARK_PRECISION``; for
     ``poissonmark serve`` every field below ``precision`` as ``POISSONMARK_<FIELD>`` (e.g.
     ``POISSONMARK_ADMIN_TOKEN``, ``POISSONMARK_MAX_NEW_TOKENS``). Exceeding a ``max_*`` limit
@@ -41,6 +58,13 @@ class Settings(BaseSettings):
         default=None, validation_alias=AliasChoices("REDIS_URL", "POISSONMARK_REDIS_URL")
     )
     kek: SecretStr | None = None
+    kek_file: Path | None = None
+    """A file holding ``kek`` (e.g. a Docker secret, ``/run/secrets/...``): keeps the KEK out
+    of the environment that ``docker inspect`` shows. Likewise ``admin_token_file``,
+    ``metrics_token_file`` and ``redis_url_file``; giving a secret both ways is an error."""
+    admin_token_file: Path | None = None
+    metrics_token_file: Path | None = None
+    redis_url_file: Path | None = None
     model: str = "smollm2-135m-instruct"
     device: str = "auto"
     precision: Literal["auto", "float32", "bfloat16", "gguf"] = "auto"
@@ -61,11 +85,24 @@ class Settings(BaseSettings):
     admin_token: SecretStr | None = None
     """Bootstrap bearer token with every scope for ``admin_tenant`` (>= 32 characters)."""
     admin_tenant: str = Field(default="default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    legacy_token_digests: bool = False
+    """Also accept API tokens stored with the earlier unkeyed digest (SHA-256 of the token
+    alone). Whoever can write to Redis can then mint tokens: only while clients move to
+    reissued tokens (``service.api_tokens``)."""
+    metrics_token: SecretStr | None = None
+    """Bearer token that reads ``/metrics`` and nothing else (>= 32 characters); the admin
+    token reads it too. Neither set: ``/metrics`` answers 401 to everyone."""
     redis_prefix: str = Field(default="pm:", min_length=1, max_length=64)
     # limits
     max_body_bytes: int = Field(default=1_048_576, ge=1024)
     max_text_chars: int = Field(default=100_000, ge=1)
     max_token_ids: int = Field(default=32_768, ge=1)
+    max_tokens: int = Field(default=32_768, ge=1)
+    """Tokens a detect item's text may have after tokenizing (counted before any key is read;
+    ``max_text_chars`` bounds the characters first)."""
+    max_evidence_tokens: int = Field(default=32_768, ge=1)
+    """Per-token evidence rows one detect response may hold (the best key's, summed over a
+    batch's items)."""
     max_prompt_chars: int = Field(default=32_000, ge=1)
     max_prompt_tokens: int = Field(default=4096, ge=1)
     max_messages: int = Field(default=64, ge=1)
@@ -74,9 +111,13 @@ class Settings(BaseSettings):
     max_lookahead: int = Field(default=8, ge=1)
     max_batch: int = Field(default=32, ge=1)
     max_keys_per_detect: int = Field(default=10_000, ge=1, le=10_000)
-    """Keys a detection without ``key_id`` may test (else 422 ``limit-exceeded``). The per-key
-    cost is ~0.2 µs per scored token (``bench/results/multikey_cost.json``): 10,000 keys on a
-    500-token text are ~1 s of one core; and every key costs a factor in the p-value."""
+    """Keys a detection without ``key_id`` may test (else 422 ``limit-exceeded``), counted in
+    the tenant's key index before any record is read. The per-key cost is ~0.2 µs per scored
+    token (``bench/results/multikey_cost.json``): 10,000 keys on a 500-token text are ~1 s of
+    one core; and every key costs a factor in the p-value."""
+    max_keys_per_tenant: int = Field(default=10_000, ge=1)
+    """Keys a tenant may hold, revoked ones included until deleted (``POST /v1/keys`` beyond
+    it: 403 ``quota-exceeded``)."""
     # concurrency and abuse
     queue_size: int = Field(default=8, ge=1)
     """Generation requests that may wait for the worker; one more is 503 + Retry-After."""
@@ -100,9 +141,36 @@ class Settings(BaseSettings):
     key_cache_size: int = Field(default=20_000, ge=1, le=1_000_000)
     """Cached records; at least ``max_keys_per_detect`` so a tenant's keys stay cached."""
     detect_rate_limit: int = Field(default=600, ge=1)
-    """Detections (batch items count one each) per token per ``detect_rate_window_s``."""
+    """Work units of detection per token per ``detect_rate_window_s``: an item costs
+    ceil(tokens × (keys tested + 8 × keys with a full result) / ``detect_work_unit``), at
+    least 1 (``service.detection.DetectPlan``); a request that costs more than the whole
+    window's budget is refused (422 ``limit-exceeded``)."""
+    detect_work_unit: int = Field(default=10_000, ge=1)
+    """Token·keys per rate-limit unit: 10,000 are ~2 ms of one core for the keyed pivots
+    (``bench/results/multikey_cost.json``), so the default budget is ~1.2 s of CPU a minute:
+    600 texts of up to 1,111 tokens against one key, or 20 of 32,768."""
     detect_rate_window_s: int = Field(default=60, ge=1)
     redis_timeout_s: float = Field(default=2.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _secrets_from_files(cls, data: Any) -> Any:
+        """``<secret>_file`` -> ``<secret>``: the file's text without its trailing newline."""
+        if not isinstance(data, dict):
+            return data
+        for name, aliases in _SECRET_FILES.items():
+            path = data.get(f"{name}_file")
+            if path is None or path == "":
+                continue
+            env = f"POISSONMARK_{name.upper()}"
+            if any(data.get(alias) not in (None, "") for alias in aliases):
+                raise ValueError(f"{env}_FILE: give {env} or {env}_FILE, not both")
+            try:
+                text = Path(path).expanduser().read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ValueError(f"{env}_FILE: cannot read {path} ({type(exc).__name__})") from None
+            data = {**data, aliases[0]: text.rstrip("\r\n")}
+        return data
 
     @field_validator("home")
     @classmethod
@@ -122,19 +190,20 @@ class Settings(BaseSettings):
             raise ValueError(f"POISSONMARK_KEK: expected 32 bytes, got {len(raw)}")
         return value
 
-    @field_validator("admin_token")
+    @field_validator("admin_token", "metrics_token")
     @classmethod
-    def _admin_token_is_strong(cls, value: SecretStr | None) -> SecretStr | None:
+    def _token_is_strong(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
         if value is None or not value.get_secret_value():
             return None
+        name = f"POISSONMARK_{(info.field_name or '').upper()}"
         token = value.get_secret_value()
         if len(token) < ADMIN_TOKEN_MIN_CHARS or len(set(token)) < 8:
             raise ValueError(
-                f"POISSONMARK_ADMIN_TOKEN: expected at least {ADMIN_TOKEN_MIN_CHARS} random "
+                f"{name}: expected at least {ADMIN_TOKEN_MIN_CHARS} random "
                 "characters (e.g. `python -c 'import secrets; print(secrets.token_urlsafe())'`)"
             )
         if any(word in token.lower() for word in _PLACEHOLDER_WORDS):
-            raise ValueError("POISSONMARK_ADMIN_TOKEN: looks like a placeholder; use a random one")
+            raise ValueError(f"{name}: looks like a placeholder; use a random one")
         return value
 
     def kek_bytes(self) -> bytes | None:

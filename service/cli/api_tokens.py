@@ -18,18 +18,20 @@ def create(
     scope: Annotated[
         list[str] | None,
         typer.Option(
-            "--scope", help="generate, detect or keys; repeat for several (default: all)."
+            "--scope",
+            help="generate, detect, keys or evidence (raw per-token evidence: pivots and "
+            "terms); repeat for several (default: generate, detect and keys).",
         ),
     ] = None,
     name: Annotated[str, typer.Option(help="A label shown in lists.")] = "",
     as_json: Json = False,
 ) -> None:
     """Create an API token. It is shown once, here; the service stores only its hash."""
-    from service.api_tokens import SCOPES
+    from service.api_tokens import DEFAULT_SCOPES
 
     settings = Settings()
     with errors(), token_store(settings) as store:
-        token, record = store.create(tenant, scope or SCOPES, name)
+        token, record = store.create(tenant, scope or DEFAULT_SCOPES, name)
     if as_json:
         emit_json(record.public() | {"token": token})
         return

@@ -107,11 +107,14 @@ def key_store(settings: Settings) -> Iterator[KeyStore]:
 
 @contextlib.contextmanager
 def token_store(settings: Settings) -> Iterator[TokenStore]:
-    """The API token store."""
-    from service.api_tokens import TokenStore
+    """The API token store (its digest key from the KEK, as ``key_store``'s)."""
+    from service.api_tokens import TokenStore, digest_key
+    from service.kek import load_or_create_kek
 
     with _redis(settings) as client:
-        yield TokenStore(client, settings.redis_prefix)
+        kek = settings.kek_bytes()
+        key = digest_key(load_or_create_kek(settings.home) if kek is None else kek)
+        yield TokenStore(client, key, settings.redis_prefix)
 
 
 def _progress(quiet: bool) -> Callable[[str], None] | None:

@@ -135,6 +135,16 @@ def revoke(key_id: str, as_json: Json = False) -> None:
     report(record.public(), as_json, f"revoked {record.key_id}")
 
 
+@app.command("reseal")
+def reseal(as_json: Json = False) -> None:
+    """Re-seal stored secrets of the earlier form (bound to the key id alone) bound to their
+    tenant and parameters too; the service also does it when it starts. Idempotent."""
+    settings = Settings()
+    with errors(), key_store(settings) as store:
+        count = store.reseal()
+    report({"resealed": count}, as_json, f"re-sealed {count} key record(s)")
+
+
 @app.command("delete")
 def delete(
     key_id: str,

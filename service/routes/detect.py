@@ -1,27 +1,91 @@
 """``POST /v1/detect`` and ``POST /v1/detect/batch``: is this text watermarked by my keys?
 
-The detector is an oracle (an attacker could probe it to learn the watermark), so every text
-is charged to the caller's token in the Redis rate limit before any work. The work itself —
-key lookups and the detector — runs on the detection pool, off the event loop.
+The detector is an oracle (an attacker could probe it to learn the watermark), so every
+request's cost is bounded and charged to the caller's token in the Redis rate limit before
+the keyed work: one unit per item at once, then — after the pool has counted the keys to test
+(from the key index, no record read) and tokenized the items — the rest of
+ceil(tokens × keys / ``detect_work_unit``) per item, at most a whole window's budget, whether
+the request then passes its limits or not (its tokenizing was work). A request over
+``max_tokens``, ``max_evidence_tokens`` or a whole window's budget is refused (422). The
+work itself — key lookups and the detector — runs on the detection pool, off the event loop.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter
 
-from service.auth import CanDetect
+from service.api_tokens import Principal
+from service.auth import CanDetect, raw_evidence
 from service.deps import LimiterDep, MetricsDep, PoolDep, ResourcesDep, SettingsDep, StoreDep
+from service.detection import DetectionPool, DetectPlan
+from service.errors import LimitExceeded
+from service.keystore import KeyStore
 from service.limits import check_batch, check_detect_input
+from service.ratelimit import RateLimiter
 from service.schemas.common import problem_responses
 from service.schemas.detect import (
     DetectBatchRequest,
     DetectBatchResponse,
+    DetectInput,
+    DetectOptions,
     DetectRequest,
     DetectResponse,
 )
+from service.settings import Settings
 
 router = APIRouter(prefix="/v1/detect", tags=["detect"])
 _ERRORS = problem_responses(400, 401, 403, 404, 409, 413, 415, 422, 429, 503)
+
+
+async def _detect(
+    items: list[DetectInput],
+    options: DetectOptions,
+    *,
+    batch: bool,
+    principal: Principal,
+    settings: Settings,
+    store: KeyStore,
+    pool: DetectionPool,
+    limiter: RateLimiter,
+    model: Any,
+) -> list[dict[str, Any]]:
+    """Charge, plan, charge the planned work, run (module docstring); ``model``: the served
+    target when ``options.reads_model``, else None."""
+    await limiter.spend(principal.token_id, len(items))
+    max_keys = settings.max_keys_per_detect
+    plan: DetectPlan = await pool.run(
+        pool.plan, store, principal.tenant, items, options, max_keys, batch
+    )
+    unit = settings.detect_work_unit
+    cost = plan.cost(unit)
+    # charged as planned (tokenizing a refused text was work too), at most a window's budget
+    charge = min(cost, limiter.limit) - len(items)
+    if charge > 0:
+        await limiter.spend(principal.token_id, charge)
+    pool.check_plan(plan, items, options, batch)
+    if cost > limiter.limit:
+        field = "items" if batch else ("text" if items[0].token_ids is None else "token_ids")
+        raise LimitExceeded(
+            field,
+            limiter.limit,
+            cost,
+            f"work units per request (ceil(tokens × keys tested / {unit}) per item, the "
+            "detect_rate_limit of a whole window)",
+        )
+    return await pool.run(
+        pool.run_plan,
+        store,
+        principal.tenant,
+        items,
+        plan,
+        options,
+        max_keys,
+        model,
+        batch,
+        raw_evidence(principal),
+    )
 
 
 @router.post("", responses=_ERRORS)
@@ -37,10 +101,16 @@ async def detect(
 ) -> DetectResponse:
     """Test one text against one key, or against every key of your tenant."""
     check_detect_input(body, settings, resources.vocab_size)
-    await limiter.spend(principal.token_id)
-    model = resources.loaded.target if body.reads_model else None
-    (result,) = await pool.run(
-        pool.detect_all, store, principal.tenant, [body], body, settings.max_keys_per_detect, model
+    (result,) = await _detect(
+        [body],
+        body,
+        batch=False,
+        principal=principal,
+        settings=settings,
+        store=store,
+        pool=pool,
+        limiter=limiter,
+        model=resources.loaded.target if body.reads_model else None,
     )
     metrics.detections.labels(result["verdict"]).inc()
     return DetectResponse.model_validate(result)
@@ -57,19 +127,18 @@ async def detect_batch(
     metrics: MetricsDep,
     resources: ResourcesDep,
 ) -> DetectBatchResponse:
-    """Test several texts with the same options (each counts against the rate limit)."""
+    """Test several texts with the same options (each costs its work in the rate limit)."""
     check_batch(body.items, settings, resources.vocab_size)
-    await limiter.spend(principal.token_id, len(body.items))
-    model = resources.loaded.target if body.reads_model else None
-    results = await pool.run(
-        pool.detect_all,
-        store,
-        principal.tenant,
+    results = await _detect(
         body.items,
         body,
-        settings.max_keys_per_detect,
-        model,
-        True,
+        batch=True,
+        principal=principal,
+        settings=settings,
+        store=store,
+        pool=pool,
+        limiter=limiter,
+        model=resources.loaded.target if body.reads_model else None,
     )
     for result in results:
         metrics.detections.labels(result["verdict"]).inc()

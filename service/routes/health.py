@@ -1,4 +1,5 @@
-"""``/healthz`` (the process is up), ``/readyz`` (Redis answers, model loaded), ``/metrics``."""
+"""``/healthz`` (the process is up), ``/readyz`` (Redis answers, model loaded), ``/metrics``
+(behind the metrics or admin token)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import redis
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
+from service.auth import CanReadMetrics
 from service.deps import MetricsDep
 from service.resources import Resources
+from service.schemas.common import problem_responses
 from service.schemas.health import Health, Readiness
 
 router = APIRouter(tags=["health"])
@@ -46,7 +49,13 @@ async def readyz(request: Request) -> JSONResponse:
 @router.get(
     "/metrics",
     response_class=Response,
-    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+    responses={
+        200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
+        **problem_responses(401),
+    },
+    dependencies=[CanReadMetrics],
 )
 async def metrics(metrics: MetricsDep) -> Response:
+    """Prometheus counters of every tenant: the bearer is the metrics token
+    (``POISSONMARK_METRICS_TOKEN``) or the admin token."""
     return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -15,7 +15,7 @@ from anyio import to_thread
 from fastapi import APIRouter, Path, Query, Response, status
 
 from service.auth import CanManageKeys
-from service.deps import PoolDep, ResourcesDep, StoreDep
+from service.deps import PoolDep, ResourcesDep, SettingsDep, StoreDep
 from service.key_record import KeyRecord
 from service.keystore import CURSOR_PATTERN, KEY_PREFIX_MAX_CHARS, PAGE_DEFAULT, PAGE_MAX
 from service.schemas.common import KeyId, problem_responses
@@ -42,12 +42,22 @@ def _out(record: KeyRecord) -> KeyOut:
 
 @router.post("", status_code=status.HTTP_201_CREATED, responses=_CREATE_ERRORS)
 async def create_key(
-    body: KeyCreateRequest, principal: CanManageKeys, store: StoreDep, resources: ResourcesDep
+    body: KeyCreateRequest,
+    principal: CanManageKeys,
+    store: StoreDep,
+    resources: ResourcesDep,
+    settings: SettingsDep,
 ) -> KeyOut:
-    """Create a key bound to the served model's tokenizer. The secret is never returned."""
+    """Create a key bound to the served model's tokenizer. The secret is never returned. A
+    tenant holds at most ``max_keys_per_tenant`` keys, revoked ones included until deleted
+    (403 ``quota-exceeded``)."""
     record = await to_thread.run_sync(
         lambda: store.create(
-            resources.fingerprint, body.context_width, body.masking, principal.tenant
+            resources.fingerprint,
+            body.context_width,
+            body.masking,
+            principal.tenant,
+            quota=settings.max_keys_per_tenant,
         )
     )
     return _out(record)

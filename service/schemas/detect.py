@@ -19,6 +19,7 @@ from pydantic import (
 )
 from pydantic.config import JsonDict
 
+from detector.bands import BAND_BLOCK, BAND_EDGES, NUM_BANDS
 from detector.combined import REFERENCE_MEAN_SCORE
 from detector.options import MIN_REFERENCE_MEAN_SCORE
 from detector.scores import SCORE_NAMES
@@ -62,7 +63,11 @@ class DetectOptions(RequestModel):
         json_schema_extra={"uniqueItems": True},
         description="Score families besides `aaronson` (always computed): `u`, `li`, `lattimore`.",
     )
-    evidence: bool = Field(default=False, description="Include per-token evidence.")
+    evidence: bool = Field(
+        default=False,
+        description="Include the best key's per-token evidence: coarse bands, and raw pivots "
+        "and terms with the `evidence` scope for `text` (never for `token_ids`).",
+    )
     spans: bool = Field(
         default=False,
         description="Report the span search (the strongest windows of evidence; the verdict's "
@@ -209,15 +214,32 @@ class ScoreOut(BaseModel):
 
 
 class TokenEvidenceOut(BaseModel):
+    """One token as the detector saw it. ``pivot``, ``score`` and ``terms`` are the keyed
+    PRF's outputs: only for a token with the `evidence` scope and a request with `text` alone
+    (never for caller-chosen `token_ids`); otherwise null, and `band` shows the evidence."""
+
     id: int
     text: str
-    start: int
+    start: int = Field(description="Character offset of the piece in the text.")
     end: int
     status: Literal["scored", "skipped"]
     skip_reason: str | None
-    pivot: float | None
-    score: float | None
-    terms: dict[str, float] | None = None
+    band: int | None = Field(
+        ge=0,
+        lt=NUM_BANDS,
+        description=f"Scored tokens: the evidence band of its block of {BAND_BLOCK} or more "
+        "consecutive scored tokens (the block's mean Aaronson term: 0 at most "
+        f"{BAND_EDGES[0]} (text without the watermark averages 1), 1 up to {BAND_EDGES[1]}, "
+        f"2 up to {BAND_EDGES[2]}, 3 above); null when skipped.",
+    )
+    pivot: float | None = Field(description="r_t (scored; `evidence` scope only).")
+    score: float | None = Field(
+        description="The Aaronson term −ln(1 − r_t) (scored; `evidence` scope only)."
+    )
+    terms: dict[str, float] | None = Field(
+        default=None,
+        description="Each score family's per-token term (scored; `evidence` scope only).",
+    )
 
 
 class SpanOut(BaseModel):
@@ -406,7 +428,9 @@ class KeyDetectionOut(BaseModel):
     scores: dict[str, ScoreOut]
     skipped: dict[str, int]
     retokenization_matches: bool | None
-    tokens: list[TokenEvidenceOut] | None = Field(description="With `evidence: true`.")
+    tokens: list[TokenEvidenceOut] | None = Field(
+        description="With `evidence: true`, in the best key's result only."
+    )
     spans: SpanSearchOut | None = Field(description="With `spans: true`.")
 
 

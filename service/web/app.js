@@ -11,6 +11,8 @@ const SKIP_WORDS = {
   repeated_context: "not scored: its context appeared earlier in the text, so its randomness is not fresh",
   special_token: "not scored: a special token",
 };
+// The server's evidence bands (detector/bands.py): a block's mean per-token score.
+const BAND_WORDS = ["no more than chance", "some", "strong", "very strong"];
 const SUPERSCRIPT = {
   "-": "\u207b", 0: "\u2070", 1: "\u00b9", 2: "\u00b2", 3: "\u00b3", 4: "\u2074",
   5: "\u2075", 6: "\u2076", 7: "\u2077", 8: "\u2078", 9: "\u2079",
@@ -373,11 +375,15 @@ function tokenElement(token) {
   element.className = "tok";
   element.textContent = token.text;
   if (token.status === "scored") {
-    // Aaronson term: Exp(1) without the watermark; the colour saturates at 5 (p ~ 0.007).
-    const level = Math.min(token.score / 5, 1);
+    // The band of the token's block (0-3; every token has it), or with the evidence scope the
+    // token's own Aaronson term: Exp(1) without the watermark; it saturates at 5 (p ~ 0.007).
+    const raw = token.score !== null && token.score !== undefined;
+    const level = raw ? Math.min(token.score / 5, 1) : token.band / 3;
     element.style.setProperty("--level", level.toFixed(3));
     element.dataset.level = level.toFixed(3);
-    element.title = `evidence ${token.score.toFixed(2)} (r = ${token.pivot.toFixed(3)})`;
+    element.title = raw
+      ? `evidence ${token.score.toFixed(2)} (r = ${token.pivot.toFixed(3)})`
+      : `${BAND_WORDS[token.band]} evidence in this stretch of text`;
   } else {
     element.classList.add("skipped");
     element.dataset.skip = token.skip_reason;

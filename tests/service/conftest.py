@@ -136,9 +136,10 @@ class Service:
         self, tenant: str = "default", scopes: tuple[str, ...] = ("generate", "detect", "keys")
     ) -> dict[str, str]:
         """Headers with a new API token of ``tenant`` with ``scopes``."""
-        token, _ = TokenStore(self.resources.redis, self.settings.redis_prefix).create(
-            tenant, scopes
+        store = TokenStore(
+            self.resources.redis, self.resources.token_key, self.settings.redis_prefix
         )
+        token, _ = store.create(tenant, scopes)
         return {"Authorization": f"Bearer {token}"}
 
     def create_key(self, headers: dict[str, str] | None = None, **body: Any) -> str:

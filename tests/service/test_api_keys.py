@@ -124,7 +124,7 @@ def test_wrong_secret_of_a_real_token_id_is_401(embedded_services: ServiceFactor
 
 def test_revoked_token_is_401(embedded_services: ServiceFactory) -> None:
     svc = embedded_services()
-    store = TokenStore(svc.resources.redis, svc.settings.redis_prefix)
+    store = TokenStore(svc.resources.redis, svc.resources.token_key, svc.settings.redis_prefix)
     token, record = store.create("acme", ["keys"])
     h = {"Authorization": f"Bearer {token}"}
     assert svc.client.get("/v1/keys", headers=h).status_code == 200

@@ -7,6 +7,7 @@ import json
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -20,6 +21,8 @@ from service.api_tokens import (
     UnknownToken,
     admin_principal,
     digest,
+    digest_key,
+    keyed_digest,
     verify_token,
 )
 from service.cli import app as cli
@@ -27,6 +30,7 @@ from service.redis import close_redis, open_redis
 from service.settings import Settings
 
 PREFIX = "pmtest:tok:"
+KEY = digest_key(bytes(range(32)))
 
 
 @pytest.fixture
@@ -38,11 +42,11 @@ def client(tmp_path: Path) -> Iterator[redis.Redis]:
         close_redis(c)
 
 
-def verify(client: redis.Redis, token: str):  # type: ignore[no-untyped-def]
+def verify(client: redis.Redis, token: str, key: bytes = KEY, legacy: bool = False):  # type: ignore[no-untyped-def]
     async def run():  # type: ignore[no-untyped-def]
         aclient = redis.asyncio.Redis(unix_socket_path=client.socket_file)
         try:
-            return await verify_token(aclient, token, PREFIX)
+            return await verify_token(aclient, token, key, PREFIX, legacy=legacy)
         finally:
             await aclient.aclose()
 
@@ -50,7 +54,7 @@ def verify(client: redis.Redis, token: str):  # type: ignore[no-untyped-def]
 
 
 def test_tokens_are_stored_only_as_digests(client: redis.Redis) -> None:
-    store = TokenStore(client, PREFIX)
+    store = TokenStore(client, KEY, PREFIX)
     token, record = store.create("acme", ["detect", "generate"], "ci")
     assert TOKEN_PATTERN.fullmatch(token)
     assert record.scopes == ("generate", "detect")  # canonical order
@@ -58,7 +62,8 @@ def test_tokens_are_stored_only_as_digests(client: redis.Redis) -> None:
         k.decode(): v.decode()
         for k, v in client.hgetall(f"{PREFIX}token:{record.token_id}").items()
     }
-    assert raw["digest"] == digest(token)
+    assert raw["digest"] == keyed_digest(KEY, token, "acme", ["generate", "detect"])
+    assert raw["digest"].startswith("v2:") and digest(token) not in raw["digest"]
     secret_part = TOKEN_PATTERN.fullmatch(token).group(2)  # type: ignore[union-attr]
     dump = json.dumps(raw)
     assert token not in dump and secret_part not in dump
@@ -72,7 +77,7 @@ def test_tokens_are_stored_only_as_digests(client: redis.Redis) -> None:
 
 
 def test_verification_refuses_anything_but_the_exact_live_token(client: redis.Redis) -> None:
-    store = TokenStore(client, PREFIX)
+    store = TokenStore(client, KEY, PREFIX)
     token, record = store.create("acme", SCOPES)
     other, _ = store.create("acme", SCOPES)
     spliced = token[: len("pmt_") + 17] + other[len("pmt_") + 17 :]  # right id, wrong secret
@@ -83,8 +88,35 @@ def test_verification_refuses_anything_but_the_exact_live_token(client: redis.Re
     assert verify(client, other) is not None
 
 
+def test_a_token_record_written_without_the_key_does_not_authenticate(
+    client: redis.Redis,
+) -> None:
+    """Whoever can write to Redis but lacks the KEK cannot mint a token: an unkeyed digest
+    (the earlier form, anyone can compute it), a digest under another key, or a real record
+    moved to another tenant or given more scopes all fail."""
+    store = TokenStore(client, KEY, PREFIX)
+    token, record = store.create("acme", ["detect"])
+    key = f"{PREFIX}token:{record.token_id}"
+    assert verify(client, token) is not None
+    client.hset(key, "scopes", "generate,detect,keys,evidence")
+    assert verify(client, token) is None
+    client.hset(key, mapping={"scopes": "detect", "tenant": "other"})
+    assert verify(client, token) is None
+    client.hset(key, "tenant", "acme")
+    assert verify(client, token) is not None  # back as it was
+    other_key = digest_key(bytes(32))
+    client.hset(key, "digest", keyed_digest(other_key, token, "acme", ["detect"]))
+    assert verify(client, token) is None
+    client.hset(key, "digest", digest(token))  # the unkeyed form
+    assert verify(client, token) is None
+    principal = verify(client, token, legacy=True)  # only while the service allows it
+    assert principal is not None and principal.tenant == "acme"
+    with pytest.raises(ValueError, match="32-byte digest key"):
+        TokenStore(client, PREFIX, PREFIX)  # type: ignore[arg-type]
+
+
 def test_list_and_revoke(client: redis.Redis) -> None:
-    store = TokenStore(client, PREFIX)
+    store = TokenStore(client, KEY, PREFIX)
     _, a = store.create("acme", ["keys"], "first")
     _, b = store.create("beta", ["detect"])
     assert [r.token_id for r in store.list_tokens()] == [a.token_id, b.token_id]
@@ -108,7 +140,7 @@ def test_list_and_revoke(client: redis.Redis) -> None:
 )
 def test_create_validates(client: redis.Redis, tenant: str, scopes: list[str], name: str) -> None:
     with pytest.raises(ValueError):
-        TokenStore(client, PREFIX).create(tenant, scopes, name)
+        TokenStore(client, KEY, PREFIX).create(tenant, scopes, name)
 
 
 def test_admin_principal_is_constant_time_and_exact() -> None:
@@ -157,3 +189,18 @@ def test_settings_errors_never_echo_secrets() -> None:
         with pytest.raises(ValueError) as caught:
             Settings(**{field: value})
         assert value not in str(caught.value)
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["keyed_only", "legacy_allowed"])
+def test_the_service_refuses_unkeyed_digests_unless_allowed(
+    embedded_services: Any, legacy: bool
+) -> None:
+    svc = embedded_services(legacy_token_digests=legacy)
+    headers = svc.token("acme", ("keys",))
+    token = headers["Authorization"].removeprefix("Bearer ")
+    assert svc.client.get("/v1/keys", headers=headers).status_code == 200
+    token_id = TOKEN_PATTERN.fullmatch(token).group(1)  # type: ignore[union-attr]
+    svc.resources.redis.hset(
+        f"{svc.settings.redis_prefix}token:{token_id}", "digest", digest(token)
+    )
+    assert svc.client.get("/v1/keys", headers=headers).status_code == (200 if legacy else 401)

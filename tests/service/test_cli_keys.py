@@ -45,3 +45,29 @@ def test_list_pages_through_every_key_and_delete_wipes_one(home: Path) -> None:
         store.get(made[0])
     again = runner.invoke(app, ["keys", "delete", made[0], "--yes"])
     assert again.exit_code != 0 and made[0] in again.output
+
+
+def test_reseal_binds_earlier_records_to_their_tenant(home: Path) -> None:
+    """``keys reseal`` turns a record sealed the earlier way (the key id alone as associated
+    data) into the bound form; a second run finds nothing to do."""
+    import base64
+    import os
+
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    from service.kek import load_or_create_kek
+
+    with key_store(Settings()) as store:
+        key = store.create("sha256:cli", tenant="acme")
+        nonce = os.urandom(12)
+        kek = load_or_create_kek(home)
+        sealed = AESGCM(kek).encrypt(nonce, key.secret.reveal(), key.key_id.encode())
+        raw = store._client  # the store's own Redis: write the earlier form in place
+        raw.hset(f"pm:key:{key.key_id}", "secret", b"v1:" + base64.b64encode(nonce + sealed))
+    runner = CliRunner()
+    first = runner.invoke(app, ["keys", "reseal", "--json"])
+    assert first.exit_code == 0, first.output
+    assert json.loads(first.stdout) == {"resealed": 1}
+    assert json.loads(runner.invoke(app, ["keys", "reseal", "--json"]).stdout) == {"resealed": 0}
+    with key_store(Settings()) as store:
+        assert store.get(key.key_id, "acme").secret.reveal() == key.secret.reveal()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +26,21 @@ FINGERPRINT = "sha256:test-tokenizer"
 
 
 class CountingStore:
-    """A real ``KeyStore`` that counts ``get`` calls (the cache's only way to Redis)."""
+    """A real ``KeyStore`` that counts the records read: ``get`` calls (the cache's only way
+    to Redis by id) and the records ``get_many`` was asked for."""
 
     def __init__(self, store: KeyStore) -> None:
         self.store = store
         self.gets = 0
+        self.many = 0
 
     def get(self, key_id: str, tenant: str | None = None) -> KeyRecord:
         self.gets += 1
         return self.store.get(key_id, tenant)
+
+    def get_many(self, key_ids: Sequence[str], tenant: str | None = None) -> list[KeyRecord]:
+        self.many += len(key_ids)
+        return self.store.get_many(key_ids, tenant)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.store, name)
@@ -138,3 +144,31 @@ def test_detect_prompts_are_checked_before_any_key_is_read(
     with pytest.raises(LimitExceeded) as alone:  # one item: the field as sent
         pool.detect_all(store, "acme", items[1:], options, 64)  # type: ignore[arg-type]
     assert alone.value.field == "prompt"
+
+
+def test_keyless_detection_over_the_key_cap_is_refused_before_any_record_is_read(
+    store: CountingStore, real_tokenizer: Any
+) -> None:
+    """The tenant's keys are counted in the index; a record read (and unsealed) for a request
+    that is then refused would let one request cost every record of the tenant."""
+    from service.detection import choose_keys
+    from service.errors import LimitExceeded
+    from service.schemas.detect import DetectInput
+
+    for _ in range(3):
+        store.create(FINGERPRINT, tenant="acme")
+    pool = DetectionPool(real_tokenizer, FINGERPRINT, 1)
+    items = [DetectInput(text="some text to test")]
+    with pytest.raises(LimitExceeded) as raised:
+        pool.detect_all(store, "acme", items, DetectOptions(), 2)  # type: ignore[arg-type]
+    assert (raised.value.field, raised.value.limit, raised.value.actual) == (
+        "key_id (omitted: keys to test)",
+        2,
+        3,
+    )
+    with pytest.raises(LimitExceeded):
+        choose_keys(store, FINGERPRINT, "acme", None, include_revoked=False, max_keys=2)  # type: ignore[arg-type]
+    assert (store.gets, store.many) == (0, 0)
+    # at the cap the same request reads each record once and runs
+    (result,) = pool.detect_all(store, "acme", items, DetectOptions(), 3)  # type: ignore[arg-type]
+    assert result["num_keys"] == 3 and store.many == 3

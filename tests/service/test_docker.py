@@ -52,6 +52,23 @@ def test_redis_persists_with_aof_and_has_a_healthcheck(compose: dict[str, Any]) 
     assert "ports" not in redis  # reachable from the service only
 
 
+def test_redis_requires_the_password_and_never_shows_it(compose: dict[str, Any]) -> None:
+    """Whoever can write to Redis could mint tokens for any tenant: compose's Redis requires a
+    password, given to redis-server on its standard input (not in its arguments, which the
+    process list shows), to the healthcheck's redis-cli and to the service's URL."""
+    redis = compose["services"]["redis"]
+    required = r"\$\{POISSONMARK_REDIS_PASSWORD:\?.+\}"
+    assert re.fullmatch(required, redis["environment"]["REDISCLI_AUTH"])
+    shell, flag, script, name, *options = redis["command"]
+    assert (shell, flag, name) == ("sh", "-c", "redis-server")
+    lines = script.splitlines()
+    assert lines == ['exec redis-server - "$$@" <<EOF', "requirepass $$REDISCLI_AUTH", "EOF"]
+    assert "--protected-mode" not in options and "--requirepass" not in options
+    for service in ("poissonmark", "poissonmark-gpu"):
+        url = compose["services"][service]["environment"]["REDIS_URL"]
+        assert re.fullmatch(r"redis://:" + required + r"@redis:6379/0", url)
+
+
 def test_no_image_comes_from_a_registry(compose: dict[str, Any]) -> None:
     """Redis runs on the local Debian base (docker/build_base.sh), not ``redis:*``."""
     base = "${POISSONMARK_BASE_IMAGE:-poissonmark-base:bookworm}"
@@ -68,7 +85,7 @@ def test_service_waits_for_redis_and_is_configured_by_environment(
     service = compose["services"][name]
     assert service["depends_on"]["redis"]["condition"] == "service_healthy"
     env = service["environment"]
-    assert env["REDIS_URL"] == "redis://redis:6379/0"
+    assert env["REDIS_URL"].startswith("redis://:") and env["REDIS_URL"].endswith("@redis:6379/0")
     for secret in ("POISSONMARK_KEK", "POISSONMARK_ADMIN_TOKEN"):
         assert re.fullmatch(r"\$\{" + secret + r":\?.+\}", env[secret])  # required, no default
     assert all(port.startswith("127.0.0.1:") for port in service["ports"])  # loopback only

@@ -112,7 +112,7 @@ def test_generate_stream_and_detect(real_service: Service, data_files: Path) -> 
             break
         human_key = svc.create_key(user)
     assert verdicts[-1] != "watermarked", verdicts
-    metrics = svc.client.get("/metrics").text
+    metrics = svc.client.get("/metrics", headers=svc.admin).text
     assert "poissonmark_tokens_generated_total" in metrics
     assert 'poissonmark_detections_total{verdict="watermarked"}' in metrics
 

@@ -303,7 +303,7 @@ def test_secret_is_not_stored_in_the_clear(backend: Backend) -> None:
             assert form not in at_rest
         assert base64.b64encode(secret) not in at_rest
         sealed = backend.client.hget(f"{backend.prefix}key:{record.key_id}", "secret")
-        assert sealed.startswith(b"v1:")
+        assert sealed.startswith(b"v2:")
         assert len(base64.b64decode(sealed[3:])) == 12 + 32 + 16  # nonce + ciphertext + tag
 
 
@@ -330,12 +330,88 @@ def test_ciphertext_moved_to_another_record_fails_to_decrypt(backend: Backend) -
         store.get(b.key_id)
 
 
+def test_record_moved_to_another_tenant_fails_to_unseal(backend: Backend) -> None:
+    """The tenant is in the AEAD associated data: whoever can write to Redis cannot hand a
+    key to another tenant (its owner's records and indexes rewritten) and use it there."""
+    store = backend.store()
+    key = store.create(TOKENIZER, tenant="acme")
+    record_key = f"{backend.prefix}key:{key.key_id}"
+    backend.client.hset(record_key, "tenant", "evil")
+    for index in ("order", "ids"):
+        backend.client.zadd(f"{backend.prefix}tenant:evil:{index}", {key.key_id: 0})
+    assert store.candidate_ids("evil", True) == [key.key_id]  # the move itself worked
+    with pytest.raises(KeyDecryptionFailed, match=key.key_id):
+        store.get(key.key_id, "evil")
+    with pytest.raises(KeyDecryptionFailed):
+        store.get_many([key.key_id], "evil")
+    backend.client.hset(record_key, "tenant", "acme")  # moved back: it opens again
+    assert store.get(key.key_id, "acme").secret.reveal() == key.secret.reveal()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        pytest.param("context_width", "2", id="context_width"),
+        pytest.param("masking", "0", id="masking"),
+        pytest.param("prf_version", "2", id="prf_version"),
+        pytest.param("tokenizer", "sha256:other", id="tokenizer"),
+    ],
+)
+def test_a_parameter_changed_in_redis_fails_to_unseal(
+    backend: Backend, field: str, value: str
+) -> None:
+    store = backend.store()
+    key = store.create(TOKENIZER)
+    backend.client.hset(f"{backend.prefix}key:{key.key_id}", field, value)
+    with pytest.raises(KeyDecryptionFailed, match=key.key_id):
+        store.get(key.key_id)
+
+
+def _v1_seal(kek: bytes, key_id: str, secret: bytes) -> bytes:
+    """The earlier sealed form, written independently: the key id alone as associated data."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    nonce = os.urandom(12)
+    return b"v1:" + base64.b64encode(nonce + AESGCM(kek).encrypt(nonce, secret, key_id.encode()))
+
+
+def test_v1_records_are_refused_until_resealed_then_bound_to_their_tenant(
+    backend: Backend,
+) -> None:
+    store = backend.store()
+    old = store.create(TOKENIZER, tenant="acme")
+    new = store.create(TOKENIZER, tenant="acme")
+    record_key = f"{backend.prefix}key:{old.key_id}"
+    backend.client.hset(
+        record_key, "secret", _v1_seal(backend.kek, old.key_id, old.secret.reveal())
+    )
+    with pytest.raises(KeyDecryptionFailed, match="v1"):
+        store.get(old.key_id, "acme")
+    assert store.reseal() == 1
+    assert backend.client.hget(record_key, "secret").startswith(b"v2:")
+    assert store.get(old.key_id, "acme").secret.reveal() == old.secret.reveal()
+    assert store.get(new.key_id, "acme").secret.reveal() == new.secret.reveal()
+    assert store.reseal() == 0  # idempotent
+    backend.client.hset(record_key, "tenant", "evil")  # now the tenant is bound
+    with pytest.raises(KeyDecryptionFailed):
+        store.get(old.key_id)
+    # a v1 seal under another KEK is reported, not re-sealed
+    other = store.create(TOKENIZER)
+    forged = _v1_seal(os.urandom(KEK_BYTES), other.key_id, os.urandom(32))
+    backend.client.hset(f"{backend.prefix}key:{other.key_id}", "secret", forged)
+    with pytest.raises(KeyDecryptionFailed):
+        store.reseal()
+    skipped: list[str] = []  # how the service starts: report it, leave it, go on
+    assert store.reseal(lambda key_id, exc: skipped.append(key_id)) == 0
+    assert skipped == [other.key_id]
+
+
 @pytest.mark.parametrize(
     ("stored", "reason"),
     [
-        pytest.param(b"v2:AAAA", "format", id="unknown_version"),
-        pytest.param(b"v1:not base64!", "base64", id="not_base64"),
-        pytest.param(b"v1:" + base64.b64encode(b"short"), "length", id="truncated"),
+        pytest.param(b"v3:AAAA", "format", id="unknown_version"),
+        pytest.param(b"v2:not base64!", "base64", id="not_base64"),
+        pytest.param(b"v2:" + base64.b64encode(b"short"), "length", id="truncated"),
         # No plaintext secret is ever read (0.1 has no pre-encryption records to migrate).
         pytest.param(bytes(range(32)).hex().encode(), "format", id="plaintext_hex"),
     ],

@@ -56,7 +56,7 @@ def test_no_secret_or_token_in_logs_responses_or_redis(
     call("POST", f"/v1/keys/{key_id}/revoke", user)
     call("POST", "/v1/generate", user, gen)  # revoked: 409
     call("GET", "/readyz", {})
-    call("GET", "/metrics", {})
+    call("GET", "/metrics", svc.admin)
 
     secrets_: list[str] = []
     for kid in (key_id, other_key):

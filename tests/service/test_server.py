@@ -145,7 +145,7 @@ def test_two_workers_share_keys_and_metrics(tmp_path: Path, data_dir: Path) -> N
                     assert found.status_code == 200, found.text
                     sent += 1
                 for _ in range(3):  # whichever worker answers, it reports every worker's counts
-                    metrics = httpx.get(f"{url}/metrics", timeout=60).text
+                    metrics = httpx.get(f"{url}/metrics", headers=headers, timeout=60).text
                     counts = [
                         float(line.rsplit(" ", 1)[1])
                         for line in metrics.splitlines()

@@ -108,7 +108,7 @@ def test_stream_reports_errors_before_it_starts(embedded_services: ServiceFactor
 
 
 def metric(svc: Service, name: str) -> float:
-    for line in svc.client.get("/metrics").text.splitlines():
+    for line in svc.client.get("/metrics", headers=svc.admin).text.splitlines():
         if line.startswith(name + " "):
             return float(line.split()[1])
     return 0.0

@@ -242,7 +242,8 @@ def test_concurrent_streams_over_http_each_get_their_own_tokens(live, tiny_loade
         ids = [t for name, data in events if name == "delta" for t in data["token_ids"]]  # type: ignore[attr-defined]
         assert ids == plain["token_ids"], i
         assert events[-1][0] == "done" and events[-1][1]["token_ids"] == plain["token_ids"]
-    assert "poissonmark_generation_batch_size 0.0" in svc.client.get("/metrics").text
+    metrics = svc.client.get("/metrics", headers=svc.admin).text
+    assert "poissonmark_generation_batch_size 0.0" in metrics
 
 
 def test_a_failed_joint_prefill_fails_only_its_culprit(tiny_loaded) -> None:  # type: ignore[no-untyped-def]

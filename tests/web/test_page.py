@@ -309,6 +309,30 @@ def test_the_model_tests_and_the_prompt_are_sent_and_shown(page: Page, service: 
     page.page.wait_for_selector("#check-button:not([disabled])")
 
 
+def test_a_detect_only_token_sees_the_heatmap_in_bands(page: Page, service: Service) -> None:
+    """Without the ``evidence`` scope the page gets no pivot or per-token score; its heatmap
+    shows the bands (a level per block of scored tokens, from 0, 1/3, 2/3, 1) and still
+    reproduces the text."""
+    key = service.create_key()
+    answer = watermarked(service, key, tokens=120)
+    page.sign_in(service.token("default", ("detect",)))
+    with page.page.expect_response(lambda r: r.url.endswith("/v1/detect")) as response:
+        assert page.check(answer["text"], key) == "watermarked"
+    tokens = response.value.json()["results"][0]["tokens"]
+    assert all(t["pivot"] is None and t["score"] is None for t in tokens)
+    assert page.evidence_text() == page.checked_text(answer["text"])
+    levels = page.page.eval_on_selector_all(
+        "#evidence .tok:not(.skipped)", "els => els.map(e => [e.dataset.level, e.title])"
+    )
+    scored = [t for t in tokens if t["status"] == "scored" and t["text"]]
+    assert len(levels) == len(scored) >= 64
+    assert [float(level) for level, _ in levels] == pytest.approx(
+        [t["band"] / 3 for t in scored], abs=1e-3
+    )
+    assert sum(float(level) for level, _ in levels) / len(levels) > 0.3
+    assert all(title.endswith("evidence in this stretch of text") for _, title in levels)
+
+
 def test_human_text_is_not_flagged_and_skips_are_explained(page: Page, service: Service) -> None:
     key = key_that_does_not_flag(service, human_text(3))
     page.sign_in(service.admin)
