@@ -1,7 +1,7 @@
 """Watermarked generations for the detector power benchmark, cached as JSONL.
 
 Real SmolLM2-135M-Instruct generations with ``basic-uwm`` (the autoregressive keyed race; its
-output is identical to ``mpfr`` for every drafter, DESIGN §3), T = 1, top-k 50, 160 new
+output is identical to ``mpfr`` for every drafter, docs/design.md §3), T = 1, top-k 50, 160 new
 tokens, on 40 prompts (20 ELI5 + 20 summarisation) chosen by a fixed hash of their id (data
 README: split by id, never by position). One fixed bench key; a per-prompt nonce from the id.
 

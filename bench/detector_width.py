@@ -3,7 +3,7 @@
 An edit destroys the labels of the m positions after it (their context holds the edited token),
 so a fraction ~(1 − ε)^(m+1) of the labels survives edits at rate ε: 0.17 at m = 4 and ε = 0.3,
 0.34 at m = 2, 0.49 at m = 1. No test can score a destroyed label; the width is the lever. It is
-a per-key setting (``POST /v1/keys`` ``context_width``, default 4, DESIGN §2) and it costs
+a per-key setting (``POST /v1/keys`` ``context_width``, default 4, docs/design.md §2) and it costs
 something at small m: more contexts repeat, and repeated contexts are masked at generation and
 skipped at detection (fewer scored tokens; case C-series: masking keeps the output exact).
 

@@ -1,6 +1,6 @@
 """Watermark detection: text -> token ids -> pivots -> scores -> p-values -> verdict, evidence.
 
-Public API (DESIGN §4):
+Public API (docs/design.md §4):
 - ``detect(tokenizer, source, *, text, token_ids, options) -> Detection``; ``DetectOptions``:
   the level, key id, score families and span search, one frozen validated value.
 - ``detect_multi(tokenizer, sources, ...) -> MultiKeyDetection``: every candidate key, the best

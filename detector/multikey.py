@@ -1,4 +1,4 @@
-"""Detection without a key id: test every candidate key, correct for their number (DESIGN §4).
+"""Detection without a key id: test every candidate key, correct for the count (docs/design.md §4).
 
 Glossary:
 - K: the number of candidate keys tested; p_k: key k's verdict p-value, the combined test of

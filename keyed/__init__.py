@@ -1,6 +1,6 @@
 """The watermark contract: key material, the keyed PRF, labels and the repeated-context rule.
 
-The only home of keyed randomness in poissonmark (DESIGN §1-§2). Modules:
+The only home of keyed randomness in poissonmark (docs/design.md §1-§2). Modules:
 - ``keyed.prf``: the construction (``PRF_VERSION``), ``Secret``, context keys, the CPU
   uniforms, the detector's ``pivot_array`` and, for many secrets at once, ``pivot_matrix``;
 - ``keyed.context``: labels, ``KeyedSource``, the repeated-context rule, the detection plan;

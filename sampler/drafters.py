@@ -1,4 +1,4 @@
-"""Drafters: Q_k(·|c) for every context of one tree level, in one call (DESIGN §3).
+"""Drafters: Q_k(·|c) for every context of one tree level, in one call (docs/design.md §3).
 
 Specs: ``model:PATH`` (an autoregressive HF model sharing the tokenizer), ``self:N`` (the
 target's first N layers + its norm and head), ``heads:PATH`` (parallel heads on the target's

@@ -1,4 +1,4 @@
-"""A row-invariant CPU runner for Llama-architecture targets (issue 18, DESIGN §3 Numerics).
+"""A row-invariant CPU runner for Llama-architecture targets (issue 18, docs/design.md §3 Numerics).
 
 Drafter invariance (MPFR paper Prop. 4.4 / Thm. 5.1) needs the target's logits at a context to
 be the same whatever else shares the forward: one token, a 17-node draft tree, or eight

@@ -1,4 +1,4 @@
-"""The one speculative step loop (MPFR paper Alg. 7 / Alg. 10; DESIGN §3, Decoder).
+"""The one speculative step loop (MPFR paper Alg. 7 / Alg. 10; docs/design.md §3, Decoder).
 
 One step, from the committed prefix h (``step``):
 1. draft tree: level s = 1..ℓ, ONE drafter call over all contexts of level s−1; the policy

@@ -1,4 +1,4 @@
-"""Per-token rate limit for detection, counted in Redis (DESIGN §5: the detector is an oracle).
+"""Per-token rate limit for detection, counted in Redis (docs/design.md §5: no oracle).
 
 A fixed window: ``P ratelimit:detect:<token id>:<window>`` counts the detections (a batch item
 counts one) of the current ``window_s``-second window; INCRBY and EXPIRE run in one MULTI, so
