@@ -1,6 +1,6 @@
 """The verdict's test: whole text and spans in one valid p-value, and what it could detect.
 
-Issue 15 items 1 and 4. Glossary (M scored tokens, Aaronson terms x_t = −ln(1 − r_t)):
+Glossary (M scored tokens, Aaronson terms x_t = −ln(1 − r_t)):
 
 - whole-text p: p_0 = Q(M, Σ x_t), exact (``detector.stats``).
 - windows: the span search's windows (``detector.spans``: dyadic lengths L >= 16, stride L/4,

@@ -12,7 +12,7 @@ Pipeline (docs/design.md §4; MPFR paper Alg. 8 and App. E; Aaronson & Kirchner 
 4. scores: the chosen families' per-token terms and p-values (``detector.scores``; Aaronson
    always).
 5. verdict at α from the combined test — the whole-text Aaronson p and the best window in one
-   weighted-Bonferroni p (``detector.combined``, issue 15) — and the minimum detectable mean
+   weighted-Bonferroni p (``detector.combined``) — and the minimum detectable mean
    score at this M against ``options.reference_mean_score`` (case C5; ``needed_tokens``).
 6. spans (optional): the strongest windows of Aaronson evidence (``detector.spans``).
 7. re-aligned test (optional, ``options.realign``): the edit-tolerant p of

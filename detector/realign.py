@@ -1,4 +1,4 @@
-"""An edit-tolerant test for the keyed race: label re-alignment (issue 15 item 2).
+"""An edit-tolerant test for the keyed race: label re-alignment.
 
 An edit destroys the labels after it: the m tokens after an inserted token carry a label that
 contains it, so their pivots are no longer the race's. Re-alignment scores every position t

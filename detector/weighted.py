@@ -1,4 +1,4 @@
-"""Weighted Aaronson tests (issue 15): key-independent weights per position.
+"""Weighted Aaronson tests: key-independent weights per position.
 
 Three rules give the weights: ``EntropyWeighting`` (item 5: the target's entropy at the
 context), ``ModelWeighting`` (the text's own token's probability; measured, not served) and
@@ -168,7 +168,7 @@ class ModelWeighting:
     ``max_rank`` R, w_t = 0 where
     any token of t − m .. t (the label of t and its own token; m the key's context width) ranks
     R or lower in the target's *raw* law (``raw_rank`` >= R): a substituted or inserted token
-    is rarely among the model's top R, and every label it enters is destroyed (issue 15).
+    is rarely among the model's top R, and every label it enters is destroyed.
 
     All of it is a function of the text and the model, not of the key, so under H0 the terms
     stay i.i.d. Exp(1) given the weights and ``weighted_log_sf`` is exact.
@@ -261,7 +261,7 @@ class RankFilter:
     destroyed, so those positions only add H0 noise to the plain sum; the test scores the
     rest. The weights are a function of the text and the model, not of the key, so under H0
     the kept terms are i.i.d. Exp(1) and the p is the exact Gamma(K, 1) tail for K kept
-    positions. R = 1000 is the middle of the grid measured on the design split in session 13
+    positions. R = 1000 is the middle of the grid measured on the design split
     (``detector_decision.md``, "Token-probability weights and a raw-rank edit filter": 0.92 at
     30 % edits for R = 1000 and 3000, diluted 0.95 against 0.925), not a rule frozen before the
     held-out split was read; on the held-out split ``bench.detector_edit_oracle`` measured
@@ -332,7 +332,7 @@ class LikelihoodRatioWeighting:
     generation's (the prompt given: ``bench/results/detector_likelihood_ratio.md``). And it is no
     test for edited text: a destroyed label adds w_t·Exp(1), and the evidence of an intact one
     is at most w_t (S >= 0), so after 30 % mixed edits it found 8-10 % of the held-out T = 1
-    texts against the plain test's 80 % (session 15, the linear grid).
+    texts against the plain test's 80 % (the linear grid).
 
     Attributes:
         floor: f in (0, 1). levels: L in [1, 64] (the smallest positive weight is 1/L).
@@ -383,17 +383,17 @@ class LikelihoodRatioWeighting:
 
 
 LIKELIHOOD_RATIO: Final = LikelihoodRatioWeighting(0.05, 4)
-"""The rule the service and CLI use. Chosen on the design prompts with the prompt given, in an
-ad hoc sweep not kept as a script (floor 0.02 and 0.05 tied at 6.5 scored tokens to α at T =
-0.7, 0.1 gave 7.0, plain 9.5; 0.05 keeps the weights' spread smaller); frozen before the
-held-out run. Its weights take up to 77 levels (multiples of 1/4 up to 19), more than the
-exact series handles (``MAX_SERIES_LEVELS``), so on most texts past a handful of scored tokens
-the p is the Chernoff bound: valid, and conservative (H0 rejection rates a fifth of α on human
-passages, ``bench/results/detector_likelihood_ratio.md``). The geometric grids, whose p was exact
-on far more of the design texts, did not beat it where the test is meant to pay (session 16,
-``python -m bench.detector_likelihood_ratio choose`` → ``detector_likelihood_ratio_design
-.json``: median tokens to α at T = 0.7 with the prompt 7.0 for all nine against 6.5; the
-short prefixes that decide it are exact on either grid), so it stays."""
+"""The rule the service and CLI use. Chosen on the design prompts with the prompt given, in a
+one-off sweep (``docs/experiments/detector-likelihood-ratio.md``; floor 0.02 and 0.05 tied at
+6.5 scored tokens to α at T = 0.7, 0.1 gave 7.0, plain 9.5; 0.05 keeps the weights' spread
+smaller); frozen before the held-out run. Its weights take up to 77 levels (multiples of 1/4 up
+to 19), more than the exact series handles (``MAX_SERIES_LEVELS``), so on most texts past a
+handful of scored tokens the p is the Chernoff bound: valid, and conservative (H0 rejection
+rates a fifth of α on human passages, ``bench/results/detector_likelihood_ratio.md``). The
+geometric grids, whose p was exact on far more of the design texts, did not beat it where the
+test is meant to pay (``bench/results/detector_likelihood_ratio_design.json``: median tokens to
+α at T = 0.7 with the prompt 7.0 for all nine against 6.5; the short prefixes that decide it
+are exact on either grid), so it stays."""
 
 MAX_TERM: Final = 800.0
 """y_t = −ln r_t is capped here (a pivot below e^−800 has probability e^−800): the terms stay

@@ -51,7 +51,7 @@ def draft_law(
     n-gram, fixed token) gives its (n, 1) support directly, what processing would return
     without its cost (temperature, top-k and top-p leave a point mass as it is; the other slots
     of the processed support are -inf, which no race draws). Processing a (1, 49152) point
-    mass took ~100 us warm (ad hoc), 25x the n-gram lookup itself."""
+    mass took ~100 us warm (one-off timing), 25x the n-gram lookup itself."""
     points = getattr(drafter, "points", None)
     if points is None:
         return process(drafter.propose(tree, level, committed), processing)
@@ -213,7 +213,7 @@ class NgramDrafter:
         to ``max_ngram`` tokens) that occurs earlier; None when the last token never did.
 
         Walks the earlier occurrences of the last token, latest first (``list.index`` on the
-        reversed prefix: C speed; ad hoc, 4 against 106 us for a 450-token random context
+        reversed prefix: C speed; one-off timing, 4 against 106 us for a 450-token random context
         scanned slice by slice), and extends each match backwards."""
         if len(seq) < 2:
             return None

@@ -1,4 +1,4 @@
-"""The web page at ``/`` and its assets at ``/ui/…`` (static, no build step; issue 7).
+"""The web page at ``/`` and its assets at ``/ui/…`` (static, no build step).
 
 The page is a client of the documented API only (``/v1/keys``, ``/v1/detect``,
 ``/v1/generate``). Its responses carry a strict Content-Security-Policy: scripts and styles
