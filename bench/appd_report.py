@@ -109,7 +109,7 @@ def render(data: dict, coupling: dict | None = None) -> str:
     cells = data["cells"]
     keys = setup["keys"]
     lines = [
-        "# MPFR paper App. D on SmolLM2-135M-Instruct (issue 5)",
+        "# MPFR paper App. D on SmolLM2-135M-Instruct",
         "",
         f"Model {data['model']} ({setup['device']}, {setup['dtype']}); "
         f"{env['hardware']['cpu']}, {env['hardware']['cores']} cores; commit "

@@ -8,7 +8,7 @@ README: split by id, never by position). One fixed bench key; a per-prompt nonce
 The cache ``bench/results/detector_generations.jsonl`` is appended one line per prompt and is
 resumable: prompts already present are skipped. ~10 s per generation on 2 CPU cores.
 
-Held-out set (issue 15): ``--skip 20 --prompts 20 --method mpfr --max-new-tokens 128 --cache
+Held-out set: ``--skip 20 --prompts 20 --method mpfr --max-new-tokens 128 --cache
 bench/results/detector_heldout.jsonl`` takes the next prompts in the same hash order (ranks
 20-29 of each task), never the 40 the statistics were designed on, and samples them with
 ``mpfr`` (drafter ``ngram``, B = L = 4; its tokens equal ``basic-uwm``'s for the same key).

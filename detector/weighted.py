@@ -145,7 +145,7 @@ ENTROPY_WEIGHTING: Final = EntropyWeighting("ratio", 0.25, 4)
 """The weighting the service and CLI use: w = round(4 H / (H + 0.25)) / 4, i.e. 0 below
 H ≈ 0.036 nats, 1/4 to H ≈ 0.15, 1/2 to 0.42, 3/4 to 1.75, then 1. Chosen on the design
 prompts only (ranks 0-9 of each task; ``bench/results/detector_entropy_design.json``) among
-15 candidates (``bench.detector_entropy.CANDIDATES``): at T = 0.7 / top-p 0.95 nine tie on
+15 candidates (``docs/experiments/detector-entropy.md``): at T = 0.7 / top-p 0.95 nine tie on
 the median tokens to α (9.0 against 9.5 plain); the tie-break — the median tokens after which
 p stays below α (9.5, the others 10-14; plain 15), and no loss at T = 1 (3 = plain) — picks
 this one. Frozen before the held-out run."""
@@ -264,9 +264,9 @@ class RankFilter:
     positions. R = 1000 is the middle of the grid measured on the design split
     (``detector_decision.md``, "Token-probability weights and a raw-rank edit filter": 0.92 at
     30 % edits for R = 1000 and 3000, diluted 0.95 against 0.925), not a rule frozen before the
-    held-out split was read; on the held-out split ``bench.detector_edit_oracle`` measured
-    30 % mixed edits at 0.84 (R = 3000: 0.843) against the plain test's 0.79, and about 0.905
-    for a perfect detector of substituted and inserted tokens.
+    held-out split was read; on the held-out split (``docs/experiments/detector-edit-oracle.md``)
+    it found 0.84 of the copies after 30 % mixed edits (R = 3000: 0.843) against the plain
+    test's 0.79, and about 0.905 for a perfect detector of substituted and inserted tokens.
 
     Attributes:
         max_rank: R >= 1.
