@@ -1,4 +1,4 @@
-"""Markdown report of ``bench/results/appd.json`` (``bench.appd_eval``), with the issue-5 goals
+"""Markdown report of ``bench/results/appd.json`` (``bench.appd_eval``), with the goals
 checked against the numbers.
 
     python -m bench.appd_report [--json bench/results/appd.json]

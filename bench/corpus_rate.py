@@ -202,7 +202,7 @@ def ray_row(model_dir: Path, docs: int, repeats: int, out_path: Path) -> None:
         "environment": environment(),
         "amx": "amx_tile" in flags,
         "machine_load": (
-            "2 cores shared with other sessions' work; 1-min load average at each run's "
+            "2 cores shared with other work; 1-min load average at each run's "
             f"start: {[round(x, 2) for x in loads]} (compare only ratios within this run)"
         ),
         "corpus": {"docs": docs, "source": "data/human-pydoc.jsonl, cycled", "tokens": False},

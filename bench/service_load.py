@@ -495,7 +495,7 @@ def write_sweep(
     server_settings: dict[str, str],
     load_at_start: tuple[float, float, float],
 ) -> None:
-    """The sweep's JSON (with the ratios the issue asks about) and its plot."""
+    """The sweep's JSON (with the 1-vs-8-client ratios) and its plot."""
     summary = summarise(levels)
     lone = next((row for row in summary if row["clients"] == 1), None)
     ratios = {}
