@@ -1,8 +1,8 @@
 """Weighted Aaronson tests: key-independent weights per position, and their p-values.
 
 The tests reported beside the verdict that read the target's law (docs/design.md §4):
-``entropy_weighted_test``, ``rank_filtered_test`` (the edit filter), ``likelihood_ratio_test``,
-and ``model_weighted_test`` (measured, not served). The weights come from the rules of
+``entropy_weighted_test``, ``rank_filtered_test`` (the edit filter) and
+``likelihood_ratio_test``. The weights come from the rules of
 ``detector.weighting``; the p-values from ``detector.weighted_null`` (exact mixture series or a
 Chernoff bound). The weights do not depend on the key, so under H0 the scored pivots stay
 i.i.d. U(0, 1) given the weights and every p is exact or a valid upper bound. This module
@@ -41,7 +41,6 @@ from detector.weighting import (
     RANK_FILTER,
     EntropyWeighting,
     LikelihoodRatioWeighting,
-    ModelWeighting,
     RankFilter,
     label_windows_flagged,
 )
@@ -61,7 +60,6 @@ __all__ = [
     "EntropyWeighting",
     "LikelihoodRatioTest",
     "LikelihoodRatioWeighting",
-    "ModelWeighting",
     "RankFilter",
     "WeightedTest",
     "chernoff_log_cdf",
@@ -70,7 +68,6 @@ __all__ = [
     "gamma_log_cdf_many",
     "label_windows_flagged",
     "likelihood_ratio_test",
-    "model_weighted_test",
     "rank_filtered_test",
     "weighted_log_cdf",
     "weighted_log_sf",
@@ -182,7 +179,7 @@ def likelihood_ratio_test(
 @dataclass(frozen=True)
 class WeightedTest:
     """A weighted Aaronson test of one text (natural logs inside, log10 on the wire): entropy
-    weights, model weights or the edit filter (``weighting`` says which; ``name`` names it).
+    weights or the edit filter (``weighting`` says which; ``name`` names it).
 
     Attributes:
         score: S_w = Σ w_t x_t (nats). log_p: ln p, <= 0, finite. method: ``"exact"`` (the
@@ -197,7 +194,7 @@ class WeightedTest:
     num_scored: int
     num_weighted: int
     weight_sum: float
-    weighting: EntropyWeighting | ModelWeighting | RankFilter | None = None
+    weighting: EntropyWeighting | RankFilter | None = None
 
     @property
     def p_value(self) -> PValue:
@@ -205,12 +202,10 @@ class WeightedTest:
 
     @property
     def name(self) -> str:
-        """``"edit_filtered"`` (``RankFilter``), ``"model_weighted"`` (``ModelWeighting``),
-        else ``"entropy_weighted"`` (``EntropyWeighting`` or caller-given weights)."""
+        """``"edit_filtered"`` (``RankFilter``), else ``"entropy_weighted"``
+        (``EntropyWeighting`` or caller-given weights)."""
         if isinstance(self.weighting, RankFilter):
             return "edit_filtered"
-        if isinstance(self.weighting, ModelWeighting):
-            return "model_weighted"
         return "entropy_weighted"
 
     def to_json(self) -> dict[str, Any]:
@@ -232,7 +227,7 @@ class WeightedTest:
 def weighted_test(
     weights: ArrayLike,
     terms: ArrayLike,
-    weighting: EntropyWeighting | ModelWeighting | RankFilter | None = None,
+    weighting: EntropyWeighting | RankFilter | None = None,
 ) -> WeightedTest:
     """The weighted test of one text from its scored positions' weights and Aaronson terms.
 
@@ -283,35 +278,6 @@ def entropy_weighted_test(
     if h.shape != codes.shape:
         raise ValueError(f"expected entropy of shape ({codes.size},), one per token, got {h.shape}")
     weights = weighting.weights(h)[codes == _SCORED]  # (M,)
-    return weighted_test(weights, aaronson_terms, weighting)
-
-
-def model_weighted_test(
-    skip: Sequence[int] | NDArray[np.int8],
-    aaronson_terms: ArrayLike,
-    token_logp: ArrayLike,
-    raw_rank: ArrayLike,
-    context_width: int,
-    weighting: ModelWeighting,
-) -> WeightedTest:
-    """The weighted test with ``ModelWeighting``'s weights (the text's own token's law).
-
-    Args:
-        skip: (T,) int8 skip codes of the text (``Detection.evidence.skip``: 0 scored).
-        aaronson_terms: (M,) float64 the scored positions' Aaronson terms, in text order.
-        token_logp, raw_rank: (T,) from ``sampler.entropy.position_laws`` on the same ids.
-        context_width: m of the key the text is tested under.
-        weighting: the rule.
-    Raises:
-        ValueError: lengths that do not match (naming them); as ``ModelWeighting.weights``.
-    """
-    codes = np.asarray(skip)
-    logp = np.asarray(token_logp, dtype=np.float64)
-    if logp.shape != codes.shape:
-        raise ValueError(
-            f"expected token_logp of shape ({codes.size},), one per token, got {logp.shape}"
-        )
-    weights = weighting.weights(logp, raw_rank, context_width)[codes == _SCORED]  # (M,)
     return weighted_test(weights, aaronson_terms, weighting)
 
 

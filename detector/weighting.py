@@ -1,9 +1,9 @@
 """Key-independent weights per scored position for the weighted Aaronson tests.
 
-Three rules give the weights: ``EntropyWeighting`` (the target's entropy at the context),
-``ModelWeighting`` (the text's own token's probability; measured, not served) and
-``RankFilter`` (the edit filter: weight 0 on the labels that hold a token the target ranks
-low, 1 elsewhere); ``LikelihoodRatioWeighting`` gives the likelihood-ratio test's weights.
+``EntropyWeighting`` (the target's entropy at the context) and ``RankFilter`` (the edit
+filter: weight 0 on the labels that hold a token the target ranks low, 1 elsewhere) weigh the
+Aaronson terms; ``LikelihoodRatioWeighting`` gives the likelihood-ratio test's weights (the text's
+own token's probability).
 The tests that use them: ``detector.weighted``; their null law: ``detector.weighted_null``.
 
 Glossary (M scored tokens, Aaronson terms x_t = −ln(1 − r_t), i.i.d. Exp(1) under H0):
@@ -30,7 +30,6 @@ from typing import Any, Final
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy.special import digamma
 
 
 def _check_levels(levels: object) -> None:
@@ -98,84 +97,6 @@ prompts only (ranks 0-9 of each task; ``bench/results/detector_entropy_design.js
 the median tokens to α (9.0 against 9.5 plain); the tie-break — the median tokens after which
 p stays below α (9.5, the others 10-14; plain 15), and no loss at T = 1 (3 = plain) — picks
 this one. Frozen before the held-out run."""
-
-
-@dataclass(frozen=True)
-class ModelWeighting:
-    """The weight of a scored position from the target's law of the text's *own* token there.
-
-    w_t = round(L · (1 − 1/μ(p_t))) / L with μ(p) = ψ(1 + 1/p) + γ, where p_t is the processed
-    probability of the token the text has at t (``sampler.entropy.PositionLaws.token_logp``).
-    Why: in the race the chosen token's pivot is Beta(1/p, 1) (Aaronson & Kirchner 2023), so
-    μ(p) = E_H1[x_t | the text's token had probability p] (1 at p = 1, H_n at p = 1/n), and an
-    Exp(μ) alternative's likelihood ratio against Exp(1) is linear in x_t with weight 1 − 1/μ
-    (Neyman–Pearson); the entropy weight (``EntropyWeighting``) is this weight's average over
-    the law, this one conditions on the token the text has. Where p_t = 0 (outside the
-    support the detector estimates) w_t = 1, the p -> 0 limit: the detector sees the text
-    without its prompt, and on the design generations its support missed 6-9 % of the
-    watermarked tokens (20 % of the first ten); giving them 0 doubled the tokens to α. With
-    ``max_rank`` R, w_t = 0 where
-    any token of t − m .. t (the label of t and its own token; m the key's context width) ranks
-    R or lower in the target's *raw* law (``raw_rank`` >= R): a substituted or inserted token
-    is rarely among the model's top R, and every label it enters is destroyed.
-
-    All of it is a function of the text and the model, not of the key, so under H0 the terms
-    stay i.i.d. Exp(1) given the weights and ``weighted_log_sf`` is exact.
-
-    Attributes:
-        levels: L in [1, 64] (weights are multiples of 1/L). max_rank: R >= 1, or None (no
-        edit filter).
-    Raises:
-        ValueError: naming the field (levels out of range, max_rank < 1).
-    """
-
-    levels: int = 4
-    max_rank: int | None = 1000
-
-    def __post_init__(self) -> None:
-        _check_levels(self.levels)
-        if self.max_rank is not None and (
-            isinstance(self.max_rank, bool) or not isinstance(self.max_rank, int)
-        ):
-            raise ValueError(f"expected max_rank an int >= 1 or None, got {self.max_rank!r}")
-        if self.max_rank is not None and self.max_rank < 1:
-            raise ValueError(f"expected max_rank >= 1, got {self.max_rank}")
-
-    def weights(
-        self, token_logp: ArrayLike, raw_rank: ArrayLike, context_width: int
-    ) -> NDArray[np.float64]:
-        """(T,) float64 ln p_t (<= 0, -inf allowed) and (T,) int64 raw ranks (>= 0) -> (T,)
-        float64 weights in [0, 1].
-
-        Raises:
-            ValueError: shapes not (T,) alike, ln p_t > 0 (beyond 1e-9, rounding) or NaN,
-                ranks negative, context_width < 0.
-        """
-        logp = np.asarray(token_logp, dtype=np.float64)
-        rank = np.asarray(raw_rank, dtype=np.int64)
-        if logp.ndim != 1 or logp.shape != rank.shape:
-            raise ValueError(
-                f"expected token_logp and raw_rank of one shape (T,), got {logp.shape}, "
-                f"{rank.shape}"
-            )
-        if np.any(np.isnan(logp)) or np.any(logp > 1e-9):
-            raise ValueError("expected token_logp <= 0 (natural log of a probability)")
-        if np.any(rank < 0):
-            raise ValueError("expected raw_rank >= 0")
-        if context_width < 0:
-            raise ValueError(f"expected context_width >= 0, got {context_width}")
-        p = np.exp(np.minimum(logp, 0.0))
-        mu = np.ones_like(p)
-        live = p > 0.0
-        mu[live] = digamma(1.0 + 1.0 / p[live]) + np.euler_gamma
-        raw = np.where(live, 1.0 - 1.0 / np.maximum(mu, 1.0), 1.0)
-        w = np.rint(raw * self.levels) / self.levels
-        if self.max_rank is not None:
-            w = np.where(label_windows_flagged(rank >= self.max_rank, context_width), 0.0, w)
-        return np.asarray(w, dtype=np.float64)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"rule": "token_probability", "levels": self.levels, "max_rank": self.max_rank}
 
 
 def label_windows_flagged(flags: ArrayLike, context_width: int) -> NDArray[np.bool_]:
