@@ -36,7 +36,7 @@ from sampler.models import LoadedModel
 from sampler.processing_config import Processing
 from tests.detector.helpers import repetitive_ids
 
-pytestmark = [pytest.mark.slow, pytest.mark.realmodel]
+pytestmark = [pytest.mark.slow, pytest.mark.realmodel, pytest.mark.timeout(3600)]
 
 ALPHAS = (0.01, 0.1)
 HUMAN_KEYS = 20

@@ -31,7 +31,7 @@ from sampler.completion import chat_prompt_ids, eos_ids
 from sampler.decoder import GenerationResult, SamplerConfig, generate
 from sampler.models import LoadedModel
 
-pytestmark = [pytest.mark.slow, pytest.mark.realmodel]
+pytestmark = [pytest.mark.slow, pytest.mark.realmodel, pytest.mark.timeout(3600)]
 
 PROMPTS = 20
 NONCES = 10
