@@ -1,4 +1,4 @@
-"""The MPFR paper's App. D evaluation in one harness, real model, this machine (issue 5).
+"""The MPFR paper's App. D evaluation in one harness, real model, this machine.
 
 Cells (same prompts, keys, processing T = 1 / top-k 50 / top-p 1, stopping):
 - single-draft: ``basic-uwm``; ``vsps``, ``pfr-nowm``, ``pfr`` for L ∈ {1, 2, 3, 4};

@@ -1,4 +1,4 @@
-"""Markdown report of ``bench/results/appd.json`` (``bench.appd_eval``), with the issue-5 goals
+"""Markdown report of ``bench/results/appd.json`` (``bench.appd_eval``), with the goals
 checked against the numbers.
 
     python -m bench.appd_report [--json bench/results/appd.json]
@@ -109,7 +109,7 @@ def render(data: dict, coupling: dict | None = None) -> str:
     cells = data["cells"]
     keys = setup["keys"]
     lines = [
-        "# MPFR paper App. D on SmolLM2-135M-Instruct (issue 5)",
+        "# MPFR paper App. D on SmolLM2-135M-Instruct",
         "",
         f"Model {data['model']} ({setup['device']}, {setup['dtype']}); "
         f"{env['hardware']['cpu']}, {env['hardware']['cores']} cores; commit "

@@ -1,4 +1,4 @@
-"""Wall time of a one-shot ``poissonmark detect --key K --text ...`` (issue 17, item 6).
+"""Wall time of a one-shot ``poissonmark detect --key K --text ...``.
 
 Whole processes, start-up included, as a user runs them: a fresh data dir (its own embedded
 Redis) sharing the converted model (warm disk cache), one key made by ``keys create``, then

@@ -12,7 +12,7 @@ FILE.json: a JSON list of texts. Prints ``{"workers", "chunk_size", "texts", "pe
 "seconds", "first_result_seconds", "per_second", "per_second_after_first_result"}`` (scored
 tokens per second).
 
-The Ray row (issue 16): ``--ray`` runs the same corpus as a JSONL file through
+The Ray row: ``--ray`` runs the same corpus as a JSONL file through
 ``poissonmark detect --jsonl --engine ray``'s runner (``service.ray_corpus``) on a real local
 cluster of 1 and then 2 nodes (``ray start``, one CPU and one detector actor each; the driver
 is this process), interleaved with the local engine at 1 and 2 processes, and writes
@@ -197,12 +197,12 @@ def ray_row(model_dir: Path, docs: int, repeats: int, out_path: Path) -> None:
     rate = min(*per_worker, *local_one)
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     result = {
-        "bench": "corpus_rate --ray (issue 16)",
+        "bench": "corpus_rate --ray",
         "model": "SmolLM2-135M-Instruct tokenizer (detection needs no model)",
         "environment": environment(),
         "amx": "amx_tile" in flags,
         "machine_load": (
-            "2 cores shared with other sessions' work; 1-min load average at each run's "
+            "2 cores shared with other work; 1-min load average at each run's "
             f"start: {[round(x, 2) for x in loads]} (compare only ratios within this run)"
         ),
         "corpus": {"docs": docs, "source": "data/human-pydoc.jsonl, cycled", "tokens": False},

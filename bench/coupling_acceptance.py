@@ -1,4 +1,4 @@
-"""First-level acceptance of the multi-draft couplings on the same contexts (issue 5, Thm. 5.1).
+"""First-level acceptance of the multi-draft couplings on the same contexts (Thm. 5.1).
 
 The App. D harness (``bench.appd_eval``) measures each method on its own output: ``mpfr`` and
 ``gls`` write different texts, so their AATPS are compared across different contexts and the

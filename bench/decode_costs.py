@@ -1,4 +1,4 @@
-"""Where decoding time goes on the CPU (issues 18 and 19), on the real model with the bfloat16
+"""Where decoding time goes on the CPU, on the real model with the bfloat16
 runner, in one process:
 
 - ``heads_pass_ms``: one parallel-heads pass (the shipped heads, 1 row), median of 30, through

@@ -1,14 +1,14 @@
 """Watermarked generations for the detector power benchmark, cached as JSONL.
 
 Real SmolLM2-135M-Instruct generations with ``basic-uwm`` (the autoregressive keyed race; its
-output is identical to ``mpfr`` for every drafter, DESIGN §3), T = 1, top-k 50, 160 new
+output is identical to ``mpfr`` for every drafter, docs/design.md §3), T = 1, top-k 50, 160 new
 tokens, on 40 prompts (20 ELI5 + 20 summarisation) chosen by a fixed hash of their id (data
 README: split by id, never by position). One fixed bench key; a per-prompt nonce from the id.
 
 The cache ``bench/results/detector_generations.jsonl`` is appended one line per prompt and is
 resumable: prompts already present are skipped. ~10 s per generation on 2 CPU cores.
 
-Held-out set (issue 15): ``--skip 20 --prompts 20 --method mpfr --max-new-tokens 128 --cache
+Held-out set: ``--skip 20 --prompts 20 --method mpfr --max-new-tokens 128 --cache
 bench/results/detector_heldout.jsonl`` takes the next prompts in the same hash order (ranks
 20-29 of each task), never the 40 the statistics were designed on, and samples them with
 ``mpfr`` (drafter ``ngram``, B = L = 4; its tokens equal ``basic-uwm``'s for the same key).

@@ -1,4 +1,4 @@
-"""Detection under edits and dilution, and every exposed test under H0 (issue 15).
+"""Detection under edits and dilution, and every exposed test under H0.
 
 Input: the held-out generations ``bench/results/detector_heldout.jsonl`` (20 prompts never
 used to design the tests: ranks 20-29 of each task in ``bench.detector_generations``'s hash

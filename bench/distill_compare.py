@@ -1,4 +1,4 @@
-"""Drafter objectives compared (issue 6; MDraft paper Table 1 in miniature), real model, this CPU.
+"""Drafter objectives compared (MDraft paper Table 1 in miniature), real model, this CPU.
 
 As in the MDraft paper (which post-trains an off-policy DFlash drafter), every objective starts
 from the same off-policy heads (``--init``: ``poissonmark distill --objective ce``) and gets the

@@ -14,7 +14,7 @@ from sampler.methods import METHODS, parse_method
 def render(data: dict) -> str:
     env, setup = data["environment"], data["setup"]
     lines = [
-        "# Drafter objectives on SmolLM2-135M-Instruct (issue 6)",
+        "# Drafter objectives on SmolLM2-135M-Instruct",
         "",
         f"Model {data['model']}; {env['hardware']['cpu']}, {env['hardware']['cores']} cores, "
         f"torch threads {env['hardware']['torch_threads']}; commit `{env['commit'][:10]}`"

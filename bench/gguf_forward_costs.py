@@ -1,5 +1,5 @@
 """What one llama.cpp target forward costs by query size, with and without weight repacking
-(issue 18; ``sampler.gguf_target``, precision ``gguf``), in one process.
+(``sampler.gguf_target``, precision ``gguf``), in one process.
 
 Two ``GgufTarget`` s on the shipped GGUF (SmolLM2-135M-Instruct, Q4_1 layers): ``repack`` on
 (llama.cpp's extra CPU buffer types: AMX int8 tiles on a CPU with AMX; only where

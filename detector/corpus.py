@@ -1,4 +1,4 @@
-"""Corpus detection: many texts under one key, optionally over worker processes (DESIGN §4).
+"""Corpus detection: many texts under one key, optionally over worker processes (docs/design.md §4).
 
 ``detect_many`` runs ``detect`` on every item of an iterable and yields one ``CorpusResult``
 per item, in input order. With ``workers > 1`` the items go, in chunks, to a pool of worker

@@ -1,6 +1,6 @@
 """Detection of one text under one key: text -> ids -> pivots -> scores -> p-value -> verdict.
 
-Pipeline (DESIGN §4; MPFR paper Alg. 8 and App. E; Aaronson & Kirchner 2023):
+Pipeline (docs/design.md §4; MPFR paper Alg. 8 and App. E; Aaronson & Kirchner 2023):
 1. tokens: the text with the key's tokenizer (``add_special_tokens=False``, offsets kept,
    never trimmed or normalised), or the exact ``token_ids`` supplied (case C9).
 2. plan: ``keyed.detection_plan_arrays`` (the columnar form of ``keyed.detection_plan``,
@@ -12,7 +12,7 @@ Pipeline (DESIGN §4; MPFR paper Alg. 8 and App. E; Aaronson & Kirchner 2023):
 4. scores: the chosen families' per-token terms and p-values (``detector.scores``; Aaronson
    always).
 5. verdict at α from the combined test — the whole-text Aaronson p and the best window in one
-   weighted-Bonferroni p (``detector.combined``, issue 15) — and the minimum detectable mean
+   weighted-Bonferroni p (``detector.combined``) — and the minimum detectable mean
    score at this M against ``options.reference_mean_score`` (case C5; ``needed_tokens``).
 6. spans (optional): the strongest windows of Aaronson evidence (``detector.spans``).
 7. re-aligned test (optional, ``options.realign``): the edit-tolerant p of
@@ -119,9 +119,9 @@ def detect_tokenized(
         tokenized: the text's ids and character spans. special: ids never scored.
         Others as ``detect``.
     """
-    # Repeated labels are skipped whatever the key's masking flag (DESIGN §2, detection): with
-    # masking off, generation reuses a label's clocks, so a repeat would count the same pivot
-    # twice and break the Gamma null on repetitive human text.
+    # Repeated labels are skipped whatever the key's masking flag (docs/design.md §2,
+    # detection): with masking off, generation reuses a label's clocks, so a repeat would count
+    # the same pivot twice and break the Gamma null on repetitive human text.
     ids = tokenized.ids  # (T,) int64
     plan = detection_plan_arrays(ids, source.context_width, special)
     keys = label_key_words(source.secret, plan.labels)  # (M, 2) int64
@@ -183,7 +183,7 @@ def detect_tokenized(
 
 def verdict(p: PValue, num_scored: int, alpha: float, needed: int) -> Verdict:
     """``watermarked`` if p < α; else ``insufficient_evidence`` if M < needed; else
-    ``not_detected`` (DESIGN §4). ``p`` is the verdict's test's (``detector.combined``) and
+    ``not_detected`` (docs/design.md §4). ``p`` is the verdict's test's (``detector.combined``) and
     ``needed`` its ``needed_tokens(α)``."""
     if p.p_value < alpha:
         return Verdict.WATERMARKED

@@ -1,4 +1,4 @@
-"""What a detection returns: the verdict, p-values and per-token evidence (DESIGN §4).
+"""What a detection returns: the verdict, p-values and per-token evidence (docs/design.md §4).
 
 Frozen dataclasses validated at construction. The per-token evidence is kept in columns
 (``TokenColumns``: NumPy arrays of ids, offsets, skip codes, pivots and terms — cheap to build

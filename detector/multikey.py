@@ -1,4 +1,4 @@
-"""Detection without a key id: test every candidate key, correct for their number (DESIGN §4).
+"""Detection without a key id: test every candidate key, correct for the count (docs/design.md §4).
 
 Glossary:
 - K: the number of candidate keys tested; p_k: key k's verdict p-value, the combined test of
@@ -11,7 +11,7 @@ Glossary:
   (Kp)²/2, nothing at the levels a verdict uses, and Bonferroni needs no independence.)
 - reported beside it, each corrected for K the same way: the plain whole-text p
   min(1, K·min_k p0_k) and the span p min(1, K·min_k W·scan_k) — the best window of any key,
-  corrected for the W windows and the K keys (issue 15 item 3: the span p of the best key
+  corrected for the W windows and the K keys (the span p of the best key
   alone, corrected for W only, rejected in 5 % of human texts at α = 1 % with 20 keys).
 - detailed keys: the best ``detailed`` keys, whose full ``Detection`` (every requested score,
   evidence, spans) is returned; every key's Aaronson p-value is computed either way.

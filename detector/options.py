@@ -1,4 +1,4 @@
-"""What a detection computes and at which level: ``DetectOptions`` (DESIGN §4).
+"""What a detection computes and at which level: ``DetectOptions`` (docs/design.md §4).
 
 One frozen value, validated once where it is made, shared by ``detect``, ``detect_multi`` and
 ``detect_many`` (and pickled once into each corpus worker).
@@ -46,7 +46,7 @@ class DetectOptions:
         reference_mean_score: the per-token mean Aaronson term of a typically watermarked
             text, in [``MIN_REFERENCE_MEAN_SCORE``, 100]: a text whose minimum detectable
             mean score at its M exceeds it is ``insufficient_evidence`` when not significant
-            (``detector.combined``; default 1.5, DESIGN §4).
+            (``detector.combined``; default 1.5, docs/design.md §4).
         families: derived, not an argument: ``resolve_scores(scores)``, Aaronson first.
     Raises:
         ValueError: naming the field and the limit — alpha outside (0, 0.5], a key_id that is

@@ -1,4 +1,4 @@
-"""An edit-tolerant test for the keyed race: label re-alignment (issue 15 item 2).
+"""An edit-tolerant test for the keyed race: label re-alignment.
 
 An edit destroys the labels after it: the m tokens after an inserted token carry a label that
 contains it, so their pivots are no longer the race's. Re-alignment scores every position t
@@ -17,7 +17,7 @@ Glossary (m the context width, ids w_0..w_{T−1}):
   their label keys κ(k, ℓ) (``keyed.label_key_words``, 128 bits; the pivots are computed
   from them), so the m-wide labels of all (m + 1)·T candidates are never held at once (O(T·m)
   memory, not O(T·m²)). Every kept candidate has a distinct κ, so under H0 (the text
-  independent of the key) their pivots r are i.i.d. U(0, 1) (the PRF, DESIGN §2). Which are
+  independent of the key) their pivots r are i.i.d. U(0, 1) (the PRF, docs/design.md §2). Which are
   kept depends on the text, and on the key only where two distinct labels share a κ (a
   128-bit collision: those two pivots would be one race's, so dropping one is what keeps the
   rest independent).

@@ -1,6 +1,6 @@
 """Watermark score families: per-token terms of the pivots and the p-value of their sum.
 
-Glossary (DESIGN §4): the pivot r_t = U(k, ℓ_t, w_t, 1) is the uniform behind the observed
+Glossary (docs/design.md §4): the pivot r_t = U(k, ℓ_t, w_t, 1) is the uniform behind the observed
 token's first clock; under H0 the pivots of the scored set T (M = |T|) are i.i.d. U(0, 1), and
 the keyed race makes them large in watermarked text. A score family maps each pivot to a term
 h(r_t), sums them over T into S and turns S into a p-value under H0 (natural logs throughout).

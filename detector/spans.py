@@ -1,4 +1,4 @@
-"""Span localisation: where in a text the Aaronson evidence concentrates (DESIGN §4).
+"""Span localisation: where in a text the Aaronson evidence concentrates (docs/design.md §4).
 
 A watermarked passage inside human text (an edited answer, a pasted paragraph, case C3) can be
 diluted below significance over the whole text. The span search scans windows of consecutive

@@ -1,4 +1,4 @@
-"""Null laws and p-values of watermark scores, in float64 and log space (DESIGN §4).
+"""Null laws and p-values of watermark scores, in float64 and log space (docs/design.md §4).
 
 Glossary:
 - M: the number of scored tokens; S: a score summed over them.
@@ -223,8 +223,9 @@ def min_scored_tokens(alpha: float, mean_score: float = 1.5) -> int:
     """Tokens a typical watermarked text needs to reach level α under the Aaronson test.
 
     The smallest M with ln Q(M, mean_score·M) < ln α: below it, even a text whose every scored
-    token carries the typical watermarked evidence (DESIGN §4: mean Aaronson term 1.5) cannot be
-    significant, so "not significant" means ``insufficient_evidence``, not ``not_detected``.
+    token carries the typical watermarked evidence (docs/design.md §4: mean Aaronson term 1.5)
+    cannot be significant, so "not significant" means ``insufficient_evidence``, not
+    ``not_detected``.
     E.g. α = 0.01 -> 28.
 
     Args:

@@ -1,7 +1,7 @@
 """Text <-> token ids for detection, with the character span of every token.
 
 The detector scores token ids; a person reads characters. This module owns the map between
-them (DESIGN §4): text is tokenized with the key's tokenizer, ``add_special_tokens=False``,
+them (docs/design.md §4): text is tokenized with the key's tokenizer, ``add_special_tokens=False``,
 never trimmed or normalised; exact ``token_ids`` may be supplied instead, and then the spans
 index into the text those ids decode to.
 
@@ -328,8 +328,8 @@ def _require_fast(tokenizer: Tokenizer) -> None:
 def check_tokenizer(
     key_fingerprint: str, tokenizer_fingerprint: str, key_id: str | None = None
 ) -> None:
-    """Refuse to detect with a tokenizer other than the key's (DESIGN §2: the key record holds
-    the fingerprint of the tokenizer it was made for).
+    """Refuse to detect with a tokenizer other than the key's (docs/design.md §2: the key record
+    holds the fingerprint of the tokenizer it was made for).
 
     Args:
         key_fingerprint: the fingerprint stored in the key record.

@@ -1,6 +1,8 @@
 """The watermark contract: key material, the keyed PRF, labels and the repeated-context rule.
 
-The only home of keyed randomness in poissonmark (DESIGN §1-§2). Modules:
+The only home of keyed randomness in poissonmark (docs/design.md §1-§2). In this package "the
+MPFR paper" is *Watermarkable Multi-Draft Speculative Sampling via Poisson Processes* (Liu,
+Wan, Gao, Gündüz; arXiv:2609.21858), see docs/design.md. Modules:
 - ``keyed.prf``: the construction (``PRF_VERSION``), ``Secret``, context keys, the CPU
   uniforms, the detector's ``pivot_array`` and, for many secrets at once, ``pivot_matrix``;
 - ``keyed.context``: labels, ``KeyedSource``, the repeated-context rule, the detection plan;

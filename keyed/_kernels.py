@@ -185,8 +185,8 @@ def _compress(h: np.ndarray, block: np.ndarray, counter: np.uint64, last: bool) 
 
     The working vector and the message words live in scalars and the twelve rounds are spelled
     out with their σ rows (RFC 7693 §2.7) so that LLVM can keep everything in registers (a
-    loop over rounds indexing ``block[σ[i]]`` gives the same bits; it was slower in an ad hoc
-    timing when this was written, not a committed benchmark)."""
+    loop over rounds indexing ``block[σ[i]]`` gives the same bits; it was slower in a one-off
+    timing, not a committed benchmark)."""
     v0, v1, v2, v3, v4, v5, v6, v7 = h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]
     v8, v9, v10, v11 = _IV[0], _IV[1], _IV[2], _IV[3]
     v12, v13, v14, v15 = _IV[4] ^ counter, _IV[5], _IV[6], _IV[7]

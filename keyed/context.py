@@ -1,4 +1,4 @@
-"""Labels, the repeated-context rule and the keyed source Π(k, ℓ) (DESIGN §2).
+"""Labels, the repeated-context rule and the keyed source Π(k, ℓ) (docs/design.md §2).
 
 Glossary:
 - label ℓ(c): the last m token ids of the context c, oldest first; a context shorter than m is
@@ -126,7 +126,7 @@ def detection_plan(
     masking: bool = True,
     special_ids: frozenset[int] = frozenset(),
 ) -> list[PlannedPosition]:
-    """Which positions of a text are scored, and under which label (DESIGN §2, detection).
+    """Which positions of a text are scored, and under which label (docs/design.md §2, detection).
 
     Position t (0-based) is scored iff its whole window lies in the text (t >= m), the token is
     not a special token, and (with masking) its label has not been scored before in the text.

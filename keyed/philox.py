@@ -1,4 +1,4 @@
-"""The PRF's counter generator in NumPy: Philox4x32-10 words and the U mapping (DESIGN §2, 2).
+"""The PRF's counter generator in NumPy: Philox4x32-10 words, the U mapping (docs/design.md §2).
 
 Philox4x32-10 (Salmon, Moraes, Dror, Shaw, "Parallel random numbers: as easy as 1, 2, 3",
 SC'11) at counter ``(c0, c1, 0, 0)`` under key ``(k0, k1)`` gives the words ``(x0, x1)``, and

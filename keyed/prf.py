@@ -1,6 +1,6 @@
 """The keyed PRF: secret x label x token x arrival -> uniform in (0, 1); its CPU path.
 
-This module is the only home of keyed randomness (DESIGN §2). The sampler (on any device)
+This module is the only home of keyed randomness (docs/design.md §2). The sampler (on any device)
 and the detector (on the CPU) call the same functions and get the same bits.
 
 Construction, fixed by ``PRF_VERSION = 1`` and pinned by ``tests/goldens/``:
@@ -240,7 +240,7 @@ def nonce_key(secret: Secret, nonce: int, position: int) -> tuple[int, int]:
 
 
 def pivot_array(keys: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-    """Pivots r_t = U(κ_t, w_t, 1) of observed tokens: the detector's path (DESIGN §4), the
+    """Pivots r_t = U(κ_t, w_t, 1) of observed tokens: the detector's path (docs/design.md §4), the
     same bits as the sampler's first-arrival clocks (``keyed.tensor.clock_uniforms``).
 
     Args:

@@ -1,4 +1,4 @@
-"""The keyed PRF on tensors: the sampler's clocks on any device (DESIGN §2-§3).
+"""The keyed PRF on tensors: the sampler's clocks on any device (docs/design.md §2-§3).
 
 The construction is ``keyed.prf``'s (context keys there); this module gives its step 2 —
 Philox4x32-10 at counter ``(u, j, 0, 0)``, then ``U`` — over torch tensors, for a top-k gather

@@ -1,4 +1,4 @@
-"""Draft trees sized for the hardware (issue 18, item 2): each step, the number of drafts B and
+"""Draft trees sized for the hardware: each step, the number of drafts B and
 the depth ℓ that maximise the expected emitted tokens per second.
 
 The keyed race's output does not depend on B or L (MPFR paper Thm. 5.1), so a keyed-race
@@ -17,7 +17,7 @@ choice is a cost model in the spirit of Sequoia (Chen et al. 2024):
   a proposal, at level j given level j−1 accepted, with B drafts
   (a Beta(1, 2) prior, mean 1/3: with Beta(1, 1) every request began by drafting where trees
   cost 1.5 one-token forwards (llama.cpp) until its own rejections said otherwise, ~15 trees of
-  2-3 nodes per 128 tokens, 24 % accepted, 3 % slower than ``basic-uwm``, in ad-hoc runs;
+  2-3 nodes per 128 tokens, 24 % accepted, 3 % slower than ``basic-uwm``, in one-off runs;
   counted from its
   steps; a larger B never estimated below a smaller one).
 - f: the share of the planned B·ℓ nodes the drafter actually proposes (an n-gram drafter with
@@ -37,8 +37,8 @@ choice is a cost model in the spirit of Sequoia (Chen et al. 2024):
   the time, and it is never shorter than what keeps explores within ``EXPLORE_BUDGET`` of the
   decoding time (``TreeChooser.explore_interval``: a drafter whose pass costs two steps
   explores every 64th step at most). On llama.cpp, where no tree pays, exploring every 8th
-  step cost ~6 % (session 10); resetting to 8 on each accepted explore, one in 5-7 with the
-  n-gram drafter on chat answers, ~4 % (ad hoc).
+  step cost ~6 %; resetting to 8 on each accepted explore, one in 5-7 with the
+  n-gram drafter on chat answers, ~4 % (one-off runs).
 
 Shapes: n tree nodes (root included); B drafts; ℓ depth.
 """
@@ -134,8 +134,8 @@ def measure_profile(
             # as in decoding, a tree comes after one-token steps: a backend that reuses its
             # last compute graph for the same shape (llama.cpp) pays a new one here. On
             # llama.cpp (Intel Xeon, 2 cores) a 2-node forward read 1.29 one-token ones timed
-            # back to back and 1.43 this way (ad hoc); inside requests 1.31
-            # (bench/results/gguf_step_costs.json) to 1.5 (ad hoc, another hour): the machine
+            # back to back and 1.43 this way (one-off); inside requests 1.31
+            # (bench/results/gguf_step_costs.json) to 1.5 (one-off, an hour later): the machine
             # moves it, and TreeChooser.forward_scale follows what each request measures
             lm.forward([7], [0], one, base)
             lm.keep(base, [])
@@ -354,7 +354,7 @@ class TreeChooser:
         loss within ``EXPLORE_BUDGET`` of the decoding time — loss = seconds(1, 1) −
         tokens(1, 1)·seconds(1, 0), the time an explore takes beyond what its expected tokens
         cost one at a time — capped at ``EXPLORE_MAX``. A costly drafter (the heads' pass
-        through a float32 LM head after a llama.cpp forward: ~22 ms ad hoc, two steps) explores
+        through a float32 LM head after a llama.cpp forward: ~22 ms once timed, two steps) explores
         rarely; a cheap one (n-gram lookup) at the back-off interval."""
         step = self.expected_seconds(1, 0)
         loss = self.expected_seconds(1, 1) - self.expected_tokens(1, 1) * step

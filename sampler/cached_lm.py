@@ -1,4 +1,4 @@
-"""A causal LM with its KV cache, run over token trees (DESIGN §3, steps 2 and 4).
+"""A causal LM with its KV cache, run over token trees (docs/design.md §3, steps 2 and 4).
 
 Tree verification: one forward over q new tokens with a 4D additive mask (0 where a token may
 attend, the dtype's most negative value elsewhere) and position ids = cached length + depth.

@@ -18,7 +18,7 @@ Two policies, by what a kernel may change:
 
 Why compiled: right after a llama.cpp forward (precision gguf), whose weights have evicted the
 caches, the ~20 small torch ops of ``process`` and the race cost ~0.5 ms of a ~11 ms token;
-compiled, ~0.2 ms (AMD EPYC, 2 cores, ad hoc; the bench is ``bench/gguf_step_costs.py``).
+compiled, ~0.2 ms (AMD EPYC, 2 cores; docs/experiments/gguf-step-costs.md).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ on the hardware read ``/proc/cpuinfo`` here instead of assuming one.
   forward (``bench/results/omp_contention.json``). It is set only where the runner is the
   default (``native_bfloat16`` and no llama.cpp installed: with llama-cpp-python precision
   ``auto`` is ``gguf``; with an OpenMP build of llama.cpp its forwards shared torch's runtime
-  and slowed ~4x under PASSIVE, 10 against 41 ms in an ad-hoc EPYC probe; setup.sh now builds
+  and slowed ~4x under PASSIVE, 10 against 41 ms in a one-off EPYC probe; setup.sh builds
   it without OpenMP, where the policy's effect was not re-measured), only when the user has
   not set it, and only before torch is imported (afterwards it would have no effect).
   transformers' float32 path is slower under PASSIVE (44.9 against 34.8 ms quiet): whoever

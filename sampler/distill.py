@@ -1,4 +1,4 @@
-"""Training parallel drafter heads on-policy with MDraft (MDraft paper Alg. 1; DESIGN §7).
+"""Training parallel drafter heads on-policy with MDraft (MDraft paper Alg. 1; docs/design.md §7).
 
 Pipeline (``poissonmark distill``):
 1. **Data** — the target samples a continuation (temperature 1, full support) for every shared

@@ -1,4 +1,4 @@
-"""Drafters: Q_k(·|c) for every context of one tree level, in one call (DESIGN §3).
+"""Drafters: Q_k(·|c) for every context of one tree level, in one call (docs/design.md §3).
 
 Specs: ``model:PATH`` (an autoregressive HF model sharing the tokenizer), ``self:N`` (the
 target's first N layers + its norm and head), ``heads:PATH`` (parallel heads on the target's
@@ -52,7 +52,7 @@ def draft_law(
     n-gram, fixed token) gives its (n, 1) support directly, what processing would return
     without its cost (temperature, top-k and top-p leave a point mass as it is; the other slots
     of the processed support are -inf, which no race draws). Processing a (1, 49152) point
-    mass took ~100 us warm (ad hoc), 25x the n-gram lookup itself."""
+    mass took ~100 us warm (one-off timing), 25x the n-gram lookup itself."""
     points = getattr(drafter, "points", None)
     if points is None:
         # processed on the host whatever the drafter's device: one copy of the level's rows
@@ -217,7 +217,7 @@ class NgramDrafter:
         to ``max_ngram`` tokens) that occurs earlier; None when the last token never did.
 
         Walks the earlier occurrences of the last token, latest first (``list.index`` on the
-        reversed prefix: C speed; ad hoc, 4 against 106 us for a 450-token random context
+        reversed prefix: C speed; one-off timing, 4 against 106 us for a 450-token random context
         scanned slice by slice), and extends each match backwards."""
         if len(seq) < 2:
             return None

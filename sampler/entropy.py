@@ -1,6 +1,6 @@
 """The target's entropy at every position of a text, under the generation's processing.
 
-For entropy-aware detection (issue 15 item 5, ``detector.weighted``): the detector weighs each
+For entropy-aware detection (``detector.weighted``): the detector weighs each
 scored position by a function of H_t, the Shannon entropy (nats) of the *processed* target law
 (temperature -> top-k -> top-p, ``sampler.processing.process``, the law the keyed race samples)
 of token t given the tokens before it. The weights must not depend on the key; these do not

@@ -1,5 +1,4 @@
-"""The target on llama.cpp: the GGUF file's own quantised weights (precision ``gguf``, issue 18
-item 0).
+"""The target on llama.cpp: the GGUF file's own quantised weights (precision ``gguf``).
 
 ``GgufTarget`` runs the shipped GGUF (SmolLM2-135M-Instruct, Q4_1 with a Q8_0 embedding/LM
 head) through ``llama-cpp-python``'s low-level API behind the interface the decoder uses for
@@ -96,7 +95,7 @@ PATCHED_BUILD = "+poissonmark.amx2"
 """The local version label ``scripts/setup.sh`` gives its llama-cpp-python build, which carries
 ``scripts/llama-cpp-amx-tilecfg.patch``: without it, with GCC 12, ggml's AMX kernels load a
 garbage tile configuration and the process dies (SIGSEGV/SIGILL) on the first batch of >= 2
-tokens, which no probe can catch; ``amx1`` (session 20's first patch) still loaded it once per
+tokens, which no probe can catch; the earlier ``amx1`` patch loaded it once per
 thread, and died after another AMX user (torch's oneDNN bfloat16 matmul) released the tiles."""
 
 
@@ -163,7 +162,7 @@ class GgufTarget(Target):
         threads: llama.cpp threads per forward.
         repack: whether the weights were repacked into llama.cpp's extra CPU buffer types
             (AMX int8 tiles on a CPU with AMX: a one-token forward ~1.7x and a 5-token one
-            ~2.2x faster on the 2-core Xeon of session 20, ``bench.gguf_forward_costs``).
+            ~2.2x faster on a 2-core Xeon, ``bench.gguf_forward_costs``).
     Raises (at construction):
         GgufUnavailable: no llama-cpp-python; FileNotFoundError: no such file.
     """
@@ -182,7 +181,7 @@ class GgufTarget(Target):
         params.n_gpu_layers = 0
         # Repacking into the extra buffer types crashes an unpatched build on an AMX CPU
         # (PATCHED_BUILD); on the AMD EPYC measured it changed nothing for this file (10.0 vs
-        # 10.2 ms a forward, session 16's ad hoc probe).
+        # 10.2 ms a forward in a one-off probe).
         params.use_extra_bufts = self.repack
         self.handle = self.lib.llama_model_load_from_file(str(path).encode(), params)
         if not self.handle:
@@ -323,7 +322,7 @@ class GgufTarget(Target):
         if code != 0:
             raise RuntimeError(f"llama.cpp decode failed (code {code})")
         # one memmove each into the C-contiguous outputs: np.ctypeslib.as_array builds a new
-        # ctypes array type per call, 77 µs a token right after a forward (AMD EPYC, ad hoc)
+        # ctypes array type per call, 77 µs a token right after a forward (AMD EPYC, one-off)
         # against ~30 µs for the copy itself
         rows, logits = len(part), lib.llama_get_logits(ctx)
         if not logits:
@@ -454,7 +453,7 @@ class GgufCache:
 
         ``forward`` over the chain's mask, without building or checking one: a decoding step
         of one token comes here (``sampler.loop.verify_tree``), where the mask and tree checks
-        cost ~0.1 ms a token after a llama.cpp forward (ad hoc). Same rows, same bits.
+        cost ~0.1 ms a token after a llama.cpp forward (one-off timing). Same rows, same bits.
         """
         q, p = len(tokens), self.cached
         if self._pending is not None and not self._pending.chain:

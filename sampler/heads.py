@@ -1,4 +1,4 @@
-"""Parallel drafter heads on the target's hidden state (MDraft paper §3-4; DESIGN §7).
+"""Parallel drafter heads on the target's hidden state (MDraft paper §3-4; docs/design.md §7).
 
 At a step whose committed prefix is x_{≤t} (root token x_t), the heads read the target's final
 hidden state h_{t−1} (after its last norm, at the token before the root: computed by the previous

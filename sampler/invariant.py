@@ -1,9 +1,9 @@
-"""A row-invariant CPU runner for Llama-architecture targets (issue 18, DESIGN §3 Numerics).
+"""A row-invariant CPU runner for Llama-architecture targets (docs/design.md §3 Numerics).
 
 Drafter invariance (MPFR paper Prop. 4.4 / Thm. 5.1) needs the target's logits at a context to
 be the same whatever else shares the forward: one token, a 17-node draft tree, or eight
-requests' trees batched (issue 19). transformers' kernels give that only approximately in
-float32 and not at all in bfloat16 (1 of 6 prompts identical, issue 18). This runner computes
+requests' trees batched. transformers' kernels give that only approximately in
+float32 and not at all in bfloat16 (1 of 6 prompts identical). This runner computes
 the same Llama forward with kernels whose row results do not depend on the batch:
 
 - **linears**: bfloat16 weights packed once at load for oneDNN (``mkldnn._reorder_linear_weight``,

@@ -1,4 +1,4 @@
-"""The one speculative step loop (MPFR paper Alg. 7 / Alg. 10; DESIGN §3, Decoder).
+"""The one speculative step loop (MPFR paper Alg. 7 / Alg. 10; docs/design.md §3, Decoder).
 
 One step, from the committed prefix h (``step``):
 1. draft tree: level s = 1..ℓ, ONE drafter call over all contexts of level s−1; the policy
@@ -9,8 +9,8 @@ One step, from the committed prefix h (``step``):
    levels the bonus; stop at EOS or the token budget (``walk``).
 4. KV cache: keep only the realised path; the drafter is told the step's path.
 What a method draws is its policy (``sampler.policies``); a one-token method is this loop with
-ℓ = 0. Everything a request carries between steps is one ``SequenceState``: batching (issue
-#19, ``sampler.batch``) is this step over a set of sequences, built from the same pieces
+ℓ = 0. Everything a request carries between steps is one ``SequenceState``: batching
+(``sampler.batch``) is this step over a set of sequences, built from the same pieces
 (``new_tree``, ``grow_level``, ``tree_inputs``, ``finish_step``).
 
 Shapes: n tree nodes, K support slots, V vocabulary, P cached positions.

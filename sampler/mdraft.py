@@ -1,4 +1,4 @@
-"""Distillation objectives for parallel drafters (MDraft paper §4, App. C-D; DESIGN §7).
+"""Distillation objectives for parallel drafters (MDraft paper §4, App. C-D; docs/design.md §7).
 
 Notation for one context c (shapes in brackets; V vocabulary, L block length, K proposals;
 every function also takes any leading batch axes, e.g. [A, K, L, V] for A contexts):

@@ -1,5 +1,5 @@
 """The sampling methods: one table (``METHODS``) every other place derives from, and the
-``SamplerConfig`` that picks a row of it (DESIGN §3, Methods).
+``SamplerConfig`` that picks a row of it (docs/design.md §3, Methods).
 
 Each row says whether the method drafts (speculative), whether its output carries the keyed
 watermark, whether its keyed source gets an ephemeral secret (``*-nowm``), whether B is forced

@@ -66,7 +66,7 @@ class History:
 def context_keys(
     tree: DraftTree, nodes: list[int], source: KeyedSource, history: History
 ) -> torch.Tensor:
-    """Context keys of Π(c) for tree contexts c (DESIGN §2, repeated-context rule).
+    """Context keys of Π(c) for tree contexts c (docs/design.md §2, repeated-context rule).
 
     Node i stands for the context h ‖ path(i) at response position t = ``history.emitted +
     depth(i)``. With masking on, its key is the nonce stream's if t < m (the prompt window: the

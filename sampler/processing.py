@@ -1,4 +1,4 @@
-"""Processed distributions P_k, Q_k: temperature -> top-k -> top-p, in log space (DESIGN §3).
+"""Processed laws P_k, Q_k: temperature -> top-k -> top-p, in log space (docs/design.md §3).
 
 The same processing is applied to target and drafter logits, before any race, so the keyed race
 samples the processed law (case C6: watermarking before warping biases the output).

@@ -1,4 +1,4 @@
-"""What a generation returns: the completion and its counters (DESIGN §3, Stats)."""
+"""What a generation returns: the completion and its counters (docs/design.md §3, Stats)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# End-to-end check of the Docker Compose deployment on a real engine (issue 16):
+# End-to-end check of the Docker Compose deployment on a real engine:
 #   engine (installed with apt and started when missing, if root) -> build (base image from
 #   Debian packages when missing, then the service image) -> `up -d` -> /readyz -> keys, an API
 #   token, generate, detect `watermarked` over HTTP -> Redis killed (SIGKILL) -> /v1/detect is

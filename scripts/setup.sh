@@ -27,7 +27,7 @@ pipq -e ".[test,bench]"
 # GGML_OPENMP=OFF: ggml's own thread pool. With OpenMP (torch's libgomp, shared) a forward from
 # any thread but the main one ran at about half speed (the service decodes on a worker thread).
 # scripts/llama-cpp-amx-tilecfg.patch: with GCC 12 (Debian 12) ggml's AMX kernels loaded a
-# garbage tile config and crashed on the first batch of >= 2 tokens (issue 18); the patch names
+# garbage tile config and crashed on the first batch of >= 2 tokens; the patch names
 # the whole config to the compiler, loads it before every kernel (torch's oneDNN releases the
 # tiles on the same thread) and marks the version `+poissonmark.amx2`, which is how
 # sampler/gguf_target.py knows that llama.cpp's AMX weight repacking is safe to switch on.

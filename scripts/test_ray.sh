@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Ray tests (issue 16): corpus detection on Ray Data and the service on Ray Serve, each on a
+# The Ray tests: corpus detection on Ray Data and the service on Ray Serve, each on a
 # real two-node Ray cluster started on this machine (tests/service/ray_cluster.py). Installs the
 # ray extra into the venv first. Extra arguments go to pytest. Minutes: see the README.
 set -euo pipefail

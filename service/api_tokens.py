@@ -1,4 +1,4 @@
-"""API bearer tokens: scoped, bound to a tenant, stored only as a hash (DESIGN §5).
+"""API bearer tokens: scoped, bound to a tenant, stored only as a hash (docs/design.md §5).
 
 Glossary:
 - **token**: what a client sends as ``Authorization: Bearer <token>``:

@@ -1,4 +1,4 @@
-"""The FastAPI app factory (DESIGN §5).
+"""The FastAPI app factory (docs/design.md §5).
 
 ``create_app(settings)`` builds the app; its lifespan opens the heavy resources once
 (``service.resources``: Redis clients, key store, model, generation worker, detection pool) and

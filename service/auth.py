@@ -1,4 +1,4 @@
-"""Bearer-token authentication and scopes for the routes (DESIGN §5).
+"""Bearer-token authentication and scopes for the routes (docs/design.md §5).
 
 ``Authorization: Bearer <token>``: the admin token from settings (compared in constant time) or
 an API token verified against its stored hash (``service.api_tokens``). No token, a malformed,

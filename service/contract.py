@@ -1,7 +1,7 @@
 """The API contract as served: FastAPI's OpenAPI document, made to say what this server accepts.
 
 The request schemas carry the libraries' hard limits; what depends on the deployment is added
-here, from the values the routes check (issue 17: a schema looser than the server misleads
+here, from the values the routes check (a schema looser than the server misleads
 every generated client and fuzzer):
 
 - the limits of the settings (``max_new_tokens``, ``max_drafts``, ``max_text_chars``…; the

@@ -1,4 +1,4 @@
-"""Detection for the service: choose the keys, run the detector, shape the result (DESIGN §5).
+"""Detection for the service: choose keys, run the detector, shape the result (docs/design.md §5).
 
 The functions at the top are the one path the HTTP routes (through ``DetectionPool``) and the
 CLI (``poissonmark detect``) share:

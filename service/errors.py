@@ -1,4 +1,4 @@
-"""Domain exceptions of the service layer and their one HTTP mapping table (DESIGN §5, STYLE 12).
+"""Domain exceptions of the service layer and their one HTTP mapping table (docs/design.md §5).
 
 Every message is safe to show a caller or write to a log: it may name a key id, a tenant, a
 file path or a Redis location, never key material, a key-encryption key, a bearer token or a

@@ -1,7 +1,7 @@
 """Generation for the service: a request and a key record -> a generation -> its result.
 
 The one path the CLI (``poissonmark generate``) and the HTTP edge (``POST /v1/generate``) share,
-beside ``service.detection`` (DESIGN §5):
+beside ``service.detection`` (docs/design.md §5):
 
 1. ``generation_request`` (or ``from_body`` for an HTTP body) checks and builds the sampler
    config once, before anything is looked up: a bad method or B fails first.

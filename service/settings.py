@@ -72,7 +72,7 @@ class Settings(BaseSettings):
     through llama.cpp (the CPU default where llama-cpp-python is installed); ``bfloat16`` on
     the CPU is the
     row-invariant runner (outputs stay identical across drafters and batches; 95 against 39
-    tokens/s in float32 at 8 clients here, in different sessions); ``auto`` is gguf where it
+    tokens/s in float32 at 8 clients here, in different runs); ``auto`` is gguf where it
     runs, else that runner on CPUs with AMX bfloat16 whose kernels pass its probe, float32 on
     other CPUs, and bfloat16 on CUDA."""
 

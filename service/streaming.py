@@ -1,4 +1,4 @@
-"""Streaming a generation as server-sent events: incremental decoding at the edge (DESIGN §5).
+"""A generation as server-sent events: incremental decoding at the edge (docs/design.md §5).
 
 The decoder reports token ids per step; text is decoded here, on the event loop, so that
 - no delta splits a character: a token may end inside a UTF-8 sequence (byte-level BPE), and

@@ -1,5 +1,5 @@
 """The generation worker: one thread that owns the model, fed by a bounded queue, stepping
-every active request together (continuous batching, issue 19; DESIGN §5).
+every active request together (continuous batching; docs/design.md §5).
 
 Glossary:
 - **job**: one generation request: prompt ids, ``SamplerConfig``, keyed source, drafter spec.

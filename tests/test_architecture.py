@@ -1,4 +1,4 @@
-"""DESIGN §1: imports flow one way between the packages, and no module imports itself back.
+"""docs/design.md §1: imports flow one way between the packages, and no module imports itself back.
 
 The import graph is read from the source (every ``import`` statement, function-level ones
 included: a lazy import that breaks a cycle is still a cycle; ``if TYPE_CHECKING:`` blocks are
@@ -21,7 +21,7 @@ ALLOWED = {
     "detector": {"keyed"},
     "service": {"keyed", "sampler", "detector"},
 }
-"""What each package may import of ours (DESIGN §1: keyed ← sampler, detector ← service)."""
+"""What each package may import of ours (docs/design.md §1: keyed ← sampler, detector ← service)."""
 
 
 def _module_name(path: Path) -> str:

@@ -1,4 +1,4 @@
-"""Corpus detection over a JSONL file, resumable: ``poissonmark detect --jsonl`` (DESIGN §9).
+"""Resumable corpus detection over a JSONL file: ``detect --jsonl`` (docs/design.md §9).
 
 Input: one JSON object per line, ``{"id", "text"}``, ``{"id", "token_ids"}`` or both (blank
 lines are passed over). Output: one JSON object per input line, in input order —

@@ -159,8 +159,7 @@ def detect(
             "--edit-filter",
             help="Also run the edit-filtered test: leaves out the labels that hold a token the "
             "model ranks past 1,000 (a likely edit; loads the model: one forward; reported "
-            "beside the verdict). After 30 percent random edits it finds 0.84 of texts, the plain "
-            "test 0.79.",
+            "beside the verdict). For text someone may have edited.",
         ),
     ] = False,
     prompt: Annotated[

@@ -37,7 +37,7 @@ def create(
             min=1,
             max=64,
             help="Label width m: a smaller m survives edits better, a larger one scores more "
-            "tokens and is harder to learn (bench/results/detector_width.md).",
+            "tokens and is harder to learn.",
         ),
     ] = 4,
     no_masking: Annotated[

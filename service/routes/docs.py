@@ -1,7 +1,7 @@
 """``/docs``: Swagger UI for the served OpenAPI document, with no request leaving the host.
 
 FastAPI's own page loads Swagger UI from a CDN (blank offline, and every visit told the CDN
-who reads the docs; issue 17). Here the Swagger UI dist files come from the ``fastapi-offline``
+who reads the docs). Here the Swagger UI dist files come from the ``fastapi-offline``
 package (a dependency), and the page and its start script are ours, so the page's
 Content-Security-Policy allows scripts and styles from this origin only; the one thing looser
 than the web page's policy is ``img-src data:``, for the ``data:`` SVG icons of Swagger UI's

@@ -1,5 +1,5 @@
 """OpenAI-compatible ``POST /v1/chat/completions`` and ``POST /v1/completions``: requests,
-responses, stream chunks and the error body, in OpenAI's wire shapes (DESIGN §5).
+responses, stream chunks and the error body, in OpenAI's wire shapes (docs/design.md §5).
 
 Parameters fall in four groups:
 - mapped: ``model`` (must name the served model), ``messages`` / ``prompt``, ``max_tokens`` /

@@ -26,7 +26,7 @@ def keyed_race_ids(
 ) -> list[int]:
     """A synthetic watermarked id sequence, without a model.
 
-    Starts with ``width`` random ids; each next id is the keyed race winner (DESIGN §0:
+    Starts with ``width`` random ids; each next id is the keyed race winner (docs/design.md §0:
     argmin_u E_{u,1}/P(u), i.e. argmax U^{1/P(u)}) over a random support of ``support`` ids
     (special ids 0-2 excluded) under a random P ~ Dirichlet(1), with the clocks of the label of
     the last ``width`` ids — the autoregressive keyed race (BASIC-UWM) on a random "model".

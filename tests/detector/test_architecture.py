@@ -1,4 +1,4 @@
-"""DESIGN §1: imports flow one way; the detector never imports the sampler."""
+"""docs/design.md §1: imports flow one way; the detector never imports the sampler."""
 
 from __future__ import annotations
 

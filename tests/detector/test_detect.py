@@ -1,4 +1,4 @@
-"""detect(): the scored set, verdicts, exact-id input, evidence and the wire shape (DESIGN §4)."""
+"""detect(): scored set, verdicts, exact-id input, evidence and wire shape (docs/design.md §4)."""
 
 from __future__ import annotations
 

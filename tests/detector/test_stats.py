@@ -77,7 +77,7 @@ def test_agrees_with_scipy_gammaincc_where_finite() -> None:
 
 
 def test_finite_where_scipy_underflows() -> None:
-    # DESIGN §4: scipy's gamma.logsf returns -inf at M = 1000, S = 3000; ours stays finite.
+    # docs/design.md §4: scipy's gamma.logsf returns -inf at M = 1000, S = 3000; ours stays finite.
     for m, s in [(1000, 3000.0), (1, 1e6), (5, 2e4), (20_000, 60_000.0)]:
         log_p = aaronson_log_sf(m, s)
         assert math.isfinite(log_p) and log_p < -700, (m, s, log_p)

@@ -14,12 +14,10 @@ from detector.weighted import (
     ENTROPY_WEIGHTING,
     RANK_FILTER,
     EntropyWeighting,
-    ModelWeighting,
     RankFilter,
     chernoff_log_sf,
     entropy_weighted_test,
     label_windows_flagged,
-    model_weighted_test,
     rank_filtered_test,
     weighted_log_sf,
     weighted_test,
@@ -163,68 +161,6 @@ def test_weighting_rule_and_its_errors() -> None:
         rule.weights(np.array([1.0, -0.5]))
     with pytest.raises(ValueError, match="weights"):
         weighted_log_sf(np.array([1.0, -1.0]), 1.0)
-
-
-def test_the_token_weight_is_one_minus_the_inverse_h1_mean() -> None:
-    """μ(p) = ψ(1 + 1/p) + γ is the H1 mean Aaronson term of a token the race chose at
-    probability p (its pivot is Beta(1/p, 1)): μ(1) = 1 (no evidence, weight 0), μ(1/n) = H_n.
-    Checked by simulation at α = 1e-4 per p (a z-test on 200,000 draws: the mean's standard
-    error is known, Var = ψ'(1) − ψ'(1 + 1/p)), then the weights' closed forms."""
-    from scipy.special import digamma, polygamma
-
-    rng = np.random.default_rng(15)
-    for p in (0.9, 0.5, 0.1, 0.01):
-        r = rng.beta(1 / p, 1.0, size=200_000)
-        x = -np.log1p(-r)
-        mu = digamma(1 + 1 / p) + np.euler_gamma
-        sd = math.sqrt((polygamma(1, 1) - polygamma(1, 1 + 1 / p)) / x.size)
-        assert abs(x.mean() - mu) < 3.9 * sd, (p, x.mean(), mu)
-    rule = ModelWeighting(levels=64, max_rank=None)
-    logp = np.log([1.0, 0.5, 0.1])
-    want = [0.0, 1 - 1 / 1.5, 1 - 1 / sum(1 / k for k in range(1, 11))]
-    np.testing.assert_allclose(rule.weights(logp, np.zeros(3, np.int64), 4), want, atol=1 / 128)
-    # outside the estimated support: the p -> 0 limit (the detector has no prompt)
-    assert rule.weights(np.array([-math.inf]), np.zeros(1, np.int64), 4)[0] == 1.0
-
-
-def test_the_edit_filter_zeroes_the_labels_an_unlikely_token_enters() -> None:
-    """A token ranked >= R zeroes its own position and the m after it (their labels hold it)."""
-    rule = ModelWeighting(levels=4, max_rank=100)
-    logp = np.full(10, math.log(0.01))  # weight round(4 · (1 − 1/H_100)) / 4 = 0.75
-    rank = np.zeros(10, np.int64)
-    rank[3] = 100
-    w = rule.weights(logp, rank, context_width=2)
-    assert w.tolist() == [0.75, 0.75, 0.75, 0.0, 0.0, 0.0, 0.75, 0.75, 0.75, 0.75]
-    rank[3] = 99
-    assert np.all(rule.weights(logp, rank, 2) == 0.75)
-    assert np.all(ModelWeighting(4, None).weights(logp, rank + 10**6, 2) == 0.75)
-
-
-def test_model_weighted_test_wiring_and_errors() -> None:
-    skip = np.array([0, 1, 0, 0], dtype=np.int8)
-    terms = np.array([2.0, 0.5, 3.0])
-    logp, rank = np.log([0.5, 0.5, 0.01, 0.2]), np.zeros(4, np.int64)
-    rule = ModelWeighting(4, 1000)
-    test = model_weighted_test(skip, terms, logp, rank, 4, rule)
-    w = rule.weights(logp, rank, 4)[[0, 2, 3]]
-    assert test.log_p == weighted_test(w, terms).log_p and test.weighting == rule
-    assert test.to_json()["weighting"] == {
-        "rule": "token_probability",
-        "levels": 4,
-        "max_rank": 1000,
-    }
-    with pytest.raises(ValueError, match="token_logp of shape"):
-        model_weighted_test(skip, terms, logp[:3], rank, 4, rule)
-    with pytest.raises(ValueError, match="of one shape"):
-        rule.weights(logp, rank[:3], 4)
-    with pytest.raises(ValueError, match="token_logp <= 0"):
-        rule.weights(np.array([0.1]), np.zeros(1, np.int64), 4)
-    with pytest.raises(ValueError, match="raw_rank >= 0"):
-        rule.weights(np.array([0.0]), np.array([-1]), 4)
-    with pytest.raises(ValueError, match="levels"):
-        ModelWeighting(0)
-    with pytest.raises(ValueError, match="max_rank"):
-        ModelWeighting(4, 0)
 
 
 def test_label_windows_cover_the_token_and_the_m_after_it() -> None:

@@ -1,4 +1,4 @@
-"""Labels and the repeated-context rule (``keyed/context.py``, DESIGN §2; case C4)."""
+"""Labels and the repeated-context rule (``keyed/context.py``, docs/design.md §2; case C4)."""
 
 from __future__ import annotations
 

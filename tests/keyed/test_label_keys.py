@@ -1,5 +1,5 @@
 """Batched context keys equal ``label_key`` bit for bit, and ``pivot_array`` the tensor path's
-pivots (DESIGN §2: one PRF). ``label_keys`` and ``pivots`` are the test references
+pivots (docs/design.md §2: one PRF). ``label_keys`` and ``pivots`` are the test references
 (``tests/keyed/reference.py``)."""
 
 from __future__ import annotations

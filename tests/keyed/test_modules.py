@@ -1,4 +1,4 @@
-"""The layout of ``keyed`` (DESIGN §1-§2): torch only behind ``keyed.tensor``, small modules."""
+"""The layout of ``keyed`` (docs/design.md §1-§2): torch only behind ``keyed.tensor``."""
 
 from __future__ import annotations
 

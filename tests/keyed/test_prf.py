@@ -1,4 +1,4 @@
-"""The keyed PRF (``keyed/prf.py``, DESIGN §2): known answers, an independent reference,
+"""The keyed PRF (``keyed/prf.py``, docs/design.md §2): known answers, an independent reference,
 the U mapping, statistical quality, key separation (case C1), path agreement (case C2) and
 the handling of key material.
 
@@ -542,7 +542,7 @@ def test_context_key_nonces_differ():
 
 @pytest.mark.parametrize("width", [1, 4, 8])
 def test_context_key_prompt_window_uses_nonce_stream(width):
-    """DESIGN §2: the first m response positions (labels reaching into the prompt) draw from
+    """docs/design.md §2: the first m response positions (labels reaching into the prompt) draw from
     the nonce stream with masking on; from position m on, a first use is keyed by its label;
     with masking off every position is keyed by its label."""
     label = tuple(range(5, 5 + width))

@@ -1,4 +1,4 @@
-"""The MPFR decoder on float64 tiny random Llamas (DESIGN §3; MPFR paper Alg. 10, Prop. 4.4,
+"""The MPFR decoder on float64 tiny random Llamas (docs/design.md §3; MPFR paper Alg. 10, Prop. 4.4,
 Thm. A.6): exact drafter invariance, the target law, tree verification, KV bookkeeping (C11)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""CPU == CUDA for the decoder (DESIGN §3, Devices). Runs only where CUDA exists (marker gpu)."""
+"""CPU == CUDA for the decoder (docs/design.md §3, Devices). Runs only where CUDA exists (gpu)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Parallel drafter heads (DESIGN §7; MDraft paper Alg. 1) on tiny random Llamas: the heads
+"""Parallel drafter heads (docs/design.md §7; MDraft paper Alg. 1) on tiny random Llamas: the heads
 drafter keeps MPFR's drafter invariance, files round-trip and refuse another target, the batched
 verifier equals path-by-path forwards, training raises acceptance, and a run resumes exactly."""
 

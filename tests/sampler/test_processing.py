@@ -1,4 +1,4 @@
-"""Processed distributions: temperature -> top-k -> top-p, in that order (DESIGN §3, case C6)."""
+"""Processed laws: temperature -> top-k -> top-p, in that order (docs/design.md §3, case C6)."""
 
 from __future__ import annotations
 

