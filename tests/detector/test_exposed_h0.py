@@ -59,7 +59,7 @@ def log_p_values(
 ) -> dict[str, list[float]]:
     """ln p of every test for ``ids`` under ``keys`` keys: {test: [ln p per key]}. The law is
     computed once per text: the weights do not depend on the key."""
-    laws = position_laws(loaded.model, ids, PROCESSING, prefix=prefix)
+    laws = position_laws(loaded.target, ids, PROCESSING, prefix=prefix)
     entropy = laws.entropy.numpy()
     logp = laws.token_logp.numpy()
     rank = laws.raw_rank.numpy()

@@ -55,7 +55,7 @@ def shared_prompts(data_files: Path, n: int) -> list[dict]:
 def _generate(loaded: LoadedModel, ids: list[int], nonce: int, tokens: int) -> GenerationResult:
     source = KeyedSource(SECRET, WIDTH, True, nonce)
     config = SamplerConfig("basic-uwm", max_new_tokens=tokens)
-    return generate(loaded.model, ids, config, source, eos_ids=eos_ids(loaded))
+    return generate(loaded.target, ids, config, source, eos_ids=eos_ids(loaded))
 
 
 def test_other_nonces_give_other_samples(real_model: LoadedModel, data_files: Path) -> None:
