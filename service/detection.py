@@ -206,7 +206,7 @@ def evidence_rows(detection: Detection, *, raw: bool) -> list[dict[str, Any]]:
     """One key's per-token evidence (``TokenEvidenceOut``): every token's id, piece, offsets,
     status and coarse ``band`` (``detector.bands``: one per block of scored tokens, null when
     skipped); with ``raw`` also its pivot, Aaronson term and per-family terms, else those are
-    null (they are the keyed PRF's outputs: DESIGN §5, the detector is no oracle)."""
+    null (they are the keyed PRF's outputs: docs/threat-model.md: the detector is no oracle)."""
     columns = detection.evidence
     bands = evidence_bands(columns.skip, columns.terms["aaronson"]).tolist()
     rows = []
