@@ -239,13 +239,14 @@ class EagleDrafter:
         self._level: dict[int, int] = {}  # node of the last drafted level -> its row
         self._states: torch.Tensor | None = None  # (n, d) of the last drafted level
         self._paths: PathCache | None = None
+        self._primed: tuple[int, torch.Tensor] | None = None  # (level, its logits)
 
     def start(self, prompt: list[int]) -> None:
         self._hidden = None
         self._forget()
 
     def _forget(self) -> None:
-        self._level, self._states, self._paths = {}, None, None
+        self._level, self._states, self._paths, self._primed = {}, None, None, None
 
     def see_target_hidden(self, hidden: torch.Tensor) -> None:
         """(d,) the target's final (normed) hidden state at the token before the next root."""
@@ -259,24 +260,77 @@ class EagleDrafter:
         hidden state. Levels must come in order 1, 2, … within a step."""
         self.calls += 1
         nodes = tree.levels[level - 1]
+        if self._primed is not None and self._primed[0] == level:
+            logits, self._primed = self._primed[1], None
+            return logits
         if self._hidden is None or not nodes:
             return torch.full((len(nodes), self.vocab_size), -torch.inf, dtype=torch.float32)
-        device = self.head.fuse.weight.device
-        tokens = torch.tensor([tree.nodes[i].token for i in nodes], device=device)
-        embedding = self.target.model.get_input_embeddings()(tokens)
-        if level == 1:
-            state, past = self._hidden[None].to(device), None
-        else:
-            assert self._states is not None and self._paths is not None, "levels in order"
-            rows = torch.tensor([self._level[tree.nodes[i].parent] for i in nodes], device=device)
-            state = self._states.index_select(0, rows)
-            past = (self._paths[0].index_select(0, rows), self._paths[1].index_select(0, rows))
+        state, embedding, past = self._inputs(tree, level)
         self._states, self._paths = self.head.advance(state, embedding, past)
         self._level = {node: row for row, node in enumerate(nodes)}
         return self.head.logits(self.target, self._states)
 
+    def _inputs(
+        self, tree: DraftTree, level: int
+    ) -> tuple[torch.Tensor, torch.Tensor, PathCache | None]:
+        """``EagleHead.advance``'s inputs for the nodes of depth ``level - 1``: their parents'
+        (n, d) states, their tokens' (n, d) embeddings, their parents' path caches."""
+        nodes = tree.levels[level - 1]
+        device = self.head.fuse.weight.device
+        tokens = torch.tensor([tree.nodes[i].token for i in nodes], device=device)
+        embedding = self.target.model.get_input_embeddings()(tokens)
+        if level == 1:
+            assert self._hidden is not None
+            return self._hidden[None].to(device), embedding, None
+        assert self._states is not None and self._paths is not None, "levels in order"
+        rows = torch.tensor([self._level[tree.nodes[i].parent] for i in nodes], device=device)
+        past = (self._paths[0].index_select(0, rows), self._paths[1].index_select(0, rows))
+        return self._states.index_select(0, rows), embedding, past
+
     def finish_step(self, tree: DraftTree, visited: list[int], committed: list[int]) -> None:
         self._forget()
+
+
+@torch.inference_mode()
+def prime_eagle(drafters: list[EagleDrafter], trees: list[DraftTree], level: int) -> None:
+    """Level ``level`` of several requests' trees in ONE head call: every drafter that can
+    draft there (a hidden state, nodes at depth ``level - 1``, its previous level drafted)
+    gets the laws and states its own ``propose`` would compute, which its next ``propose``
+    at this level returns; drafters sharing one ``head`` are batched together (their paths
+    all have ``level`` entries: a rectangular batch). ``sampler.batch`` calls it per level.
+
+    Args:
+        drafters: R drafters, one per request.
+        trees: their R trees, grown to depth ``level - 1``.
+        level: s >= 1.
+    """
+    groups: dict[int, list[tuple[EagleDrafter, DraftTree]]] = {}
+    for drafter, tree in zip(drafters, trees, strict=True):
+        ready = level == 1 or drafter._states is not None
+        if drafter._hidden is not None and tree.level(level - 1) and ready:
+            groups.setdefault(id(drafter.head), []).append((drafter, tree))
+    for members in groups.values():
+        if len(members) == 1:
+            continue  # its own propose computes the same rows
+        inputs = [d._inputs(t, level) for d, t in members]
+        state = torch.cat([i[0] for i in inputs])
+        embedding = torch.cat([i[1] for i in inputs])
+        past = None
+        if level > 1:
+            keys = torch.cat([i[2][0] for i in inputs if i[2] is not None])
+            values = torch.cat([i[2][1] for i in inputs if i[2] is not None])
+            past = (keys, values)
+        head = members[0][0]
+        states, (keys, values) = head.head.advance(state, embedding, past)
+        logits = head.head.logits(head.target, states)
+        start = 0
+        for drafter, tree in members:
+            nodes = tree.levels[level - 1]
+            rows = slice(start, start + len(nodes))
+            drafter._states, drafter._paths = states[rows], (keys[rows], values[rows])
+            drafter._level = {node: row for row, node in enumerate(nodes)}
+            drafter._primed = (level, logits[rows])
+            start += len(nodes)
 
 
 def eagle_drafter(path: str, target: Target | PreTrainedModel) -> EagleDrafter:

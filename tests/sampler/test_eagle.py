@@ -17,7 +17,7 @@ from sampler.batch import generate_many
 from sampler.cached_lm import as_target
 from sampler.decoder import SamplerConfig, generate
 from sampler.drafters import fresh_drafter, make_drafter
-from sampler.eagle import EagleDrafter, EagleHead, new_eagle
+from sampler.eagle import EagleDrafter, EagleHead, new_eagle, prime_eagle
 from sampler.processing import Processing
 from sampler.static_target import ATTENTION_BLOCK, StaticLlama
 from sampler.target import Target
@@ -194,3 +194,39 @@ def test_eagle_with_a_one_token_prompt_drafts_nothing_first(target):
     ref = generate(target, [17], SamplerConfig("basic-uwm", max_new_tokens=12), _source(9))
     assert out.token_ids == ref.token_ids
     assert out.stats.drafted_per_level[0] > 0
+
+
+def test_prime_eagle_batches_a_level_as_each_drafter_alone(target):
+    """Three requests' level 1 and level 2 in one head call each: every drafter's laws equal
+    those its own ``propose`` computes alone (float64, 1e-12); ``propose`` then returns them
+    without another head call."""
+    head = _random_eagle(target, 6)
+    g = torch.Generator().manual_seed(4)
+    hiddens = [torch.randn(32, dtype=torch.float64, generator=g) for _ in range(3)]
+    roots, children = [11, 2, 40], [[3, 7], [9], [1, 5, 6]]
+
+    def grown(i: int) -> DraftTree:
+        tree = DraftTree(roots[i], 4)
+        tree.add_drafts(0, children[i])
+        return tree
+
+    alone, batched = [], []
+    for i in range(3):
+        drafter = EagleDrafter(head, target, "eagle:test")
+        drafter.see_target_hidden(hiddens[i])
+        tree = grown(i)
+        alone.append((drafter.propose(tree, 1, [roots[i]]), drafter.propose(tree, 2, [roots[i]])))
+    drafters = [EagleDrafter(head, target, "eagle:test") for _ in range(3)]
+    for drafter, hidden in zip(drafters, hiddens, strict=True):
+        drafter.see_target_hidden(hidden)
+    trees = [grown(i) for i in range(3)]
+    for level in (1, 2):
+        prime_eagle(drafters, trees, level)
+        assert all(d._primed is not None for d in drafters)
+        batched.append(
+            [d.propose(t, level, [r]) for d, t, r in zip(drafters, trees, roots, strict=True)]
+        )
+        assert all(d._primed is None for d in drafters)
+    for i in range(3):
+        for level in (0, 1):
+            torch.testing.assert_close(batched[level][i], alone[i][level], atol=1e-12, rtol=0)
