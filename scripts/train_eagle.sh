@@ -14,5 +14,5 @@ out="$home/drafters/eagle"
 nice -n 19 python -m bench.train_eagle --out "$out" --home "$home" --train-prompts 40 \
   --heldout-prompts 8 --ce-steps 120 --ce-anchors 32 --mdraft-steps 50 --mdraft-anchors 8 \
   --proposals 4 --lr 2e-3 --mdraft-lr 1e-3 --seed 0
-nice -n 19 python -m bench.drafters --home "$home" --eagle "eagle-ce=$out/ce" \
-  --eagle "eagle-mdraft=$out/mdraft" --prompts 4 --tokens 64 --cells 4x4,8x6
+nice -n 19 python -m bench.drafters --home "$home" --precision float32 --eagle "eagle-ce=$out/ce" \
+  --eagle "eagle-mdraft=$out/mdraft" --prompts 4 --tokens 48 --cells 4x4,8x6
