@@ -3,8 +3,8 @@
 # target rollouts of 40 train-split prompts (cached), the ce baseline from a fresh head, MDraft
 # post-training from it, held-out tau (bench.train_eagle), then the real decoder's AATPS of
 # ngram, the shipped heads and both eagle heads on held-out prompts (bench.drafters). One torch
-# thread at the lowest priority: about 25 min on a free CPU core (rollouts ~12, hidden states
-# ~3, ce ~6, mdraft ~7), more on a shared one.
+# thread at the lowest priority; measured on 2 shared cores: rollouts and hidden states ~14 min,
+# ce ~2, mdraft ~4, held-out tau ~1, decoder comparison ~9.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
