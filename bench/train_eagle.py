@@ -142,6 +142,7 @@ def main() -> None:
             progress,
         )
         heads[name] = head
+        head.save(out / name)  # kept even if a later stage is interrupted
         stages.append(_stage(name, config, log, init))
     evaluation: dict[str, Any] = {}
     for name, head in heads.items():
@@ -155,9 +156,8 @@ def main() -> None:
     for key, value in evaluation.items():
         print(key, f"tau {value['tau']:.3f}", [round(c, 3) for c in value["conditional"]])
     env = environment()
-    for index, (name, head) in enumerate(heads.items()):
+    for index, name in enumerate(heads):
         directory = out / name
-        head.save(directory)
         provenance = {
             "drafter": "eagle",
             "model": args.model,
