@@ -3,8 +3,9 @@
 ``step_many(seqs)`` is ``loop.step`` for R requests at once:
 1. draft trees: level s = 1..max ℓ, every request whose level s−1 is occupied grows it
    (``loop.grow_level``: its own drafter call and policy). Heads drafters of keyed-race
-   requests run their one heads pass for all of them in ONE batched call (``prime_heads``);
-   other drafters (ngram, self:N, model:PATH) keep one call per request and level.
+   requests run their one heads pass for all of them in ONE batched call (``prime_heads``),
+   eagle drafters each level for all of them in ONE head call (``prime_eagle``); other
+   drafters (ngram, self:N, model:PATH) keep one call per request and level.
 2. verification: ONE target forward over all requests' trees (``cached_lm.forward_many``:
    per-request KV rows padded to a common length, a block-diagonal tree-attention mask,
    per-request position ids); the logits are split back per request.
@@ -34,6 +35,7 @@ from transformers import PreTrainedModel
 from keyed import KeyedSource
 from sampler.cached_lm import as_target, forward_many
 from sampler.drafters import Drafter
+from sampler.eagle import EagleDrafter, prime_eagle
 from sampler.heads import HeadsDrafter, prime_heads
 from sampler.loop import (
     SequenceState,
@@ -88,6 +90,17 @@ def step_many(seqs: list[SequenceState], node_budget: int | None = None) -> list
     drafting = [0.0] * len(seqs)  # per request: its drafter calls' seconds (its chooser's c)
     growing = [i for i, d in enumerate(depths) if d > 0]
     for level in range(1, max(depths, default=0) + 1):
+        eagles: list[tuple[EagleDrafter, DraftTree]] = []
+        for i in growing:
+            drafter = seqs[i].drafter
+            if (
+                depths[i] >= level
+                and isinstance(drafter, EagleDrafter)
+                and budget_invariant(seqs[i])
+            ):
+                eagles.append((drafter, trees[i]))
+        if len(eagles) > 1:
+            prime_eagle([d for d, _ in eagles], [t for _, t in eagles], level)
         still = []
         for i in growing:
             if depths[i] < level:

@@ -252,7 +252,11 @@ class DistillConfig:
             raise ValueError(f"lr must be > 0, got {self.lr}")
 
 
-def _anchors(seq: Rollout, count: int, lookahead: int, generator: torch.Generator) -> torch.Tensor:
+def anchor_positions(
+    seq: Rollout, count: int, lookahead: int, generator: torch.Generator
+) -> torch.Tensor:
+    """(≤ count,) int64 sorted distinct root positions a of ``seq``, from its last prompt token
+    to T − 1 − ``lookahead`` (so ``lookahead`` tokens follow each); empty when none fits."""
     low, high = max(seq.prompt_len - 1, 1), len(seq.ids) - 1 - lookahead
     if high < low:
         return torch.empty(0, dtype=torch.long)
@@ -327,7 +331,7 @@ def evaluate(
         generator = torch.Generator().manual_seed(seed)
         per_sequence, reach_sum, count = [], None, 0
         for seq, hidden in zip(sequences, hiddens, strict=True):
-            picks = _anchors(seq, anchors, heads.config.lookahead, generator)
+            picks = anchor_positions(seq, anchors, heads.config.lookahead, generator)
             if picks.numel() == 0:
                 continue
             roots = torch.tensor(seq.ids, device=device)[picks.to(device)]
@@ -376,7 +380,8 @@ class TrainState:
     log: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _batches(count: int, generator: torch.Generator) -> Iterator[int]:
+def sequence_order(count: int, generator: torch.Generator) -> Iterator[int]:
+    """Indices 0..count−1 in a fresh random order each epoch, forever."""
     while True:
         yield from torch.randperm(count, generator=generator).tolist()
 
@@ -439,7 +444,7 @@ def train(
             f"no training rollout has room for {config.lookahead} draft tokens after its prompt; "
             "raise --max-new-tokens"
         )
-    order = _batches(len(train_set), torch.Generator().manual_seed(config.seed + 1))
+    order = sequence_order(len(train_set), torch.Generator().manual_seed(config.seed + 1))
     for _ in range(state.step):  # replay the sequence order up to the resumed step
         next(order)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -448,7 +453,7 @@ def train(
         started = time.perf_counter()
         index = next(order)
         seq = train_set[index]
-        anchors = _anchors(seq, config.anchors, config.lookahead, generator)
+        anchors = anchor_positions(seq, config.anchors, config.lookahead, generator)
         if anchors.numel() == 0:
             state.step += 1
             continue

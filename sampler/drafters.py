@@ -3,9 +3,10 @@
 Specs: ``model:PATH`` (an autoregressive HF model sharing the tokenizer), ``self:N`` (the
 target's first N layers + its norm and head), ``heads:PATH`` (parallel heads on the target's
 hidden state, ``sampler.heads``, trained by ``poissonmark distill``; plain ``heads`` = the
-shipped ones), ``ngram`` (prompt lookup over prompt + output), ``fixed:TOKEN`` (always proposes
-one token; a test drafter for case C11). A drafter's logits may put -inf everywhere (no
-proposal): the tree simply stops growing there.
+shipped ones), ``eagle:PATH`` (an autoregressive draft head on the target's features,
+``sampler.eagle``; plain ``eagle`` = an untrained one), ``ngram`` (prompt lookup over
+prompt + output), ``fixed:TOKEN`` (always proposes one token; a test drafter for case C11).
+A drafter's logits may put -inf everywhere (no proposal): the tree simply stops growing there.
 
 Shapes: n contexts of a level, V target vocabulary.
 """
@@ -20,6 +21,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from sampler.cached_lm import CachedLM, TargetLM, as_target
+from sampler.eagle import eagle_drafter
 from sampler.heads import heads_drafter
 from sampler.processing import Processing, Support, process
 from sampler.target import Target
@@ -83,7 +85,8 @@ def point_logits(points: list[int | None], vocab_size: int) -> torch.Tensor:
 
 
 def wants_target_hidden(drafter: Drafter | None) -> bool:
-    """Whether ``drafter`` reads the target's hidden states (``sampler.heads.HeadsDrafter``)."""
+    """Whether ``drafter`` reads the target's hidden states (``sampler.heads.HeadsDrafter``,
+    ``sampler.eagle.EagleDrafter``)."""
     return bool(getattr(drafter, "uses_target_hidden", False))
 
 
@@ -280,11 +283,12 @@ class FixedTokenDrafter:
 
 
 def make_drafter(spec: str, target: Target | PreTrainedModel) -> Drafter:
-    """Build a drafter from its spec: ``model:PATH``, ``self:N``, ``heads:PATH``, ``ngram``,
-    ``fixed:TOKEN``.
+    """Build a drafter from its spec: ``model:PATH``, ``self:N``, ``heads[:PATH]``,
+    ``eagle[:PATH]``, ``ngram``, ``fixed:TOKEN``.
 
     Raises:
-        ValueError: an unknown spec, naming the accepted forms.
+        ValueError: an unknown spec, naming the accepted forms; a drafter on the target's
+            features (``heads``, ``eagle``) on a backend without hidden states.
     """
     served = as_target(target)
     vocab = served.vocab_size
@@ -296,6 +300,8 @@ def make_drafter(spec: str, target: Target | PreTrainedModel) -> Drafter:
             return model_drafter(arg, served.model)
         if kind == "heads":
             return heads_drafter(arg, target)
+        if kind == "eagle":
+            return eagle_drafter(arg, target)
         if kind == "ngram" and not arg:
             return NgramDrafter(vocab)
         if kind == "fixed" and arg:
@@ -303,5 +309,6 @@ def make_drafter(spec: str, target: Target | PreTrainedModel) -> Drafter:
     except ValueError as exc:
         raise ValueError(f"drafter {spec!r}: {exc}") from None
     raise ValueError(
-        f"unknown drafter {spec!r}: expected model:PATH, self:N, heads[:PATH], ngram or fixed:TOKEN"
+        f"unknown drafter {spec!r}: expected model:PATH, self:N, heads[:PATH], eagle[:PATH], "
+        "ngram or fixed:TOKEN"
     )

@@ -285,8 +285,18 @@ def prime_heads(drafters: list[HeadsDrafter], roots: list[int]) -> None:
 
 def heads_drafter(path: str, target: Target | PreTrainedModel) -> HeadsDrafter:
     """Load ``heads:PATH`` for ``target``; an empty ``path`` means the shipped heads
-    (``SHIPPED_HEADS``). Raises ``ParallelHeads.load``'s errors."""
+    (``SHIPPED_HEADS``).
+
+    Raises:
+        ValueError: a backend that gives no hidden states (``Target.gives_hidden``), or
+            ``ParallelHeads.load``'s errors.
+    """
     directory = Path(path).expanduser() if path else SHIPPED_HEADS
     name = f"heads:{path}" if path else "heads"
     served = as_target(target)
+    if not served.gives_hidden:
+        raise ValueError(
+            f"heads drafting needs the target's hidden states; backend {served.backend()} "
+            "gives none"
+        )
     return HeadsDrafter(ParallelHeads.load(directory, served.model), served, name)

@@ -2,7 +2,9 @@
 
 Notation for one context c (shapes in brackets; V vocabulary, L block length, K proposals;
 every function also takes any leading batch axes, e.g. [A, K, L, V] for A contexts):
-- log q [L, V]: the drafter's position laws q_ℓ(·|c) (one pass, shared by all proposals).
+- log q [L, V]: the drafter's position laws q_ℓ(·|c) (one pass, shared by all proposals), or
+  [K, L, V] for an autoregressive drafter, whose q_ℓ^{(k)} = q(·|c, x^{(k)}_{<ℓ}) follows each
+  proposal's own prefix (``sampler.eagle``); a log q with as many axes as log p is per proposal.
 - x [K, L]: K draft blocks sampled from q at temperature 1.
 - log p [K, L, V]: verifier laws p_ℓ^{(k)} = p(·| c, x^{(k)}_{<ℓ}) (row ℓ = 1 is the same for
   every k).
@@ -138,12 +140,20 @@ def dflash_weights(length: int, gamma: float) -> torch.Tensor:
     return torch.exp(-torch.arange(length, dtype=torch.float64) / gamma)
 
 
+def _per_proposal(log_q: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``log_q`` as [..., K, L, V] like ``like``: a shared [..., L, V] law repeated K times,
+    a per-proposal one as it is."""
+    if log_q.dim() == like.dim():
+        return log_q
+    return log_q.unsqueeze(-3).expand_as(like)
+
+
 def divergence(log_q: torch.Tensor, log_r: torch.Tensor, kind: Divergence) -> torch.Tensor:
-    """Per-(k, ℓ) divergence between q [L, V] and targets r [K, L, V]: [K, L].
+    """Per-(k, ℓ) divergence between q [L, V] (or [K, L, V]) and targets r [K, L, V]: [K, L].
 
     ``rkl``: KL(q_ℓ ‖ r_ℓ^{(k)}); ``fkl``: KL(r_ℓ^{(k)} ‖ q_ℓ).
     """
-    q = log_q.unsqueeze(-3).expand_as(log_r)
+    q = _per_proposal(log_q, log_r)
     if kind == "rkl":
         return _xlogy_kl(q, log_r)
     return _xlogy_kl(log_r, q)
@@ -158,7 +168,7 @@ def on_policy_loss(
     """MDraft Eq. 2 for one context: K⁻¹ Σ_k L⁻¹ Σ_ℓ w_{ℓ,k} D(q_ℓ, r_ℓ^{(k)}).
 
     Args:
-        log_q: [L, V] drafter log-laws (differentiable).
+        log_q: [L, V] drafter log-laws (differentiable), or [K, L, V] per proposal.
         log_p: [K, L, V] verifier log-laws on the K sampled blocks (no gradient needed).
         drafts: [K, L] int64 sampled draft tokens (for survival weights).
         objective: α, divergence and weighting (K is ``log_p.shape[0]``).
@@ -213,5 +223,5 @@ def _drafted(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """([..., K, L], [..., K, L]): log p_ℓ^{(k)}(x_ℓ^{(k)}) and log q_ℓ(x_ℓ^{(k)})."""
     lp = log_p.gather(-1, drafts[..., None])[..., 0]
-    lq = log_q.unsqueeze(-3).expand_as(log_p).gather(-1, drafts[..., None])[..., 0]
+    lq = _per_proposal(log_q, log_p).gather(-1, drafts[..., None])[..., 0]
     return lp, lq

@@ -40,6 +40,9 @@ class Target:
         invariant: whether a context's logits are the same bits whatever the tree or batch
             around it (tree ``auto`` chooses trees only then; drafter and batch invariance
             of the output rest on it).
+        gives_hidden: whether its caches fill ``last_hidden`` (the latest forward's (q, d)
+            final normed hidden states) when ``keep_hidden`` is set; drafters on the target's
+            features (``heads``, ``eagle``) need it.
         rows_per_call: the most new tokens one forward should carry for a single sequence
             (None: no limit); the detector's model tests chunk by it.
         profile_dir: where tree ``auto``'s forward-cost profile is kept on disk.
@@ -49,6 +52,7 @@ class Target:
     model: PreTrainedModel
     vocab_size: int
     invariant: bool = False
+    gives_hidden: bool = True
     rows_per_call: int | None = None
     profile_dir: Path | None = None
     forward_profile: Any = None

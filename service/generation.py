@@ -14,7 +14,8 @@ beside ``service.detection`` (docs/design.md §5):
 
 Glossary: **request** what a caller asks for besides the key and the prompt; **generation**
 a request bound to a key and a nonce, ready to run; **drafter** its spec (``ngram``,
-``self:N``, ``heads:PATH``, ``model:PATH``), ``None`` for a method that does not draft.
+``self:N``, ``heads:PATH``, ``eagle:PATH``, ``model:PATH``), ``None`` for a method that does
+not draft.
 """
 
 from __future__ import annotations

@@ -57,7 +57,9 @@ def generate(
         typer.Option("--messages-file", help="JSON list of {role, content} chat messages."),
     ] = None,
     method: Annotated[str, typer.Option(help=METHOD_HELP)] = "mpfr",
-    drafter: Annotated[str, typer.Option(help="ngram, self:N, heads:PATH or model:PATH")] = "ngram",
+    drafter: Annotated[
+        str, typer.Option(help="ngram, self:N, heads:PATH, eagle:PATH or model:PATH")
+    ] = "ngram",
     drafts: Annotated[int, typer.Option("--drafts", "-B", help="Drafts B.")] = 4,
     lookahead: Annotated[int, typer.Option("--lookahead", "-L", help="Lookahead L.")] = 4,
     tree: Annotated[

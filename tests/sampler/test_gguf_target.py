@@ -204,6 +204,26 @@ def test_batched_equals_solo_on_gguf(gguf_model, data_files) -> None:  # type: i
         assert b.result.token_ids == solo.result.token_ids, r.config
 
 
+def test_eagle_on_gguf_equals_basic_uwm_solo_and_batched(gguf_model, data_files) -> None:  # type: ignore[no-untyped-def]
+    """The eagle head reads llama.cpp's hidden states (untrained: W_in = [I, 0] and zero
+    output projections make it deterministic): mpfr with it drafts trees and emits basic-uwm's
+    tokens, alone and two requests at a time (one head call per level for both)."""
+    configs = [SamplerConfig("mpfr", 4, 3, 12), SamplerConfig("mpfr", 2, 4, 12)]
+    requests = [
+        CompletionRequest(ids, config, source, "eagle")
+        for (ids, source), config in zip(
+            _requests(gguf_model, data_files, 2, 12), configs, strict=True
+        )
+    ]
+    batched = complete_many(gguf_model, requests, max_batch=2)
+    for b, r in zip(batched, requests, strict=True):
+        want = complete(gguf_model, r.ids, SamplerConfig("basic-uwm", max_new_tokens=12), r.source)
+        solo = complete(gguf_model, r.ids, r.config, r.source, "eagle")
+        assert solo.result.token_ids == want.result.token_ids, r.config
+        assert b.result.token_ids == want.result.token_ids, r.config
+        assert min(solo.result.stats.drafted_per_level[:2]) > 0  # the head read hidden states
+
+
 def test_a_converted_copy_finds_its_gguf(data_dir, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A local directory converted from an alias (its ``.complete`` names the GGUF) gets
     precision gguf too; a directory without one does not."""

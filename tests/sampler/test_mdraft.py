@@ -10,6 +10,7 @@ import torch
 
 from sampler.mdraft import (
     Objective,
+    acceptance_probabilities,
     blended_target,
     disagreement,
     divergence,
@@ -167,3 +168,34 @@ def test_objective_rejects_bad_parameters() -> None:
         Objective(proposals=0)
     with pytest.raises(ValueError, match="objective must be one of"):
         Objective.named("dpo")
+
+
+def test_per_proposal_laws_equal_a_repeated_shared_law_and_use_their_own_q() -> None:
+    """An autoregressive drafter's [K, L, V] laws (one per proposal): repeating a shared law K
+    times gives the shared law's loss and acceptances; distinct laws enter each proposal's
+    divergence, survival weights and acceptances with their own q."""
+    g = torch.Generator().manual_seed(7)
+    k, length, vocab = 3, 4, 6
+    log_p = _random_laws(g, k, length, vocab)
+    shared = _random_laws(g, 1, length, vocab)[0]
+    drafts = torch.randint(0, vocab, (k, length), generator=g)
+    objective = Objective.named("mdraft", proposals=k)
+    repeated = shared.expand(k, -1, -1)
+    torch.testing.assert_close(
+        on_policy_loss(repeated, log_p, drafts, objective),
+        on_policy_loss(shared, log_p, drafts, objective),
+        atol=1e-12,
+        rtol=0,
+    )
+    own = _random_laws(g, k, length, vocab)
+    accept = acceptance_probabilities(own, log_p, drafts)
+    for j in range(k):
+        for pos in range(length):
+            tok = drafts[j, pos]
+            want = min(1.0, float((log_p[j, pos, tok] - own[j, pos, tok]).exp()))
+            assert accept[j, pos].item() == pytest.approx(want, abs=1e-12)
+    per = divergence(own, blended_target(log_p, 0.9), "rkl")
+    assert per.shape == (k, length)
+    for j in range(k):
+        single = divergence(own[j], blended_target(log_p, 0.9)[j : j + 1], "rkl")[0]
+        torch.testing.assert_close(per[j], single, atol=1e-12, rtol=0)

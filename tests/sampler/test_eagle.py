@@ -1,0 +1,232 @@
+"""The autoregressive draft head on the target's features (``sampler.eagle``) on tiny random
+Llamas: MPFR with it emits exactly BASIC-UWM's tokens (MPFR paper Prop. 4.4, stopping-time
+drafter invariance) for untrained and random heads, several B and L, warm processing, on
+transformers and on the static target; batched equals solo; a level's laws are the head's
+chain along each node's own path; files round-trip and refuse another target or a backend
+without hidden states."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from keyed import KeyedSource, Secret
+from sampler.batch import generate_many
+from sampler.cached_lm import as_target
+from sampler.decoder import SamplerConfig, generate
+from sampler.drafters import fresh_drafter, make_drafter
+from sampler.eagle import EagleDrafter, EagleHead, new_eagle, prime_eagle
+from sampler.processing import Processing
+from sampler.static_target import ATTENTION_BLOCK, StaticLlama
+from sampler.target import Target
+from sampler.tree import DraftTree
+from tests.sampler.conftest import VOCAB, tiny_llama
+
+
+def _source(i: int) -> KeyedSource:
+    return KeyedSource(Secret((300 + i).to_bytes(32, "little")), 4, True, i)
+
+
+def _random_eagle(target, seed: int) -> EagleHead:
+    head = new_eagle(target)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return head.eval()
+
+
+def _prompt(i: int) -> list[int]:
+    return [(7 * i + 2 * j + 1) % VOCAB for j in range(1 + i % 5)]  # includes 1-token prompts
+
+
+CONFIGS = [
+    pytest.param(1, 4, Processing(), id="B1_L4"),
+    pytest.param(4, 2, Processing(), id="B4_L2"),
+    pytest.param(4, 4, Processing(), id="B4_L4"),
+    pytest.param(8, 6, Processing(), id="B8_L6"),
+    pytest.param(4, 3, Processing(0.7, 8, 0.9), id="B4_L3_T07_top8_p09"),
+    pytest.param(6, 4, Processing(1.3, 0, 1.0), id="B6_L4_T13"),
+]
+
+
+@pytest.mark.parametrize("init", ["untrained", "random"])
+@pytest.mark.parametrize(("drafts", "lookahead", "processing"), CONFIGS)
+def test_mpfr_with_eagle_is_basic_uwm(target, init, drafts, lookahead, processing):
+    """Prop. 4.4: mpfr with the eagle head == basic-uwm, 8 prompts per config, and its drafts
+    are accepted (the comparison is not vacuous)."""
+    head = new_eagle(target).eval() if init == "untrained" else _random_eagle(target, 0)
+    accepted, mismatches = 0, []
+    for i in range(8):
+        ref_config = SamplerConfig("basic-uwm", max_new_tokens=20, processing=processing)
+        ref = generate(target, _prompt(i), ref_config, _source(i))
+        config = SamplerConfig("mpfr", drafts, lookahead, 20, processing)
+        drafter = EagleDrafter(head, target, "eagle:test")
+        out = generate(target, _prompt(i), config, _source(i), drafter)
+        accepted += sum(out.stats.accepted_per_level)
+        if out.token_ids != ref.token_ids:
+            mismatches.append(i)
+    assert mismatches == []
+    assert accepted > 0
+
+
+def test_batched_eagle_equals_solo(target):
+    """generate_many over 6 requests (different B, L, processing, lengths) == each alone."""
+    head = _random_eagle(target, 1)
+    proto = EagleDrafter(head, target, "eagle:test")
+    configs = [SamplerConfig("mpfr", b, lookahead, 18) for b, lookahead in [(4, 4), (2, 3)]]
+    configs.append(SamplerConfig("mpfr", 8, 2, 12, Processing(0.7, 8, 1.0)))
+    requests = [(_prompt(i), configs[i % 3], _source(i)) for i in range(6)]
+    solo = [generate(target, p, c, s, fresh_drafter(proto)) for p, c, s in requests]
+    batched = generate_many(
+        target, [(p, c, s, fresh_drafter(proto)) for p, c, s in requests], max_batch=4
+    )
+    assert [r.token_ids for r in batched] == [r.token_ids for r in solo]
+    assert sum(sum(r.stats.accepted_per_level) for r in batched) > 0
+
+
+def test_mpfr_with_eagle_on_the_static_target():
+    """The static target (float32 rows, bit-invariant) hands the head its own hidden states;
+    mpfr with the head == basic-uwm on it."""
+    static = StaticLlama(
+        tiny_llama(0, layers=3), weights=torch.float32, group_slots=2, rows=4,
+        capacity=2 * ATTENTION_BLOCK, slots=4,
+    )  # fmt: skip
+    head = _random_eagle(static.model, 2)
+    accepted = 0
+    for i, (b, lookahead) in enumerate([(4, 3), (2, 4), (8, 2)]):
+        ref = generate(static, _prompt(i + 1), SamplerConfig("basic-uwm", max_new_tokens=16),
+                       _source(i))  # fmt: skip
+        drafter = make_drafter("eagle", static)
+        assert isinstance(drafter, EagleDrafter)
+        drafter.head = head
+        out = generate(static, _prompt(i + 1), SamplerConfig("mpfr", b, lookahead, 16),
+                       _source(i), drafter)  # fmt: skip
+        accepted += sum(out.stats.accepted_per_level)
+        assert out.token_ids == ref.token_ids
+    assert accepted > 0
+
+
+def test_propose_gives_each_node_its_own_paths_law(target):
+    """Level s of a hand-built tree: (n, V) float64 logits, row i equal to the head run along
+    node i's own path one context at a time (the per-node states and path caches are kept
+    and gathered right); −inf rows before any hidden state."""
+    head = _random_eagle(target, 3)
+    drafter = EagleDrafter(head, target, "eagle:test")
+    tree = DraftTree(11, 4)
+    committed = [5, 9, 11]
+    assert torch.isneginf(drafter.propose(tree, 1, committed)).all()
+    hidden = torch.randn(32, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    drafter.see_target_hidden(hidden)
+    levels = [drafter.propose(tree, 1, committed)]
+    tree.add_drafts(0, [3, 7, 7])
+    levels.append(drafter.propose(tree, 2, committed))
+    tree.add_drafts(1, [20])
+    tree.add_drafts(2, [4, 5])
+    levels.append(drafter.propose(tree, 3, committed))
+    for level, logits in enumerate(levels, 1):
+        nodes = tree.levels[level - 1]
+        assert logits.shape == (len(nodes), VOCAB) and logits.dtype == torch.float64
+        for row, node in enumerate(nodes):
+            path = [11, *tree.path_tokens(node)]
+            state, past = hidden[None], None
+            with torch.inference_mode():
+                for token in path:
+                    embedding = target.get_input_embeddings()(torch.tensor([token]))
+                    state, past = head.advance(state, embedding, past)
+                want = head.logits(target, state)[0]
+            torch.testing.assert_close(logits[row], want, atol=1e-12, rtol=0)
+    assert drafter.calls == 4
+    assert not torch.allclose(levels[2][0], levels[2][1])  # siblings' paths differ
+
+
+def test_untrained_eagle_drafts_the_targets_previous_law(target):
+    """W_in = [I, 0] and zero output projections: the untrained head's level-1 law is the
+    target's norm and head applied to rms(h) (module docstring)."""
+    head = new_eagle(target).eval()
+    hidden = torch.randn((3, 32), dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        state, _ = head.advance(hidden, target.get_input_embeddings()(torch.arange(3)), None)
+        got = head.logits(target, state)
+        rms = hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + 1e-6)
+        want = target.lm_head(target.model.norm(rms))
+    torch.testing.assert_close(got, want, atol=1e-10, rtol=0)
+
+
+def test_eagle_files_round_trip_and_refuse_another_target(target, tmp_path: Path):
+    head = _random_eagle(target, 4)
+    head.save(tmp_path / "e", dtype=torch.float64)
+    drafter = make_drafter(f"eagle:{tmp_path / 'e'}", target)
+    assert isinstance(drafter, EagleDrafter) and drafter.name == f"eagle:{tmp_path / 'e'}"
+    for a, b in zip(head.state_dict().values(), drafter.head.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="trained for target"):
+        make_drafter(f"eagle:{tmp_path / 'e'}", tiny_llama(5, layers=3))
+    with pytest.raises(ValueError, match=r"eagle\.json"):
+        make_drafter(f"eagle:{tmp_path / 'missing'}", target)
+
+
+class _NoHidden(Target):
+    def __init__(self, model) -> None:
+        self.model = model
+        self.vocab_size = VOCAB
+        self.gives_hidden = False
+
+    def backend(self) -> str:
+        return "no-hidden"
+
+
+@pytest.mark.parametrize("spec", ["eagle", "heads"])
+def test_feature_drafters_refuse_a_backend_without_hidden_states(target, spec):
+    with pytest.raises(ValueError, match="gives none"):
+        make_drafter(spec, _NoHidden(target))
+    assert as_target(target).gives_hidden
+
+
+def test_eagle_with_a_one_token_prompt_drafts_nothing_first(target):
+    """No hidden state before the first step of a one-token prompt: that step drafts nothing
+    (−inf laws), later steps draft; the output is still basic-uwm's."""
+    drafter = EagleDrafter(_random_eagle(target, 5), target, "eagle:test")
+    config = SamplerConfig("mpfr", 2, 3, 12)
+    out = generate(target, [17], config, _source(9), drafter)
+    ref = generate(target, [17], SamplerConfig("basic-uwm", max_new_tokens=12), _source(9))
+    assert out.token_ids == ref.token_ids
+    assert out.stats.drafted_per_level[0] > 0
+
+
+def test_prime_eagle_batches_a_level_as_each_drafter_alone(target):
+    """Three requests' level 1 and level 2 in one head call each: every drafter's laws equal
+    those its own ``propose`` computes alone (float64, 1e-12); ``propose`` then returns them
+    without another head call."""
+    head = _random_eagle(target, 6)
+    g = torch.Generator().manual_seed(4)
+    hiddens = [torch.randn(32, dtype=torch.float64, generator=g) for _ in range(3)]
+    roots, children = [11, 2, 40], [[3, 7], [9], [1, 5, 6]]
+
+    def grown(i: int) -> DraftTree:
+        tree = DraftTree(roots[i], 4)
+        tree.add_drafts(0, children[i])
+        return tree
+
+    alone, batched = [], []
+    for i in range(3):
+        drafter = EagleDrafter(head, target, "eagle:test")
+        drafter.see_target_hidden(hiddens[i])
+        tree = grown(i)
+        alone.append((drafter.propose(tree, 1, [roots[i]]), drafter.propose(tree, 2, [roots[i]])))
+    drafters = [EagleDrafter(head, target, "eagle:test") for _ in range(3)]
+    for drafter, hidden in zip(drafters, hiddens, strict=True):
+        drafter.see_target_hidden(hidden)
+    trees = [grown(i) for i in range(3)]
+    for level in (1, 2):
+        prime_eagle(drafters, trees, level)
+        assert all(d._primed is not None for d in drafters)
+        batched.append(
+            [d.propose(t, level, [r]) for d, t, r in zip(drafters, trees, roots, strict=True)]
+        )
+        assert all(d._primed is None for d in drafters)
+    for i in range(3):
+        for level in (0, 1):
+            torch.testing.assert_close(batched[level][i], alone[i][level], atol=1e-12, rtol=0)
