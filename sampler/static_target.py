@@ -55,7 +55,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from sampler.masks import chain_visible
+from sampler.static_cache import StaticCache
 from sampler.target import Target
 
 __all__ = ["ATTENTION_BLOCK", "StaticCache", "StaticLlama"]
@@ -180,7 +180,7 @@ class StaticLlama(Target):
             self.values = torch.zeros_like(self.keys)
         self.spare = slots  # the empty places' slot
         self._free = list(range(slots))
-        # re-entrant: a cache the collector drops inside _acquire releases its slot there
+        # re-entrant: a cache the collector drops inside acquire_slot releases its slot there
         self._lock = threading.RLock()
         self.forward_lock = threading.Lock()  # one group forward at a time (static buffers)
         m = group_slots * rows
@@ -221,13 +221,19 @@ class StaticLlama(Target):
         """
         return StaticCache(self)
 
-    def _acquire(self) -> int:
+    def acquire_slot(self) -> int:
+        """A free slot of the static cache (``StaticCache`` takes one per sequence).
+
+        Raises:
+            RuntimeError: every slot is in use.
+        """
         with self._lock:
             if not self._free:
                 raise RuntimeError(f"all {self.slots} slots of the static target are in use")
             return heapq.heappop(self._free)
 
-    def _release(self, slot: int) -> None:
+    def release_slot(self, slot: int) -> None:
+        """Give ``slot`` back (a dropped ``StaticCache``)."""
         with self._lock:
             heapq.heappush(self._free, slot)
 
@@ -521,43 +527,3 @@ class StaticLlama(Target):
                 moved = self.values[:, cache.slot].index_select(2, index)
                 self.values[:, cache.slot, :, prefix:end] = moved
         cache.cached = end
-
-
-class StaticCache:
-    """One sequence's KV cache on a ``StaticLlama`` (``CachedLM``'s interface): a slot of the
-    target's static cache, freed when the cache is dropped.
-
-    Attributes:
-        cached: P, the number of positions in the cache.
-        forward_calls: forwards that included this sequence (prefill included).
-        keep_hidden: when set, ``last_hidden`` holds the final (normed) hidden states.
-        last_hidden: (q, d) work dtype on the target's device, of the latest forward.
-    """
-
-    def __init__(self, target: StaticLlama) -> None:
-        self.target = target
-        self.cached = 0
-        self.forward_calls = 0
-        self.keep_hidden = False
-        self.last_hidden: torch.Tensor | None = None
-        self.slot = target._acquire()
-
-    def __del__(self) -> None:
-        slot = getattr(self, "slot", None)
-        if slot is not None:
-            self.target._release(slot)
-
-    def forward(
-        self, tokens: list[int], depths: list[int], visible: torch.Tensor, base: int
-    ) -> torch.Tensor:
-        """``CachedLM.forward``: (q, V) logits of q new tokens over the cache, on the CPU."""
-        return self.target.forward([self], [tokens], [depths], [visible], [base])[0]
-
-    def extend(self, tokens: list[int]) -> torch.Tensor:
-        """Causal forward of a token chain after the cache; returns (q, V) logits."""
-        q = len(tokens)
-        return self.forward(tokens, list(range(q)), chain_visible(self.cached, q), self.cached)
-
-    def keep(self, prefix: int, slots: list[int]) -> None:
-        """Keep positions [0, prefix) and then the cached positions ``slots`` (increasing)."""
-        self.target.keep(self, prefix, slots)
