@@ -178,7 +178,7 @@ def test_embedded_redis_killed_under_serve_is_started_again_on_its_data(
         resources = app.state.resources
         assert settings.admin_token is not None
         admin = {"Authorization": f"Bearer {settings.admin_token.get_secret_value()}"}
-        token, _ = TokenStore(resources.redis, settings.redis_prefix).create(
+        token, _ = TokenStore(resources.redis, resources.token_key, settings.redis_prefix).create(
             "acme", ("generate", "detect", "keys")
         )
         user = {"Authorization": f"Bearer {token}"}
@@ -229,7 +229,7 @@ def test_embedded_redis_killed_under_serve_is_started_again_on_its_data(
         assert after.status_code == 200, after.text
         assert after.json() == before.json()  # the secret survived, bit for bit
         # counted once the watcher is back from the restart (/readyz may be 200 a moment before)
-        while "restarts_total 1.0" not in (metrics := client.get("/metrics").text):
+        while "restarts_total 1.0" not in (metrics := client.get("/metrics", headers=admin).text):
             assert time.monotonic() - killed_at < 10, metrics
             time.sleep(0.05)
     restarted.wait(10)  # the service stopped it on shutdown: no redis-server is left behind
