@@ -23,6 +23,7 @@ from sampler.autotree import (
     set_profile_dir,
 )
 from sampler.batch import generate_many
+from sampler.cached_lm import as_target
 from sampler.decoder import SamplerConfig, generate
 from sampler.drafters import NgramDrafter, fresh_drafter, self_drafter
 from tests.sampler.conftest import VOCAB, tiny_llama
@@ -185,7 +186,7 @@ def test_auto_trees_keep_the_keyed_output(profile):
     fixed-tree requests, whatever the profile makes the chooser pick (flat: deep trees;
     steep: mostly one-token steps)."""
     target = tiny_llama(2, layers=2)
-    target.__dict__["_poissonmark_forward_profile"] = profile
+    as_target(target).forward_profile = profile  # what the chooser reads, not a measurement
     prompts = [[(7 * i + j) % VOCAB for j in range(2 + i % 5)] for i in range(6)]
     drafters = [NgramDrafter(VOCAB), self_drafter(target, 1)]
     requests = []
