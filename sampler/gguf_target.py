@@ -15,20 +15,18 @@ fails):
   whose reductions differ (logits moved by up to 0.7 between a row alone and in a batch); with a
   quantised cache every batch takes the one per-cell path, which skips masked cells and
   accumulates the visible ones in cell order;
-- **cells in position order**: the per-cell accumulation depends on the order of the visible
-  cells, so a sequence's new cells must come after all its old ones. llama.cpp fills freed
-  cells first; rejected tree nodes are therefore never freed but handed to a tomb sequence no
-  query reads (``TOMB``), and when the context fills the cache is rebuilt from the committed
-  tokens as one causal chain (a chain evaluated at once equals it evaluated token by token);
-- **one context per sequence** (its own KV cache): cells freed by other requests would
-  otherwise be reused out of order. Batching across requests gains nothing here anyway: on
-  the 2-core EPYC measured a q-token forward costs ~q times a one-token one (Q4_1 has no
-  batched kernel on x86), ``bench/results/speed_cpu_gguf.json``.
+- **cells in position order** and **sequences that share a context**: a row's bits depend on
+  its own visible cells and their order only, so a context may hold many sequences as long
+  as no freed cell ever lands between a sequence's cells (``sampler.gguf_cache``: the tomb
+  sequence and compaction by copying cells).
 
-Tree attention maps to llama.cpp's sequence ids: a query token sees the cells that carry its
-FIRST sequence id and a position <= its own. Each leaf of the draft tree is a sequence; a node
-carries the leaves under it (first: one of them) so it sees exactly its ancestors and itself;
-committed cells carry every sequence in use.
+Continuous batching: the caches of ``new_batch_cache`` share one context (``KvStore``), and
+``forward`` over many of them is ONE ``llama_decode`` of all their rows: a q-row forward costs
+far less than q one-row ones (``bench/results/gguf_forward_costs.json``), and each row gets
+the bits it gets alone (``probe`` checks it at load, ``tests/sampler/test_gguf_target.py``
+over the decoder).
+
+Tree attention maps to llama.cpp's sequence ids (``sampler.gguf_cache``).
 
 Shapes: q new tokens, P cached positions, V vocabulary.
 """
@@ -45,6 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from sampler.gguf_cache import MAX_LEAVES, GgufCache, KvStore
 from sampler.target import Target
 
 log = logging.getLogger("poissonmark.gguf")
@@ -58,15 +57,16 @@ __all__ = [
     "repacking_safe",
 ]
 
-MAX_LEAVES = 64
-"""Leaves of one draft tree = sequence ids in use per context (``sampler.methods.MAX_DRAFTS``)."""
-TOMB = MAX_LEAVES
-"""The sequence id that holds rejected tree nodes' cells: occupied, read by no query."""
 UBATCH = 512
 """Tokens per llama.cpp micro-batch (a longer forward runs as several, same results)."""
 CONTEXT_CELLS = 8192
-"""KV cells per sequence's context (capped at the model's training context): ~100 MB in Q8_0
-for SmolLM2-135M."""
+"""KV cells of a private context, and the most positions of one sequence (capped at the
+model's training context): ~100 MB in Q8_0 for SmolLM2-135M."""
+SHARED_CELLS = 16384
+"""KV cells of the context the continuous batch shares (~200 MB in Q8_0)."""
+SHARED_SEQ_MAX = 256
+"""Sequence ids of the shared context (llama.cpp's LLAMA_MAX_SEQ): one per live sequence,
+one per extra leaf of a pending draft tree, and the tomb."""
 
 _backend_lock = threading.Lock()
 _backend_ready = False
@@ -196,8 +196,11 @@ class GgufTarget(Target):
         self.weights = "gguf:" + (desc.value.decode(errors="replace").split()[-1] or "?")
         if self.repack:
             self.weights += "+repacked"
-        self._free: list[Any] = []  # idle contexts, reused by new caches
+        self._free: list[Any] = []  # idle private contexts, reused by new caches
         self._lock = threading.Lock()
+        self.shared_cells = SHARED_CELLS
+        self.shared_seq_max = SHARED_SEQ_MAX
+        self._shared: KvStore | None = None
         self.hidden_size = int(self.lib.llama_model_n_embd(self.handle))
         self.invariant = True  # measured per machine by ``probe`` (sampler.models.gguf_target)
         # the detector's model tests: llama.cpp's decode calls share one lock with the
@@ -205,12 +208,19 @@ class GgufTarget(Target):
         # the ~1 s of 128 rows with their logits
         self.rows_per_call = 32
         self._batch = self.lib.llama_batch_init(UBATCH, 0, MAX_LEAVES + 1)
-        self._decoding = threading.Lock()  # one shared batch buffer
+        # one shared batch buffer; every context's memory is changed under it too (a shared
+        # context's caches may live on several threads); reentrant: a store's decode may
+        # move a cache into a new store and decode there
+        self._decoding = threading.RLock()
 
     def __del__(self) -> None:
         lib = getattr(self, "lib", None)
         if lib is None:
             return
+        shared = getattr(self, "_shared", None)
+        if shared is not None:
+            lib.llama_free(shared.ctx)
+            shared.ctx = None
         for ctx in getattr(self, "_free", []):
             lib.llama_free(ctx)
         if getattr(self, "_batch", None) is not None:
@@ -218,16 +228,19 @@ class GgufTarget(Target):
         if getattr(self, "handle", None):
             lib.llama_model_free(self.handle)
 
-    def _context(self) -> Any:
-        with self._lock:
-            if self._free:
-                return self._free.pop()
+    def _context(self, cells: int, seq_max: int, pooled: bool) -> Any:
+        """A llama.cpp context of ``cells`` KV cells and ``seq_max`` sequence ids; ``pooled``:
+        a private one, taken from the idle ones when there is one."""
+        if pooled:
+            with self._lock:
+                if self._free:
+                    return self._free.pop()
         params = self.lib.llama_context_default_params()
-        params.n_ctx = self.context_cells
+        params.n_ctx = cells
         params.n_batch = self.micro_batch
         params.n_ubatch = self.micro_batch
-        params.n_outputs_max = max(self.micro_batch, MAX_LEAVES + 1)  # asserted >= n_seq_max
-        params.n_seq_max = MAX_LEAVES + 1
+        params.n_outputs_max = max(self.micro_batch, seq_max)  # asserted >= n_seq_max
+        params.n_seq_max = seq_max
         params.n_threads = self.threads
         params.n_threads_batch = self.threads
         params.flash_attn_type = self.lib.LLAMA_FLASH_ATTN_TYPE_ENABLED
@@ -241,7 +254,11 @@ class GgufTarget(Target):
             raise GgufUnavailable("llama.cpp could not create a context")
         return ctx
 
-    def _release(self, ctx: Any) -> None:
+    def _release(self, ctx: Any, pooled: bool) -> None:
+        """Give back a context of ``_context``: a pooled one is cleared and kept for reuse."""
+        if not pooled:
+            self.lib.llama_free(ctx)
+            return
         self.lib.llama_memory_clear(self.lib.llama_get_memory(ctx), True)
         with self._lock:
             self._free.append(ctx)
@@ -256,8 +273,16 @@ class GgufTarget(Target):
         return f"llama.cpp:{self.weights}:threads={self.threads}"
 
     def new_cache(self) -> GgufCache:
-        """An empty KV cache (its own llama.cpp context) for one sequence."""
-        return GgufCache(self)
+        """An empty KV cache for one sequence, in a llama.cpp context of its own."""
+        return GgufCache(self, KvStore(self, shared=False))
+
+    def new_batch_cache(self) -> GgufCache:
+        """An empty KV cache for a sequence that steps beside others: in the context the
+        continuous batch shares, so that ``forward`` decodes them all in one call."""
+        with self._decoding:
+            if self._shared is None:
+                self._shared = KvStore(self, shared=True)
+            return GgufCache(self, self._shared)
 
     def forward(
         self,
@@ -267,16 +292,28 @@ class GgufTarget(Target):
         visible: list[torch.Tensor],
         bases: list[int],
     ) -> list[torch.Tensor]:
-        """``GgufCache.forward`` for R sequences, one after another (one context each; a
-        q-token forward costs ~q one-token ones here, so one call would gain nothing).
+        """``GgufCache.forward`` for R sequences: the caches of one shared context in ONE
+        llama.cpp decode, each other cache alone. Each row gets the bits it gets alone.
 
         Returns:
             R tensors of (q_r, V) float32 logits.
+        Raises:
+            ValueError: as ``GgufCache.forward``, checked for every cache before any decode.
         """
-        return [
-            cache.forward(t, d, v, b)
+        plans = [
+            cache.plan(t, d, v, b)
             for cache, t, d, v, b in zip(caches, tokens, depths, visible, bases, strict=True)
         ]
+        stores: dict[int, list[int]] = {}
+        for k, cache in enumerate(caches):
+            stores.setdefault(id(cache.store), []).append(k)
+        out: list[torch.Tensor | None] = [None] * len(caches)
+        for members in stores.values():
+            store = caches[members[0]].store
+            done = store.run([(caches[k], plans[k]) for k in members])
+            for k, (logits, _) in zip(members, done, strict=True):
+                out[k] = logits
+        return [logits for logits in out if logits is not None]
 
     def decode(
         self, ctx: Any, rows: list[tuple[int, int, list[int]]], hidden: bool = False
@@ -338,7 +375,9 @@ class GgufTarget(Target):
         """Check the invariances the decoder relies on, on this machine, with fixed tokens
         (nothing keyed): a chain decoded at once equals it decoded token by token, a tree
         node equals the same context as a chain, a context after a kept tree path equals
-        the chain's. ~0.5 s.
+        the chain's; in a shared context, two sequences stepped in one decode, their cells
+        interleaved, beside a dead sequence's cells and across a compaction, equal each
+        alone. ~0.5 s.
 
         Raises:
             RowInvarianceError: some row differs.
@@ -372,238 +411,27 @@ class GgufTarget(Target):
         after = tree.extend(chain[3:])
         if not torch.equal(after, one[3:]):
             raise RowInvarianceError("llama.cpp: a context after a kept tree path differs")
-
-
-class GgufCache:
-    """One sequence's KV cache on a ``GgufTarget`` (``CachedLM``'s interface).
-
-    Attributes:
-        cached: P, the number of committed positions in the cache.
-        forward_calls: forwards so far (prefill included).
-        tokens: the P committed token ids (to rebuild the cache when it fills).
-        keep_hidden: when set, ``last_hidden`` holds the latest forward's (q, d) float32
-            final normed hidden states (what transformers' last hidden state is).
-    """
-
-    def __init__(self, target: GgufTarget) -> None:
-        self.target = target
-        self.runner = target
-        self.ctx = target._context()
-        self.mem = target.lib.llama_get_memory(self.ctx)
-        self.cached = 0
-        self.forward_calls = 0
-        self.tokens: list[int] = []
-        self.keep_hidden = False
-        self.last_hidden: torch.Tensor | None = None
-        self.sequences = 1  # sequence ids 0..sequences-1 are on every committed cell
-        self.cells = 0  # occupied cells: committed + pending tree + tomb
-        self._pending: _Pending | None = None
-
-    def __del__(self) -> None:
-        ctx = getattr(self, "ctx", None)
-        if ctx is not None:
-            self.target._release(ctx)
-
-    def forward(
-        self, tokens: list[int], depths: list[int], visible: torch.Tensor, base: int
-    ) -> torch.Tensor:
-        """Run q new tokens, a draft tree (node order: parents first) over the cache.
-
-        Args:
-            tokens: q token ids.
-            depths: q depths; token i sits at position ``base + depths[i]``.
-            visible: (q, P + q) bool: every token sees all P cached positions, and among the
-                new ones exactly its ancestors and itself (a tree rooted at token 0).
-            base: must equal P.
-        Returns:
-            (q, V) float32 logits.
-        Raises:
-            ValueError: another mask shape, a mask that is not such a tree, more than
-                ``MAX_LEAVES`` leaves, or more tokens than the context.
-        """
-        q, p = len(tokens), self.cached
-        if self._pending is not None and not self._pending.chain:
-            raise ValueError("keep() the previous draft tree's path before the next forward")
-        if base != p or visible.shape != (q, p + q) or len(depths) != q:
-            raise ValueError(
-                f"expected base {p} and visible of shape ({q}, {p + q}), got base {base} and "
-                f"{tuple(visible.shape)}"
+        solo = self.new_cache()
+        solo.extend(prefix[5:])
+        apart = torch.cat([solo.extend([t]) for t in chain])
+        store = KvStore(self, shared=True, cells=256)
+        dead = GgufCache(self, store)
+        dead.extend(prefix[:10])
+        first, second = GgufCache(self, store), GgufCache(self, store)
+        first.extend(prefix)
+        second.extend(prefix[5:])
+        del dead
+        rows = []
+        for step, token in enumerate(chain):
+            if step == len(chain) // 2:
+                store.compact()
+            rows.append(
+                store.run(
+                    [(first, first.plan_chain([token])), (second, second.plan_chain([token]))]
+                )
             )
-        if q == 0:
-            return torch.empty((0, self.target.vocab_size))
-        if not bool(visible[:, :p].all()):
-            raise ValueError("every new token must see the whole cache")
-        parents = _tree_parents(visible[:, p:].numpy(), depths)
-        leaf_of, seqs_of = _sequences(parents)
-        if len(set(leaf_of)) > MAX_LEAVES:
-            raise ValueError(f"a draft tree has at most {MAX_LEAVES} leaves")
-        if p + q > self.target.context_cells:
-            raise ValueError(f"{p + q} positions exceed the context of {self.target.context_cells}")
-        self._grow_sequences(max(leaf_of) + 1)
-        chain = all(parent == i - 1 for i, parent in enumerate(parents))
-        every = list(range(self.sequences))
-        rows = [
-            (token, base + depth, every if chain else seqs_of[i])
-            for i, (token, depth) in enumerate(zip(tokens, depths, strict=True))
-        ]
-        return self._run(rows, _Pending(base, list(tokens), parents, leaf_of, chain))
-
-    def extend(self, tokens: list[int]) -> torch.Tensor:
-        """Causal forward of a token chain after the cache, all of it kept; (q, V) logits.
-
-        ``forward`` over the chain's mask, without building or checking one: a decoding step
-        of one token comes here (``sampler.loop.verify_tree``), where the mask and tree checks
-        cost ~0.1 ms a token after a llama.cpp forward (one-off timing). Same rows, same bits.
-        """
-        q, p = len(tokens), self.cached
-        if self._pending is not None and not self._pending.chain:
-            raise ValueError("keep() the previous draft tree's path before the next forward")
-        if q == 0:
-            return torch.empty((0, self.target.vocab_size))
-        if p + q > self.target.context_cells:
-            raise ValueError(f"{p + q} positions exceed the context of {self.target.context_cells}")
-        every = list(range(self.sequences))
-        rows = [(token, p + i, every) for i, token in enumerate(tokens)]
-        parents = list(range(-1, q - 1))
-        return self._run(rows, _Pending(p, list(tokens), parents, [0] * q, True))
-
-    def _run(self, rows: list[tuple[int, int, list[int]]], pending: _Pending) -> torch.Tensor:
-        """Decode ``rows`` (the new tokens of ``pending``) and record them; (q, V) logits."""
-        q = len(rows)
-        if self.cells + q > self.target.context_cells:
-            self._rebuild()
-        logits, hidden = self.target.decode(self.ctx, rows, self.keep_hidden)
-        if hidden is not None:
-            self.last_hidden = torch.from_numpy(hidden)
-        self.cells += q
-        self.forward_calls += 1
-        self.cached = pending.base + q
-        if pending.chain:
-            self.tokens.extend(pending.tokens)
-        self._pending = pending
-        return torch.from_numpy(logits)
-
-    def keep(self, prefix: int, slots: list[int]) -> None:
-        """Keep positions [0, prefix) and then the cached positions ``slots`` (increasing).
-
-        After a draft tree (slot ``P + i`` = its token i) ``prefix`` must be that P and
-        ``slots`` a path from its root; otherwise ``slots`` must continue the prefix
-        (``prefix, prefix + 1, ...``): the positions after them are dropped.
-
-        Raises:
-            ValueError: other slots.
-        """
-        pending, self._pending = self._pending, None
-        if pending is None or pending.chain:
-            end = prefix + len(slots)
-            if slots != list(range(prefix, end)) or end > self.cached:
-                raise ValueError(f"keep({prefix}, {slots}): slots must continue the prefix")
-            self._drop_after(end)
-            return
-        base = pending.base
-        nodes = [slot - base for slot in slots]
-        if prefix != base or any(
-            not 0 <= node < len(pending.tokens)
-            or pending.parents[node] != (nodes[k - 1] if k else -1)
-            for k, node in enumerate(nodes)
+        if store.compactions != 1 or not all(
+            torch.equal(a[0], one[i]) and torch.equal(b[0], apart[i])
+            for i, ((a, _), (b, _)) in enumerate(rows)
         ):
-            raise ValueError(f"keep({prefix}, {slots}) is not a root path of the latest tree")
-        lib, mem, depth = self.target.lib, self.mem, len(nodes)
-        # every tree cell joins the tomb (stays occupied: llama.cpp refills freed cells
-        # first, which would put later tokens before the kept ones), then the live
-        # sequences keep only the path
-        for seq in range(self.sequences):
-            lib.llama_memory_seq_cp(mem, seq, TOMB, base, -1)
-        kept = pending.leaf_of[nodes[-1]] if nodes else 0
-        for seq in range(self.sequences):
-            lib.llama_memory_seq_rm(mem, seq, base + (depth if seq == kept else 0), -1)
-        if depth:
-            for seq in range(self.sequences):
-                if seq != kept:
-                    lib.llama_memory_seq_cp(mem, kept, seq, base, base + depth)
-        self.tokens[base:] = [pending.tokens[node] for node in nodes]
-        self.cached = base + depth
-
-    def _drop_after(self, end: int) -> None:
-        """Drop the committed positions from ``end`` on. Their cells are the last ones the
-        sequence's live cells use (cells follow positions), so freeing them keeps the order."""
-        if end == self.cached:
-            return
-        for seq in range(self.sequences):
-            self.target.lib.llama_memory_seq_rm(self.mem, seq, end, -1)
-        self.cells -= self.cached - end
-        del self.tokens[end:]
-        self.cached = end
-
-    def _grow_sequences(self, needed: int) -> None:
-        """Put sequence ids up to ``needed`` on every committed cell (they all carry 0)."""
-        for seq in range(self.sequences, needed):
-            self.target.lib.llama_memory_seq_cp(self.mem, 0, seq, -1, -1)
-        self.sequences = max(self.sequences, needed)
-
-    def _rebuild(self) -> None:
-        """Clear the context and decode the committed tokens again as one causal chain:
-        the tomb's cells are freed and the logits of later steps are unchanged (a chain at
-        once equals it token by token, ``GgufTarget.probe``)."""
-        self.target.lib.llama_memory_clear(self.mem, True)
-        every = list(range(self.sequences))
-        if self.tokens:
-            self.target.decode(self.ctx, [(t, i, every) for i, t in enumerate(self.tokens)])[0]
-        self.cells = len(self.tokens)
-        self.cached = len(self.tokens)
-
-
-class _Pending:
-    """The latest forward's tree, until ``keep``."""
-
-    def __init__(
-        self, base: int, tokens: list[int], parents: list[int], leaf_of: list[int], chain: bool
-    ) -> None:
-        self.base, self.tokens, self.parents, self.leaf_of, self.chain = (
-            base, tokens, parents, leaf_of, chain,
-        )  # fmt: skip
-
-
-def _tree_parents(new: np.ndarray, depths: list[int]) -> list[int]:
-    """Parents (-1 for the root) of q new tokens whose (q, q) visibility ``new`` must be
-    "ancestor or self" of a tree rooted at token 0 with parents before children.
-
-    Raises:
-        ValueError: ``new`` or ``depths`` is not such a tree.
-    """
-    q = len(depths)
-    parents = [-1] * q
-    if depths[0] != 0 or not new[0, 0] or new[0, 1:].any():
-        raise ValueError("token 0 must be the tree's root (depth 0, seeing only itself)")
-    for i in range(1, q):
-        row = new[i]
-        seen = np.flatnonzero(row[:i])
-        if not row[i] or row[i + 1 :].any() or not len(seen):
-            raise ValueError(f"token {i} must see itself and its ancestors, none after it")
-        parent = int(seen[-1])
-        if (
-            depths[i] != depths[parent] + 1
-            or not np.array_equal(row[:parent], new[parent, :parent])
-            or len(seen) != depths[i]
-        ):
-            raise ValueError(f"token {i}'s visibility is not its ancestors' plus itself")
-        parents[i] = parent
-    return parents
-
-
-def _sequences(parents: list[int]) -> tuple[list[int], list[list[int]]]:
-    """Sequence ids of a tree: leaf k (in node order) is sequence k; each node gets one leaf
-    under it first (the one its attention reads) and then every other leaf under it."""
-    q = len(parents)
-    children = [0] * q
-    for parent in parents[1:]:
-        children[parent] += 1
-    leaves = [i for i in range(q) if children[i] == 0]
-    under: list[list[int]] = [[] for _ in range(q)]
-    for seq, leaf in enumerate(leaves):
-        node = leaf
-        while node != -1:
-            under[node].append(seq)
-            node = parents[node]
-    leaf_of = [seqs[0] for seqs in under]
-    return leaf_of, under
+            raise RowInvarianceError("llama.cpp: a sequence in a shared context differs from alone")

@@ -110,7 +110,7 @@ def start_many(
     lms, drafters = [], []
     for prompt, config, _, drafter in requests:
         drafter = drafter if config.speculative else None
-        lm = target.new_cache()
+        lm = target.new_batch_cache()
         lm.keep_hidden = wants_target_hidden(drafter)
         if drafter is not None:
             drafter.start(prompt)

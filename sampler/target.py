@@ -75,6 +75,12 @@ class Target:
         """An empty KV cache for one sequence."""
         raise NotImplementedError
 
+    def new_batch_cache(self) -> TargetLM:
+        """An empty KV cache for a sequence that steps beside others through ``forward``
+        (continuous batching). A backend whose caches batch best in a common store (llama.cpp:
+        one context) puts it there; the logits are those of ``new_cache``'s."""
+        return self.new_cache()
+
     def forward(
         self,
         caches: list[Any],

@@ -140,6 +140,112 @@ def test_a_full_context_is_rebuilt_without_changing_logits(target: GgufTarget) -
     assert tree.tokens == chain.tokens
 
 
+TREE = [[], [0], [0], [0], [0, 1], [0, 1], [0, 2], [0, 1, 4]]
+"""An 8-node tree: the kept path 0-1-4-7 and four nodes for the tomb."""
+
+
+def _inputs(kind: int, token: int, base: int) -> tuple[list[int], list[int], torch.Tensor]:
+    """Forward ``kind``'s tokens, depths and visibility after ``base`` cached positions: 0 one
+    token, 1 the 8-node ``TREE``, 2 a 2-token chain."""
+    if kind == 1:
+        return (
+            [token, 11, 12, 13, 14, 15, 16, 17],
+            [len(a) for a in TREE],
+            _tree_visible(base, TREE),
+        )
+    q = 1 if kind == 0 else 2
+    visible = torch.cat([torch.ones((q, base), dtype=torch.bool), _causal(q)], 1)
+    return [token, token + 1][:q], list(range(q)), visible
+
+
+def test_sequences_in_a_shared_context_equal_each_alone(target: GgufTarget) -> None:
+    """Sequences in one shared context (``new_batch_cache``), stepped together by ``forward``
+    (one llama.cpp decode): one-token steps, trees and chains, one sequence dying mid-way
+    (its cells to the tomb), new ones joining, compactions in a context of 448 cells. Every
+    row equals its twin's in a private context, bit for bit."""
+    small = GgufTarget(target.path, threads=target.threads)
+    small.shared_cells = 448
+    twins: list[tuple[GgufCache, GgufCache]] = []
+
+    def join(k: int) -> None:
+        alone, shared = small.new_cache(), small.new_batch_cache()
+        for cache in (alone, shared):
+            cache.extend(PREFIX[k:] + CHAIN[:k])
+        twins.append((alone, shared))
+
+    for k in range(4):
+        join(k)
+    store = twins[0][1].store
+    for step in range(30):
+        if step == 9:
+            del twins[1]  # dies with its cells in the middle of the others'
+        if step in (15, 25):
+            join(5 + step % 3)
+        inputs = [
+            _inputs((step + k) % 3, CHAIN[(step + k) % len(CHAIN)], shared.cached)
+            for k, (_, shared) in enumerate(twins)
+        ]
+        want = [
+            alone.forward(t, d, v, alone.cached)
+            for (alone, _), (t, d, v) in zip(twins, inputs, strict=True)
+        ]
+        got = small.forward(
+            [s for _, s in twins],
+            [t for t, _, _ in inputs],
+            [d for _, d, _ in inputs],
+            [v for _, _, v in inputs],
+            [s.cached for _, s in twins],
+        )
+        for k, ((alone, shared), logits) in enumerate(zip(twins, got, strict=True)):
+            assert torch.equal(logits, want[k]), f"step {step}, sequence {k}"
+            if len(inputs[k][0]) == len(TREE):
+                base = shared.cached - len(TREE)
+                for cache in (alone, shared):
+                    cache.keep(base, [base, base + 1, base + 4, base + 7])
+        assert all(a.tokens == s.tokens for a, s in twins)
+        assert all(s.store is store for _, s in twins), f"step {step}: a sequence moved out"
+    assert store.compactions >= 2, "the context never filled: the test tests nothing"
+
+
+def test_a_shared_context_moves_out_a_sequence_it_cannot_hold(target: GgufTarget) -> None:
+    """With 4 sequence ids (3 for caches: the tomb takes one) a tree of 3 leaves beside
+    another sequence cannot borrow its ids: that cache moves to a context of its own (its
+    cells copied) and keeps its bits; so does one longer than the shared context's cells."""
+    small = GgufTarget(target.path, threads=target.threads)
+    small.shared_seq_max, small.shared_cells = 4, 256
+    alone = [small.new_cache() for _ in range(3)]
+    shared = [small.new_batch_cache() for _ in range(3)]
+    for k, (a, s) in enumerate(zip(alone, shared, strict=True)):
+        a.extend(PREFIX[k:])
+        s.extend(PREFIX[k:])
+    store = shared[0].store
+    ancestors = [[], [0], [0], [0]]  # a root and three children: three leaves
+    base = shared[0].cached
+    want = alone[0].forward([CHAIN[0], 1, 2, 3], [0, 1, 1, 1], _tree_visible(base, ancestors), base)
+    chain = [alone[k].extend(CHAIN[:2]) for k in (1, 2)]
+    got = small.forward(
+        shared,
+        [[CHAIN[0], 1, 2, 3], CHAIN[:2], CHAIN[:2]],
+        [[0, 1, 1, 1], [0, 1], [0, 1]],
+        [_tree_visible(base, ancestors)]
+        + [
+            torch.cat([torch.ones((2, s.cached), dtype=torch.bool), _causal(2)], 1)
+            for s in shared[1:]
+        ],
+        [s.cached for s in shared],
+    )
+    assert shared[0].store is not store and shared[1].store is store
+    assert torch.equal(got[0], want)
+    assert all(torch.equal(got[k], chain[k - 1]) for k in (1, 2))
+    shared[0].keep(base, [base, base + 2])
+    alone[0].keep(base, [base, base + 2])
+    assert torch.equal(shared[0].extend(CHAIN[3:5]), alone[0].extend(CHAIN[3:5]))
+    long = [t % 1000 + 100 for t in range(300)]  # more than the shared context's 256 cells
+    a, s = small.new_cache(), small.new_batch_cache()
+    assert torch.equal(s.extend(long), a.extend(long))
+    assert s.store is not store
+
+
 def test_invalid_masks_and_paths_are_refused(target: GgufTarget) -> None:
     cache = target.new_cache()
     cache.extend(PREFIX[:5])
