@@ -44,7 +44,7 @@ import torch
 if TYPE_CHECKING:
     from sampler.gguf_target import GgufTarget
 
-__all__ = ["GgufCache", "KvStore", "MAX_LEAVES"]
+__all__ = ["MAX_LEAVES", "GgufCache", "KvStore"]
 
 MAX_LEAVES = 64
 """Leaves of one draft tree (``sampler.methods.MAX_DRAFTS``)."""
