@@ -17,7 +17,8 @@ The goal on a 2-core machine: zero errors, ``/v1/detect`` p99 <= 50 ms at 8 clie
 
 ``--sweep`` (continuous batching) instead sweeps ``POST /v1/generate`` over
 ``--sweep-clients`` (1, 2, 4, 8, 16, 32) concurrent clients: mpfr, ngram, B = L = 4,
-``--sweep-tokens`` (128) new tokens, 8 held-out ELI5 prompts each with a fixed nonce, at least
+``--sweep-tokens`` (128) new tokens (``--sweep-defaults``: the service's default method,
+drafter, B and L instead), 8 held-out ELI5 prompts each with a fixed nonce, at least
 ``--sweep-requests`` (8) requests per level, the levels repeated ``--sweep-repeats`` times
 interleaved (ratios from each level's median). A 503 with Retry-After (the bounded queue is full)
 is retried after the pause it names and counted; any other non-2xx is an error. Every output
@@ -196,20 +197,22 @@ async def sweep_level(
     return level, outputs
 
 
+SWEEP_SAMPLER = {"method": "mpfr", "drafter": "ngram", "drafts": 4, "lookahead": 4}
+"""The sweep's sampler unless ``--sweep-defaults`` (the service's own defaults)."""
+
+
 def run_sweep(
     url: str, headers: dict[str, str], key_id: str, args: argparse.Namespace
 ) -> list[dict[str, Any]]:
     """The ``--sweep`` levels (module docstring), the first (one client) as the solo reference."""
+    sampler = {} if args.sweep_defaults else SWEEP_SAMPLER
     bodies = [
         {
             "key_id": key_id,
             "messages": messages,
             "max_new_tokens": args.sweep_tokens,
-            "method": "mpfr",
-            "drafter": "ngram",
-            "drafts": 4,
-            "lookahead": 4,
             "nonce": 1000 + i,
+            **sampler,
         }
         for i, messages in enumerate(eli5_messages(args.sweep_prompts))
     ]
@@ -404,6 +407,11 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="the generate concurrency sweep")
     parser.add_argument("--sweep-clients", type=int, nargs="*", default=[1, 2, 4, 8, 16, 32])
     parser.add_argument("--sweep-tokens", type=int, default=128)
+    parser.add_argument(
+        "--sweep-defaults",
+        action="store_true",
+        help="generate with the service's default method, drafter, B and L (not mpfr ngram B4 L4)",
+    )
     parser.add_argument("--sweep-prompts", type=int, default=8)
     parser.add_argument("--sweep-requests", type=int, default=8)
     parser.add_argument(
@@ -520,10 +528,7 @@ def write_sweep(
         "server_settings": {k: v for k, v in server_settings.items() if k != "redis_url"},
         "generate": {
             "max_new_tokens": args.sweep_tokens,
-            "method": "mpfr",
-            "drafter": "ngram",
-            "B": 4,
-            "L": 4,
+            **({"sampler": "the service's defaults"} if args.sweep_defaults else SWEEP_SAMPLER),
             "prompts": f"data/prompts-eli5.jsonl[:{args.sweep_prompts}], nonce 1000+i",
         },
         "levels": levels,
@@ -537,7 +542,8 @@ def write_sweep(
     plot_sweep(
         summary,
         args.out.with_suffix(".png"),
-        f"POST /v1/generate, mpfr/ngram B=L=4, {args.sweep_tokens} tokens, generation_batch="
+        f"POST /v1/generate, {'defaults' if args.sweep_defaults else 'mpfr/ngram B=L=4'}, "
+        f"{args.sweep_tokens} tokens, generation_batch="
         f"{batch}; {report['machine']['cpu_model']}, {os.cpu_count()} cores, load "
         f"{load_at_start[0]:.1f}",
     )

@@ -147,6 +147,48 @@ def cpu_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)))
 
 
+def procs_running(stat: Path = Path("/proc/stat")) -> int | None:
+    """Runnable tasks on the machine at this instant (the reading thread included), from
+    ``/proc/stat``'s ``procs_running``; None where it cannot be read."""
+    try:
+        for line in stat.read_text().splitlines():
+            if line.startswith("procs_running "):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+class CoreShare:
+    """llama.cpp's thread count per decode: the CPUs other runnable tasks leave free.
+
+    ggml's threads meet at a spinning barrier after every operation (hundreds per forward),
+    so a forward on n threads runs at the pace of the thread the kernel schedules last: with
+    two busy processes beside a 2-thread forward on 2 cores, generation kept 9-18 % of its
+    quiet speed, where one thread gets the fair share. Before each decode the other runnable
+    tasks (``procs_running`` less the reading thread) are read and smoothed (weight
+    ``weight`` per decode); the threads are the CPUs less the rounded average, at least one.
+
+    Attributes:
+        cpus: the most threads (the CPUs this process may run on, or a fixed count).
+        others: the smoothed count of other runnable tasks.
+    """
+
+    def __init__(self, cpus: int, weight: float = 0.25, read: Any = procs_running) -> None:
+        self.cpus = cpus
+        self.weight = weight
+        self.others = 0.0
+        self._read = read
+
+    def threads(self) -> int:
+        """Threads for the next decode (reads the machine once)."""
+        running = self._read()
+        if running is None or self.cpus == 1:
+            return self.cpus
+        self.others += self.weight * (max(running - 1, 0) - self.others)
+        return max(1, self.cpus - round(self.others))
+
+
 class GgufTarget(Target):
     """A GGUF model loaded once into llama.cpp; ``new_cache`` gives each sequence a context.
 
@@ -159,7 +201,9 @@ class GgufTarget(Target):
         context_cells: KV cells per sequence.
         weights: the file's dominant tensor type, e.g. ``"gguf:Q4_1"``, with ``"+repacked"``
             when ``repack`` (machine fingerprint: the step costs differ).
-        threads: llama.cpp threads per forward.
+        threads: the most llama.cpp threads per forward.
+        share: with no fixed ``threads``, the ``CoreShare`` that picks each decode's count
+            (None: always ``threads``; also when ``probe`` finds the logits depend on it).
         repack: whether the weights were repacked into llama.cpp's extra CPU buffer types
             (AMX int8 tiles on a CPU with AMX: a one-token forward ~1.7x and a 5-token one
             ~2.2x faster on a 2-core Xeon, ``bench.gguf_forward_costs``).
@@ -176,6 +220,9 @@ class GgufTarget(Target):
             raise FileNotFoundError(path)
         self.path = path
         self.threads = threads or cpu_threads()
+        # a fixed count is kept; the default follows what other processes leave free
+        self.share = None if threads else CoreShare(self.threads)
+        self._pinned = 0  # a thread count the probe forces (0: none)
         self.repack = repacking_safe() if repack is None else repack
         params = self.lib.llama_model_default_params()
         params.n_gpu_layers = 0
@@ -332,6 +379,8 @@ class GgufTarget(Target):
         out = np.empty((len(rows), vocab), dtype=np.float32)
         states = np.empty((len(rows), self.hidden_size), dtype=np.float32) if hidden else None
         with self._decoding:
+            threads = self._pinned or (self.share.threads() if self.share else self.threads)
+            self.lib.llama_set_n_threads(ctx, threads, threads)
             step = self.micro_batch
             for start in range(0, len(rows), step):
                 self._decode_part(ctx, rows[start : start + step], start, out, states)
@@ -377,7 +426,8 @@ class GgufTarget(Target):
         node equals the same context as a chain, a context after a kept tree path equals
         the chain's; in a shared context, two sequences stepped in one decode, their cells
         interleaved, beside a dead sequence's cells and across a compaction, equal each
-        alone. ~0.5 s.
+        alone. Where the thread count follows the machine's load (``share``), a chain on one
+        thread must equal it on all, or the count is fixed. ~0.5 s.
 
         Raises:
             RowInvarianceError: some row differs.
@@ -411,6 +461,20 @@ class GgufTarget(Target):
         after = tree.extend(chain[3:])
         if not torch.equal(after, one[3:]):
             raise RowInvarianceError("llama.cpp: a context after a kept tree path differs")
+        if self.share is not None and self.threads > 1:
+            self._pinned = 1
+            try:
+                single = self.new_cache()
+                single.extend(prefix)
+                by_one = single.extend(chain)
+            finally:
+                self._pinned = 0
+            if not torch.equal(by_one, one):
+                log.warning(
+                    "llama.cpp: logits depend on the thread count; threads fixed at %d",
+                    self.threads,
+                )
+                self.share = None
         solo = self.new_cache()
         solo.extend(prefix[5:])
         apart = torch.cat([solo.extend([t]) for t in chain])

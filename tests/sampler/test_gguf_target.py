@@ -246,6 +246,26 @@ def test_a_shared_context_moves_out_a_sequence_it_cannot_hold(target: GgufTarget
     assert s.store is not store
 
 
+def test_logits_do_not_depend_on_the_thread_count(target: GgufTarget) -> None:
+    """The thread count follows the machine's load (``CoreShare``): a chain and a tree on one
+    thread and on two give the same bits (ggml splits each operation's output rows over the
+    threads; a row is summed by one thread)."""
+    ancestors = [[], [0], [0], [0, 1]]
+    results = []
+    for threads in (1, 2):
+        target._pinned = threads
+        try:
+            cache = target.new_cache()
+            chain = cache.extend(PREFIX + CHAIN)
+            base = cache.cached
+            tree = cache.forward(CHAIN[:4], [0, 1, 1, 2], _tree_visible(base, ancestors), base)
+            results.append((chain, tree))
+        finally:
+            target._pinned = 0
+    assert torch.equal(results[0][0], results[1][0])
+    assert torch.equal(results[0][1], results[1][1])
+
+
 def test_invalid_masks_and_paths_are_refused(target: GgufTarget) -> None:
     cache = target.new_cache()
     cache.extend(PREFIX[:5])
