@@ -35,6 +35,12 @@ and a Q8_0 KV cache (``sampler.gguf_target``) every row is the same bits alone, 
 beside other sequences, which is what makes llama.cpp a backend of ours (precision gguf).
 
 Writes ``bench/results/speed_cpu.json``, ``speed_cpu.md`` and ``speed_cpu.png``.
+
+``--busy N`` (contention) instead measures the default generation (precision gguf, mpfr with
+the default drafter ngram, B4 L4, tree auto) quiet and beside N busy processes (a spinning loop
+each), with llama.cpp's thread count following the free cores (``CoreShare``, the default)
+and fixed at every CPU, the four conditions interleaved per prompt; writes
+``bench/results/speed_cpu_contention.json`` (tokens/s per condition, busy / quiet ratios).
 """
 
 from __future__ import annotations
@@ -275,6 +281,78 @@ def _llama_cpp_version() -> str:
     return importlib.metadata.version("llama_cpp_python")
 
 
+def _spin() -> None:
+    while True:
+        pass
+
+
+def contention(args: argparse.Namespace) -> None:
+    """The ``--busy`` mode (module docstring)."""
+    import multiprocessing
+
+    from sampler.gguf_target import CoreShare
+
+    loaded = load_model(DEFAULT_MODEL, args.home, "cpu", precision="gguf")
+    target = loaded.target
+    assert isinstance(target, GgufTarget)
+    run = ours(loaded, "mpfr/ngram/B4L4/auto", args.tokens)
+    share = target.share
+    conditions = ["quiet/share", "busy/share", "quiet/fixed", "busy/fixed"]
+    runs: dict[str, list[Run]] = {c: [] for c in conditions}
+    prompts = shared_prompts(args.prompts)
+    run(prompt_ids(loaded, messages=prompts[0]["messages"]), 10**6)  # warm-up
+    load_start = os.getloadavg()[0]
+    for i, row in enumerate(prompts):
+        ids = prompt_ids(loaded, messages=row["messages"])
+        for condition in conditions[i % 4 :] + conditions[: i % 4]:
+            load, policy = condition.split("/")
+            target.share = CoreShare(target.threads) if policy == "share" and share else None
+            spinners = [
+                multiprocessing.Process(target=_spin, daemon=True)
+                for _ in range(args.busy if load == "busy" else 0)
+            ]
+            for spinner in spinners:
+                spinner.start()
+            try:
+                time.sleep(0.5 if spinners else 0)  # the spinners are running
+                runs[condition].append(run(ids, i))
+            finally:
+                for spinner in spinners:
+                    spinner.terminate()
+                    spinner.join()
+        print(f"prompt {i + 1}/{len(prompts)}", flush=True)
+    rates = {c: sum(r.tokens for r in rs) / sum(r.seconds for r in rs) for c, rs in runs.items()}
+    result = {
+        "bench": "speed_cpu_contention",
+        "model": DEFAULT_MODEL,
+        "gguf": ALIASES[DEFAULT_MODEL][1],
+        "row": "gguf:mpfr/ngram/B4L4/auto (the service's default generation)",
+        "busy_processes": args.busy,
+        "threads": target.threads,
+        "share_available": share is not None,
+        "config": {"prompts": len(prompts), "max_new_tokens": args.tokens},
+        "tokens_per_second": rates,
+        "busy_over_quiet": {
+            policy: rates[f"busy/{policy}"] / rates[f"quiet/{policy}"]
+            for policy in ("share", "fixed")
+        },
+        "same_tokens_busy_and_quiet": all(
+            a.ids == b.ids
+            for policy in ("share", "fixed")
+            for a, b in zip(runs[f"quiet/{policy}"], runs[f"busy/{policy}"], strict=True)
+        ),
+        "load_average": {"start": load_start, "end": os.getloadavg()[0]},
+        **environment(),
+    }
+    out = (
+        args.out
+        if args.out != RESULTS / "speed_cpu.json"
+        else RESULTS / "speed_cpu_contention.json"
+    )
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({"tokens_per_second": rates, "busy_over_quiet": result["busy_over_quiet"]}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=20)
@@ -284,7 +362,10 @@ def main() -> None:
         "--home", type=Path, default=Path("~/.local/share/poissonmark").expanduser()
     )
     parser.add_argument("--out", type=Path, default=RESULTS / "speed_cpu.json")
+    parser.add_argument("--busy", type=int, default=0, help="the contention mode: busy processes")
     args = parser.parse_args()
+    if args.busy:
+        return contention(args)
     assert DEFAULT_MODEL in ALIASES
     threads = torch.get_num_threads()  # before precision gguf sets torch to one thread
     loaded = load_model(DEFAULT_MODEL, args.home, device="cpu", precision="float32")
