@@ -36,11 +36,12 @@ import torch
 from bench.common import RESULTS, environment
 from keyed import KeyedSource, Secret
 from sampler.decoder import SamplerConfig, generate
-from sampler.distill import DistillConfig, evaluate, prepare_data, train
+from sampler.distill import DistillConfig, evaluate, train
 from sampler.heads import SHIPPED_HEADS, HeadsDrafter, ParallelHeads
 from sampler.mdraft import Objective
 from sampler.models import DEFAULT_MODEL, load_model
 from sampler.processing import Processing
+from sampler.rollouts import prepare_data
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = SHIPPED_HEADS

@@ -83,8 +83,9 @@ def distill(
 ) -> None:
     """Train parallel drafter heads (MDraft); resumes from OUT/checkpoint.pt. Use the result
     as ``--drafter heads:OUT``."""
-    from sampler.distill import DistillConfig, evaluate, prepare_data, reach_summary, train
+    from sampler.distill import DistillConfig, evaluate, reach_summary, train
     from sampler.mdraft import Objective
+    from sampler.rollouts import prepare_data
 
     settings = Settings()
     with errors():
