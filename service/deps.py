@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
-from service.detection import DetectionPool
+from service.detection_pool import DetectionPool
 from service.errors import NotReady, UnknownQueryParameter
 from service.keystore import KeyStore
 from service.metrics import Metrics

@@ -19,7 +19,8 @@ from fastapi import APIRouter
 from service.api_tokens import Principal
 from service.auth import CanDetect, raw_evidence
 from service.deps import LimiterDep, MetricsDep, PoolDep, ResourcesDep, SettingsDep, StoreDep
-from service.detection import DetectionPool, DetectPlan
+from service.detection import DetectPlan
+from service.detection_pool import DetectionPool
 from service.errors import LimitExceeded
 from service.keystore import KeyStore
 from service.limits import check_batch, check_detect_input
@@ -50,7 +51,7 @@ async def _detect(
     pool: DetectionPool,
     limiter: RateLimiter,
     model: Any,
-) -> list[dict[str, Any]]:
+) -> list[DetectResponse]:
     """Charge, plan, charge the planned work, run (module docstring); ``model``: the served
     target when ``options.reads_model``, else None."""
     await limiter.spend(principal.token_id, len(items))
@@ -112,8 +113,8 @@ async def detect(
         limiter=limiter,
         model=resources.loaded.target if body.reads_model else None,
     )
-    metrics.detections.labels(result["verdict"]).inc()
-    return DetectResponse.model_validate(result)
+    metrics.detections.labels(result.verdict).inc()
+    return result
 
 
 @router.post("/batch", responses=_ERRORS)
@@ -141,5 +142,5 @@ async def detect_batch(
         model=resources.loaded.target if body.reads_model else None,
     )
     for result in results:
-        metrics.detections.labels(result["verdict"]).inc()
-    return DetectBatchResponse.model_validate({"results": results})
+        metrics.detections.labels(result.verdict).inc()
+    return DetectBatchResponse(results=results)

@@ -21,7 +21,7 @@ from fastapi import APIRouter, Request
 from sampler.completion import prompt_ids
 from service.auth import CanGenerate
 from service.deps import MetricsDep, PoolDep, ResourcesDep, SettingsDep, StoreDep, WorkerDep
-from service.detection import DetectionPool
+from service.detection_pool import DetectionPool
 from service.errors import GenerationCancelled
 from service.generation import Generated, Generation, from_body, prepare
 from service.limits import (

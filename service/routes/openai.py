@@ -35,7 +35,7 @@ from fastapi import APIRouter, Request
 from service.api_tokens import Principal
 from service.auth import CanGenerate
 from service.deps import MetricsDep, PoolDep, ResourcesDep, SettingsDep, StoreDep, WorkerDep
-from service.detection import DetectionPool
+from service.detection_pool import DetectionPool
 from service.errors import KEY_ID_PATTERN
 from service.generation import from_body, prepare
 from service.keystore import KeyStore
