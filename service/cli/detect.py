@@ -188,7 +188,7 @@ def detect(
         typer.Option(
             "--engine",
             help="With --jsonl: 'local' (this host's processes) or 'ray' (Ray Data over a "
-            "Ray cluster; pip install 'poissonmark[ray]').",
+            "Ray cluster; pip install 'poissonmark\\[ray]').",
         ),
     ] = "local",
     address: Annotated[

@@ -82,7 +82,8 @@ def distill(
     as_json: Json = False,
 ) -> None:
     """Train parallel drafter heads (MDraft); resumes from OUT/checkpoint.pt. Use the result
-    as ``--drafter heads:OUT``."""
+    as --drafter heads:OUT. On a terminal a progress bar shows the rollouts and the training
+    steps with their loss."""
     from sampler.distill import DistillConfig, evaluate, reach_summary, train
     from sampler.mdraft import Objective
     from sampler.rollouts import prepare_data
@@ -108,7 +109,9 @@ def distill(
             from sampler.heads import ParallelHeads
 
             ParallelHeads.load(init, loaded.model)
-        with Progress(console=err, disable=as_json, transient=False) as progress:
+        # the bars on a terminal only: a pipe or a log gets neither frames nor their end state
+        quiet = as_json or not err.is_terminal
+        with Progress(console=err, disable=quiet, transient=False) as progress:
             bars = _TrainingProgress(progress, objective, steps)
             data = prepare_data(
                 loaded.model, loaded.tokenizer, files, settings.home, max_new_tokens, seed,
@@ -119,7 +122,7 @@ def distill(
                 config, out_dir, bars.step,
             )  # fmt: skip
             status = err.status("evaluating on held-out prompts…")
-            with status if not as_json else contextlib.nullcontext():
+            with status if not quiet else contextlib.nullcontext():
                 result = evaluate(heads, loaded.model, data.heldout, data.heldout_hidden)
         (out_dir / "evaluation.json").write_text(json.dumps(result, indent=1) + "\n")
     payload: dict[str, Any] = {
