@@ -42,7 +42,7 @@ from sampler.tree import DraftTree
 
 FORMAT = "poissonmark-heads/2"
 SHIPPED_HEADS = Path(__file__).resolve().parent / "heads_data" / "smollm2-135m-instruct"
-"""Heads trained for SmolLM2-135M-Instruct by ``bench/distill_compare.py`` (spec ``heads``)."""
+"""Heads trained for SmolLM2-135M-Instruct by ``scripts/train_drafter.sh`` (spec ``heads``)."""
 
 
 def output_head(target: PreTrainedModel) -> nn.Linear:

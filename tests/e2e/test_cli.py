@@ -331,6 +331,8 @@ def test_distill_trains_resumes_and_refuses_bad_input(
         "12",
         "--eval-every",
         "2",
+        "--warmup",
+        "1",
         "--device",
         "cpu",
         "--json",
@@ -350,6 +352,7 @@ def test_distill_trains_resumes_and_refuses_bad_input(
     ):
         assert (out_dir / name).is_file(), name
     assert json.loads((out_dir / "heads.json").read_text())["objective"] == "mdraft"
+    assert json.loads((out_dir / "training.json").read_text())["config"]["warmup"] == 1
     again = run(cli_env, *args)  # resumes from the finished checkpoint: no new steps
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["train_seconds"] == result["train_seconds"]
