@@ -60,9 +60,7 @@ def distill(
     steps: Annotated[int, typer.Option(help="Optimiser steps.")] = 300,
     anchors: Annotated[int, typer.Option(help="Contexts per step.")] = 32,
     lr: Annotated[float, typer.Option(help="AdamW peak learning rate.")] = 1e-3,
-    warmup: Annotated[
-        int, typer.Option(min=0, help="Steps of linear learning-rate warm-up.")
-    ] = 20,
+    warmup: Annotated[int, typer.Option(min=0, help="Steps of linear learning-rate warm-up.")] = 20,
     seed: int = 0,
     eval_every: Annotated[
         int, typer.Option(min=0, help="Held-out τ every N steps (0 = off).")
