@@ -17,10 +17,13 @@ per-key 1 % quantiles of the Aaronson p-value on the human passages (``human-pyd
 truncated to the same budget. Drafter substitution: min-pair ROUGE-L (``rouge-score``) across
 drafters per (prompt, key).
 
-Resumable (``<out>.partial.jsonl``). Writes ``bench/results/appd.json``, ``appd.md`` and
-``appd_*.png``.
+Resumable (``<out>.partial.jsonl``). Writes ``bench/results/appd.json``, ``appd_*.png`` and
+the report ``appd.md`` (the tables, with the goals checked against the numbers and, when
+``coupling_acceptance.json`` lies beside it, both couplings on shared contexts); ``--report``
+writes the report alone from an existing JSON.
 
     python -m bench.appd_eval [--prompts 4] [--keys 3] [--tokens 64] [--drafter heads]
+    python -m bench.appd_eval --report [--out bench/results/appd.json]
 """
 
 from __future__ import annotations
@@ -45,12 +48,12 @@ from detector.scores import anlppt
 from keyed import KeyedSource, Secret
 from sampler.completion import eos_ids, prompt_ids
 from sampler.decoder import SamplerConfig, generate
-from sampler.distill import load_prompts, split_of
 from sampler.drafters import make_drafter
 from sampler.heads import HeadsDrafter
 from sampler.models import DEFAULT_MODEL, load_model
 from sampler.processing import Processing, dense_logp, process
 from sampler.race import acceptance_lower_bound
+from sampler.rollouts import load_prompts, split_of
 
 PROCESSING = Processing(1.0, 50, 1.0)
 SCORES = ("aaronson", "u", "li", "lattimore")
@@ -370,6 +373,192 @@ def caption(env: dict, drafter: str) -> str:
     )
 
 
+# ---- the report (appd.md) ---------------------------------------------------------------
+
+COLUMNS = (
+    "aatps",
+    "tokens_per_second",
+    "anlppt_aaronson",
+    "anlppt_u",
+    "anlppt_li",
+    "anlppt_lattimore",
+    "lppl",
+)
+
+
+def _cell(row: dict, name: str) -> str:
+    m = row[name]
+    return f"{m['mean']:.3f} ± {m['std']:.3f} ({m['std_over_keys']:.3f})"
+
+
+def _table(cells: dict, names: list[str]) -> list[str]:
+    lines = [
+        "| cell | AATPS | tokens/s | ANLPPT-A | ANLPPT-U | ANLPPT-Li | ANLPPT-PL | LPPL |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name in names:
+        if name in cells:
+            lines.append(f"| {name} | " + " | ".join(_cell(cells[name], c) for c in COLUMNS) + " |")
+    return lines
+
+
+def same_contexts(coupling: dict) -> list[str]:
+    """Goal lines from ``coupling_acceptance.json``: both couplings on shared contexts."""
+    rows = coupling["first_level_acceptance"]
+    setup = coupling["setup"]
+    diff = ", ".join(
+        f"B = {b}: {rows[b]['mpfr_minus_gls'][0]:+.4f} ± {rows[b]['mpfr_minus_gls'][1]:.4f}"
+        for b in rows
+    )
+    over = ", ".join(
+        f"B = {b}: {rows[b]['mpfr_minus_bound'][0]:+.4f} ± {rows[b]['mpfr_minus_bound'][1]:.4f}"
+        for b in rows
+    )
+    return [
+        f"- On the same {setup['contexts']} contexts (`coupling_acceptance.md`: both level-1 "
+        f"couplings under {setup['draws_per_context']} draws per context of the real target "
+        "and heads laws, paired; mean ± standard error over contexts), first-level acceptance "
+        f"mpfr − gls: {diff}.",
+        f"  mpfr − Thm 5.1 bound: {over}. The AATPS gaps above compare different texts (each "
+        "method's own output), with std over keys of 0.05–0.10 at 3 keys; these rows do not.",
+    ]
+
+
+def goals(data: dict, coupling: dict | None = None) -> list[str]:
+    cells = data["cells"]
+    out = []
+    for b in (2, 4, 6, 8):
+        m, g = cells.get(f"mpfr B={b}"), cells.get(f"gls B={b}")
+        if m and g:
+            diff = m["aatps"]["mean"] - g["aatps"]["mean"]
+            ok = "met" if diff >= -0.02 else "**missed**"
+            out.append(
+                f"- B = {b}: mpfr AATPS − gls AATPS = {diff:+.3f} (goal ≥ −0.02: {ok}; "
+                f"std over keys {m['aatps']['std_over_keys']:.3f} / "
+                f"{g['aatps']['std_over_keys']:.3f})"
+            )
+        if m and "thm51_bound" in m:
+            acc, bound = m["first_level_acceptance"]["mean"], m["thm51_bound"]["mean"]
+            out.append(
+                f"  - first-level acceptance {acc:.3f} (measured at step roots) next to the "
+                f"Thm 5.1 bound {bound:.3f} (averaged over every context of the output: "
+                "not the same contexts, so a reference, not a test)"
+            )
+    if coupling is not None:
+        out += same_contexts(coupling)
+    base, mp = cells.get("basic-uwm"), cells.get("mpfr B=4")
+    if base and mp:
+        out.append(
+            f"- ANLPPT-Aaronson: mpfr B=4 {_cell(mp, 'anlppt_aaronson')} vs basic-uwm "
+            f"{_cell(base, 'anlppt_aaronson')}"
+        )
+    nowm = cells.get("mpfr-nowm B=4")
+    if nowm and mp:
+        out.append(
+            f"- AATPS: mpfr-nowm B=4 {_cell(nowm, 'aatps')} vs mpfr B=4 {_cell(mp, 'aatps')}"
+        )
+    for method, row in data.get("drafter_substitution", {}).items():
+        out.append(
+            f"- drafter substitution, {method}: min-pair ROUGE-L mean "
+            f"{row['min_pair_rouge_l_mean']:.3f}, min {row['min_pair_rouge_l_min']:.3f}; "
+            f"identical across {', '.join(row['drafters'])} in "
+            f"{row['identical_outputs']}/{row['runs']} (prompt, key) pairs"
+        )
+    return out
+
+
+def render(data: dict, coupling: dict | None = None) -> str:
+    env, setup = data["environment"], data["setup"]
+    cells = data["cells"]
+    keys = setup["keys"]
+    lines = [
+        "# MPFR paper App. D on SmolLM2-135M-Instruct",
+        "",
+        f"Model {data['model']} ({setup['device']}, {setup['dtype']}); "
+        f"{env['hardware']['cpu']}, {env['hardware']['cores']} cores; commit "
+        f"`{env['commit'][:10]}`{' (dirty tree)' if env['dirty_tree'] else ''}; {env['date']}.",
+        f"Drafter `{setup['drafter']}`; {len(setup['prompts'])} held-out prompts "
+        f"({', '.join(setup['prompts'])}) × {keys} keys, {setup['tokens']} new tokens, "
+        "T = 1, top-k 50, top-p 1. Each entry: mean ± std over prompts × keys (std of the "
+        "per-key means). ANLPPT = −ln p / M (nats per scored token); LPPL = mean −ln P(y_t | "
+        "prefix) under the raw target. Tokens/s on this CPU are diagnostics, not claims.",
+        "",
+        "## Goals",
+        "",
+        *goals(data, coupling),
+        "",
+        "## Single draft (B = 1)",
+        "",
+        *_table(
+            cells,
+            ["basic-uwm"]
+            + [f"{m} L={k}" for k in (1, 2, 3, 4) for m in ("vsps", "pfr-nowm", "pfr")],
+        ),
+        "",
+        "![frontier](appd_frontier.png)",
+        "",
+        "## Multi-draft (L = 4)",
+        "",
+        *_table(
+            cells, [f"{m} B={b}" for b in (2, 4, 6, 8) for m in ("mpfr", "gls")] + ["mpfr-nowm B=4"]
+        ),
+        "",
+        "| cell | first-level acceptance | Thm 5.1 bound |",
+        "|---|---|---|",
+    ]
+    for b in (2, 4, 6, 8):
+        for m in ("mpfr", "gls"):
+            row = cells.get(f"{m} B={b}")
+            if row:
+                bound = _cell(row, "thm51_bound") if "thm51_bound" in row else "—"
+                lines.append(f"| {m} B={b} | {_cell(row, 'first_level_acceptance')} | {bound} |")
+    lines += [
+        "",
+        "![multi-draft](appd_multidraft.png)",
+        "",
+        "## Detection at 1 % FPR",
+        "",
+        "Thresholds: per key, the 1 % quantile of the Aaronson p-value over the 227 human "
+        "passages cut to the same budget. Each method: "
+        f"{len(setup['prompts']) * keys} generations of 128 tokens.",
+        "",
+        "| method | " + " | ".join(f"T = {b}" for b in (16, 32, 64, 128)) + " |",
+        "|---|---|---|---|---|",
+    ]
+    for method, rates in data["tpr_at_1pct_fpr"].items():
+        lines.append(
+            f"| {method} | " + " | ".join(f"{rates[str(b)]:.2f}" for b in (16, 32, 64, 128)) + " |"
+        )
+    lines += [
+        "",
+        "![tpr](appd_tpr.png)",
+        "",
+        "## Drafter substitution (B = 4, L = 4)",
+        "",
+        "| method | min-pair ROUGE-L (mean) | (min) | identical |",
+        "|---|---|---|---|",
+    ]
+    for method, row in data.get("drafter_substitution", {}).items():
+        lines.append(
+            f"| {method} | {row['min_pair_rouge_l_mean']:.3f} | "
+            f"{row['min_pair_rouge_l_min']:.3f} | "
+            f"{row['identical_outputs']}/{row['runs']} |"
+        )
+    lines.append("")
+    return "\n".join(lines)
+
+
+def write_report(path: Path) -> Path:
+    """``appd.md`` beside ``path`` (an ``appd.json``), from it and ``coupling_acceptance.json``
+    when that lies beside it."""
+    data = json.loads(path.read_text())
+    shared = path.parent / "coupling_acceptance.json"
+    coupling = json.loads(shared.read_text()) if shared.exists() else None
+    report = path.with_suffix(".md")
+    report.write_text(render(data, coupling))
+    return report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--prompts", type=int, default=4, help="held-out prompts per task")
@@ -389,11 +578,19 @@ def main() -> None:
         "their summary alone: no TPR, substitution, plots or report",
     )
     parser.add_argument(
+        "--report",
+        action="store_true",
+        help="write the report (appd.md) from --out's JSON and stop",
+    )
+    parser.add_argument(
         "--finalize",
         action="store_true",
         help="summarise the runs finished so far without generating more",
     )
     args = parser.parse_args()
+    if args.report:
+        print(f"wrote {write_report(args.out)}")
+        return
 
     loaded = load_model(DEFAULT_MODEL, args.home, device="auto")
     rows = heldout_prompts(args.prompts)
@@ -462,6 +659,7 @@ def main() -> None:
         "plots": images,
     }
     args.out.write_text(json.dumps(payload, indent=1) + "\n")
+    write_report(args.out)
     print(json.dumps({"tpr": rates, "substitution": stability}, indent=1))
 
 

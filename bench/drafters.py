@@ -1,6 +1,6 @@
 """Drafters compared in the real decoder: AATPS and acceptance per level of ``mpfr`` (T = 1,
 top-k 50) for ngram, the shipped parallel heads and eagle heads (``sampler.eagle``), on
-held-out prompts (``sampler.distill.split_of``: never trained on), every output checked
+held-out prompts (``sampler.rollouts.split_of``: never trained on), every output checked
 identical to ``basic-uwm`` for the same key and nonce.
 
 AATPS = emitted tokens / target forwards (``GenerationStats.aatps``), pooled over the prompts

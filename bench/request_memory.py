@@ -2,9 +2,9 @@
 
 One request = what ``POST /v1/detect`` does after its limits: tokenize (``DetectionPool``'s
 ``tokenize_input``), every key's Aaronson p and best window, full results of the best
-``max_results`` keys (``service.detection.detect_keys``), the wire shape with the best key's
-per-token evidence (``multi_key_json``, raw: the `evidence` scope's, the larger), validated
-as ``DetectResponse`` and dumped to JSON. Options at their most: every score family, spans,
+``max_results`` keys (``service.detection.detect_keys``), the ``DetectResponse`` with the best
+key's per-token evidence (``service.detect_response``, raw: the `evidence` scope's, the
+larger), dumped to JSON. Options at their most: every score family, spans,
 the re-aligned test, ``max_results`` 100, evidence on. The text is human text of exactly
 ``max_tokens`` (32,768) tokens; keys are in-memory records (Redis reads are not measured).
 
@@ -75,9 +75,9 @@ def request(
     from detector.options import DetectOptions
     from detector.scores import SCORE_NAMES
     from keyed.prf import Secret
-    from service.detection import detect_keys, multi_key_json
+    from service.detect_response import detect_response
+    from service.detection import detect_keys
     from service.key_record import KeyRecord
-    from service.schemas.detect import DetectResponse
 
     records = [
         KeyRecord(
@@ -108,8 +108,7 @@ def request(
     try:
         tokenized = tokenize_input(tokenizer, text, None)
         found = detect_keys(tokenizer, records, options, detailed=MAX_RESULTS, tokenized=tokenized)
-        shaped = multi_key_json(found, tokens=True, raw=True)
-        body = DetectResponse.model_validate(shaped).model_dump_json()
+        body = detect_response(found, tokens=True, raw=True).model_dump_json()
     finally:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
     seconds = time.perf_counter() - start
@@ -185,7 +184,7 @@ def main() -> None:
         "notes": (
             "peak_mib: the largest resident set a 5 ms sampler saw during one request minus "
             "the resident set before it, in a fresh process after one small warm-up request; "
-            "the request is tokenize, detect_keys, multi_key_json, DetectResponse validation "
+            "the request is tokenize, detect_keys, detect_response (the DetectResponse) "
             "and its JSON (the HTTP layer's copy of the body, response_mib, comes on top)."
         ),
     }

@@ -1,8 +1,8 @@
 """Train the eagle head (``sampler.eagle``) for the real target on this CPU, both objectives.
 
 1. Data: ``--train-prompts`` prompts of the train split and ``--heldout-prompts`` of the
-   held-out split (``sampler.distill.split_of``; half ELI5, half summarisation, in a fixed
-   hash order), target rollouts at T = 1 and their hidden states (``distill.prepare_data``,
+   held-out split (``sampler.rollouts.split_of``; half ELI5, half summarisation, in a fixed
+   hash order), target rollouts at T = 1 and their hidden states (``rollouts.prepare_data``,
    cached under the data dir). Held-out prompts are never trained on.
 2. ``ce``: the cross-entropy baseline from a fresh head (``--ce-steps``).
 3. ``mdraft``: MDraft (α = 0.9, K = ``--proposals``, survival weights) post-training from the
@@ -31,12 +31,12 @@ import torch
 
 from bench.common import DATA, environment
 from sampler.distill import evaluate as heads_evaluate
-from sampler.distill import prepare_data, split_of
 from sampler.eagle import EagleHead
 from sampler.eagle_train import EagleTrainConfig, TrainLog, evaluate, train
 from sampler.heads import SHIPPED_HEADS, ParallelHeads, target_fingerprint
 from sampler.mdraft import Objective
 from sampler.models import DEFAULT_MODEL, load_model
+from sampler.rollouts import prepare_data, split_of
 
 PROMPT_FILES = ("prompts-eli5.jsonl", "prompts-summarize.jsonl")
 

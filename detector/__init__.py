@@ -8,7 +8,7 @@ Public API (docs/design.md §4):
   the level, key id, score families and span search, one frozen validated value.
 - ``detect_multi(tokenizer, sources, ...) -> MultiKeyDetection``: every candidate key, the best
   key's p corrected for their number (Bonferroni); its wire shape is the service's
-  (``service.detection.multi_key_json``: one for the CLI and HTTP).
+  (``service.detect_response.detect_response``: one for the CLI and HTTP).
 - ``detect_many(tokenizer, source, items, *, workers, ...) -> Iterator[CorpusResult]``: corpora.
 - ``Detection``, ``TokenColumns`` (its per-token evidence in NumPy columns), ``TokenEvidence``
   (one row of it), ``Verdict``, ``Span``, ``SpanSearch``: results and their ``to_json()`` wire

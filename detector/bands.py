@@ -15,6 +15,9 @@ Glossary (T tokens, M scored):
 
 Under H0 a block's mean is Gamma(b, 1/b) (b its size); for b = 8 it exceeds 1.25 with
 probability 0.22 and 2.5 with 0.0008.
+
+Shapes: T tokens of the text, M of them scored. Skip codes (T,) int8 (0: scored), Aaronson
+terms (M,) float64 in text order, bands (T,) int8 (``NO_BAND`` where skipped).
 """
 
 from __future__ import annotations

@@ -27,6 +27,10 @@ Glossary (M scored tokens, Aaronson terms x_t = −ln(1 − r_t)):
   the reference (28 at α = 0.01 for the whole text alone, 29 with the windows' share).
 
 Sources: Aaronson & Kirchner (2023) for the Gamma tail; the union bound for the weights.
+
+Shapes: K keys, M scored tokens, W windows. Aaronson terms (M,) float64, or (K, M) float64 for
+the keys of one text; window starts and ends (W,) int64; ln p per key (K,) float64; scalars
+float (natural-log p-values).
 """
 
 from __future__ import annotations

@@ -8,6 +8,10 @@ and to pickle to and from corpus workers); ``Detection.tokens`` turns them into
 ``Detection.to_json()`` is the wire shape the
 service and the CLI return, and contains only finite numbers (no NaN/Infinity) and no key
 material.
+
+Shapes: T tokens of the text, M of them scored. Token ids, character offsets (T,) int64; skip
+codes (T,) int8 into ``keyed.SKIP_CODES``; pivots and each score family's per-token terms (M,)
+float64 in text order.
 """
 
 from __future__ import annotations

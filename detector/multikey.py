@@ -27,6 +27,10 @@ Which keys are candidates is the caller's business: the service passes the calle
 active keys, and revoked keys only when asked (a revoked key can no longer generate, but text
 it watermarked earlier still carries its mark). Every extra key costs a factor in the
 corrected p, so pass no more keys than the question needs.
+
+Shapes: K keys, T tokens of the text, M scored tokens (one context width: the same M for every
+key). Token ids (T,) int64; pivots and Aaronson terms (K, M) float64; per key ln p,
+combined-test ln p (K,) float64 and scored tokens (K,) int64.
 """
 
 from __future__ import annotations

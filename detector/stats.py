@@ -21,6 +21,10 @@ Glossary:
 Sources: Aaronson & Kirchner (2023), the Gamma test of the Aaronson score; MPFR paper, Alg. 8
 and App. E (the scores and their p-values); DLMF 8.4.10 (the finite series of Q); Irwin (1927)
 and Hall (1927) for the law of a sum of uniforms.
+
+Shapes: N sums of one null law, M scored tokens. Sums S and their natural-log p-values (N,)
+float64; the series constants k = 0..M−1 and ln k! (M,) float64; scalars float64, p-values in
+log space.
 """
 
 from __future__ import annotations

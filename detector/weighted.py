@@ -9,6 +9,10 @@ i.i.d. U(0, 1) given the weights and every p is exact or a valid upper bound. Th
 re-exports the rules and the null law, so ``detector.weighted`` is the one import for callers.
 
 Sources: Aaronson & Kirchner (2023) for the score; Moschopoulos (1985) for the mixture.
+
+Shapes: T tokens of the text, M of them scored. Skip codes (T,) int8 (0: scored); Aaronson
+terms x_t (M,) float64 in text order; the target's per-position entropy, ln p_t (T,) float64
+and raw rank (T,) int64, gathered to the scored positions as (M,) weights, float64.
 """
 
 from __future__ import annotations

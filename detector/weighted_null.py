@@ -30,6 +30,9 @@ With all weights 1 the series is the single term Q(M, S): the plain Aaronson p (
 Sources: Aaronson & Kirchner (2023) for the score; Moschopoulos (1985), "The distribution of
 the sum of independent gamma random variables", Ann. Inst. Stat. Math. 37, for the positive
 mixture; the geometric-sum identity of the exponential law (e.g. Feller II, §I.3).
+
+Shapes: M scored positions, J distinct weight levels. Weights w_t (M,) float64 >= 0; levels v_j
+(J,) float64 > 0 with counts n_j (J,) int64; the score S_w and its natural-log p-value float64.
 """
 
 from __future__ import annotations

@@ -20,6 +20,9 @@ Glossary (M scored tokens, Aaronson terms x_t = −ln(1 − r_t), i.i.d. Exp(1) 
   If x_t were Exp with mean μ_t under H1, the likelihood ratio would be linear in x_t with
   weight 1 − 1/μ_t (Neyman–Pearson), so the best weights grow from 0 at zero entropy and
   level off; ``ENTROPY_WEIGHTING`` is the rule chosen on the design set.
+
+Shapes: T tokens of the text, m the context width. Entropies (nats) and ln p_t (T,) float64,
+raw ranks (T,) int64, flags (T,) bool; weights (T,) float64.
 """
 
 from __future__ import annotations

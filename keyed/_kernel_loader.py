@@ -12,6 +12,10 @@ Callers look ``kernels`` up on this module at each use (through ``kernels_for``)
 switch the kernels off with ``monkeypatch.setattr(_kernel_loader, "kernels", lambda: None)``.
 ``kernels_for`` leaves a small call to NumPy in a process that has not loaded them yet: a
 one-shot ``poissonmark detect`` of a short text would spend more loading them than it saves.
+
+Shapes: the checks run the kernels on small NumPy arrays: counters and keys (64,) int64 ->
+uniforms (64,) float64; clocks (N, K, B) float64 for (N, K) int64 tokens; token ids (T,) int64
+-> skip codes (T,) int8 and scored positions (T,) int64.
 """
 
 from __future__ import annotations

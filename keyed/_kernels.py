@@ -15,6 +15,12 @@ many secrets (keyed BLAKE2b context keys, then Philox: multi-key detection).
 ``keyed._kernel_loader`` checks them against the NumPy paths and hashlib when it loads them,
 and ``tests/keyed`` against the tensor path and the known-answer vectors.
 Inputs are int64 arrays of uint32 words; ``nogil``: service threads detect in parallel.
+
+Shapes: N contexts (or labels), K tokens per context, B arrivals, T tokens of a text, S special
+ids. Context keys k0, k1, tokens and arrivals (N,) int64 -> uniforms (N,) float64; the
+sampler's tokens (N, K) int64 -> clocks (N, K, B) float64; a text's ids (T,) int64 and special
+ids (S,) int64 -> skip codes (T,) int8 and chosen positions (T,) int64; the label hash table
+uint64 keys and bool used flags.
 """
 
 from __future__ import annotations

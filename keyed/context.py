@@ -18,6 +18,9 @@ Glossary:
 
 Both the sampler and the detector go through ``KeyedSource.context_key`` and
 ``detection_plan``; nothing else in the project derives context keys.
+
+Shapes: T tokens of the text (ids int64), m the context width, M scored positions. Skip codes
+(T,) int8, scored positions (M,) int64 increasing, labels (M, m) int64 oldest id first.
 """
 
 from __future__ import annotations

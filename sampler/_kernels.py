@@ -15,6 +15,11 @@ row whether that holds, and the caller runs ``torch.topk`` otherwise (ties: torc
 ``race_winners_into`` (argmin ln E − ln P) compute the laws of their torch paths in one pass
 per row; their last bits may differ from torch's, so ``sampler.compiled`` fixes one path per
 process.
+
+Shapes: N rows (contexts), V vocabulary, K kept tokens per row (top-k). Logits (N, V) float32
+C-contiguous -> top-k values (N, K) float32 and indices (N, K) int64; processed
+log-probabilities (N, K) float64 (−inf off the support); clocks (N, K) float64; race winners
+(N,) int64.
 """
 
 from __future__ import annotations

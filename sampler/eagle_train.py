@@ -1,6 +1,6 @@
 """Training the eagle head (``sampler.eagle``) on the target's own continuations (DESIGN §7).
 
-Data: ``sampler.distill.prepare_data`` — target rollouts at temperature 1 on the train split of
+Data: ``sampler.rollouts.prepare_data`` — target rollouts at temperature 1 on the train split of
 the prompts and the target's final hidden states over them (cached). A step takes one rollout
 and A anchors a (root positions); the head starts from (h_{a−1}, x_a) and runs L levels on its
 own states, as it drafts (EAGLE-3's training-time test, Li et al. 2025 §3):
@@ -35,9 +35,10 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, get_cosine_schedule_with_warmup
 
-from sampler.distill import Rollout, anchor_positions, sequence_order, verifier_laws
+from sampler.distill import anchor_positions, sequence_order, verifier_laws
 from sampler.eagle import EagleHead, new_eagle
 from sampler.mdraft import Objective, acceptance_probabilities, off_policy_loss, on_policy_loss
+from sampler.rollouts import Rollout
 
 
 @dataclass(frozen=True)

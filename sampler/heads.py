@@ -20,6 +20,11 @@ tokens before position s: every node of tree level s gets the same law. That is 
 
 Files: ``<dir>/heads.safetensors`` (the trainable weights, float16 by default) and
 ``<dir>/heads.json`` (``HeadsConfig``: lookahead, hidden size, vocabulary, target fingerprint).
+
+Shapes: n contexts, L heads (lookahead), d the target's hidden size, V vocabulary. Hidden
+states h_{t−1} (n, d) and root tokens (n,) int64 -> features (n, L, d) in the heads' dtype
+(the target's when loaded, float32 while training; saved as float16) -> logits (n, L, V) in
+the target head's dtype.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from sampler.tree import DraftTree
 
 FORMAT = "poissonmark-heads/2"
 SHIPPED_HEADS = Path(__file__).resolve().parent / "heads_data" / "smollm2-135m-instruct"
-"""Heads trained for SmolLM2-135M-Instruct by ``bench/distill_compare.py`` (spec ``heads``)."""
+"""Heads trained for SmolLM2-135M-Instruct by ``scripts/train_drafter.sh`` (spec ``heads``)."""
 
 
 def output_head(target: PreTrainedModel) -> nn.Linear:

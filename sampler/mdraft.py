@@ -22,6 +22,10 @@ uniform) and ``ce`` (off-policy cross-entropy on the target's own continuation, 
 
 All log-probabilities are float tensors with −inf allowed off the support; nothing here samples
 (callers pass the drafts), so every function is deterministic.
+
+Shapes (the brackets above): log q [L, V] or [K, L, V], drafts x [K, L] int64, log p [K, L, V],
+targets [K, L, V], weights and acceptance [K, L]; laws float32 log-probabilities, any leading
+batch axes (e.g. A contexts) allowed.
 """
 
 from __future__ import annotations

@@ -10,6 +10,10 @@ directory works too. Nothing here downloads: there is no hub access at run time.
 importing torch: ``AutoTokenizer`` reads the model's config through transformers' configuration
 module, which imports torch (seconds of a one-shot ``poissonmark detect``). The model itself is
 loaded by ``sampler.models``.
+
+Shapes: no tensors cross this module's functions; the GGUF's weights are converted once to
+float32 safetensors (``LlamaForCausalLM`` dtype float32), and the tokenizer gives int64 token
+ids as Python lists.
 """
 
 from __future__ import annotations

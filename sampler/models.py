@@ -3,6 +3,10 @@
 The files, the alias ``smollm2-135m-instruct`` and the tokenizer are ``sampler.model_files``'s
 (no torch there: the detector and the CLI's key and detect commands need only the tokenizer);
 this module loads the weights. Nothing here downloads: there is no hub access at run time.
+
+Shapes: the loaded target's logits are (q, V) per sequence forward (``sampler.target``) in
+``LoadedModel.dtype`` (float32, bfloat16 through the runner or the static target, or the
+``dtype`` a caller forces, e.g. float64 for a reference); token ids are Python ints.
 """
 
 from __future__ import annotations

@@ -38,40 +38,30 @@ on the host's compiled path (``sampler.processing``, ``sampler.race``), as for l
 ``weights=torch.float64`` runs the same code in float64 throughout: the reference against
 transformers for the tests (logits within 1e-12).
 
+The layer math of a group forward is ``sampler.static_layers``; this module owns the target:
+the slots of the static KV cache, the scheduling of a forward into groups and passes, the
+CUDA graphs and the copies in and out.
+
 Shapes: G group slots, R rows per slot, M = G·R rows per group forward, W attention window
 (a multiple of ``ATTENTION_BLOCK``), P cached positions, q new tokens of one sequence,
-d hidden size, h heads, g key/value heads, D head size, V vocabulary.
+d hidden size, h heads, g key/value heads, D head size, V vocabulary; logits out (q, V)
+float32 (float64 with float64 weights) on the CPU, visibility masks (q, P + q) bool.
 """
 
 from __future__ import annotations
 
 import heapq
-import math
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from sampler.static_cache import StaticCache
+from sampler.static_layers import ATTENTION_BLOCK, GroupInputs, StaticWeights, group_forward
 from sampler.target import Target
 
 __all__ = ["ATTENTION_BLOCK", "StaticCache", "StaticLlama"]
-
-ATTENTION_BLOCK = 128
-"""KV positions per attention block: every block is one batched matmul of the same shape."""
-
-
-@dataclass(frozen=True)
-class _Layer:
-    input_norm: torch.Tensor  # (d,) work dtype
-    qkv: torch.Tensor  # ((h + 2g)·D, d) weights dtype
-    out: torch.Tensor  # (d, h·D)
-    post_norm: torch.Tensor  # (d,)
-    gate_up: torch.Tensor  # (2·I, d)
-    down: torch.Tensor  # (d, I)
 
 
 class StaticLlama(Target):
@@ -132,49 +122,16 @@ class StaticLlama(Target):
         self.runs_on = dev
         self.weights = weights
         self.work = torch.float64 if weights == torch.float64 else torch.float32
-        self.attention = torch.float64  # module docstring: position-independent to ~1e-16
         self.group_slots, self.rows, self.capacity, self.slots = group_slots, rows, capacity, slots
         self.graphs = graphs
-        self.heads = int(config.num_attention_heads)
-        self.kv_heads = int(config.num_key_value_heads)
-        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
-        self.intermediate = int(config.intermediate_size)
         self.hidden_size = int(config.hidden_size)
-        self.eps = float(config.rms_norm_eps)
         self.vocab_size = int(config.vocab_size)
         theta = float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
-        # transformers' RoPE: inverse frequencies and angles in float32
-        steps = torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim
-        self.inv_freq = (1.0 / theta**steps).to(dev)  # (D/2,) float32
-        state = {k: v.detach() for k, v in model.state_dict().items()}
-
-        def linear(*names: str) -> torch.Tensor:
-            return torch.cat([state[n] for n in names]).to(dev, weights).contiguous()
-
-        def vector(name: str) -> torch.Tensor:
-            out: torch.Tensor = state[name].to(dev, self.work).contiguous()
-            return out
-
-        self.layers: list[_Layer] = []
-        for i in range(int(config.num_hidden_layers)):
-            p = f"model.layers.{i}."
-            self.layers.append(
-                _Layer(
-                    input_norm=vector(p + "input_layernorm.weight"),
-                    qkv=linear(*(p + f"self_attn.{x}_proj.weight" for x in "qkv")),
-                    out=linear(p + "self_attn.o_proj.weight"),
-                    post_norm=vector(p + "post_attention_layernorm.weight"),
-                    gate_up=linear(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
-                    down=linear(p + "mlp.down_proj.weight"),
-                )
-            )
-        self.embedding = vector("model.embed_tokens.weight")  # (V, d)
-        self.norm = vector("model.norm.weight")
-        head = "lm_head.weight" if "lm_head.weight" in state else "model.embed_tokens.weight"
-        self.head = linear(head)
+        self.model_weights = StaticWeights.load(model, dev, weights, theta)
         # the KV cache: a slot per sequence and one more for a group's empty places; R scratch
         # columns after the capacity take the padding rows' keys (never inside a window)
-        shape = (len(self.layers), slots + 1, self.kv_heads, capacity + rows, self.head_dim)
+        kv = self.model_weights
+        shape = (len(kv.layers), slots + 1, kv.kv_heads, capacity + rows, kv.head_dim)
         with torch.inference_mode():
             self.keys = torch.zeros(shape, dtype=self.work, device=dev)
             self.values = torch.zeros_like(self.keys)
@@ -183,14 +140,7 @@ class StaticLlama(Target):
         # re-entrant: a cache the collector drops inside acquire_slot releases its slot there
         self._lock = threading.RLock()
         self.forward_lock = threading.Lock()  # one group forward at a time (static buffers)
-        m = group_slots * rows
-        with torch.inference_mode():
-            self._ids = torch.zeros(m, dtype=torch.long, device=dev)
-            self._positions = torch.zeros(m, dtype=torch.float32, device=dev)
-            self._columns = torch.zeros(m, dtype=torch.long, device=dev)
-            self._row_slots = torch.zeros(m, dtype=torch.long, device=dev)
-            self._group = torch.zeros(group_slots, dtype=torch.long, device=dev)
-            self._mask = torch.zeros((group_slots, rows, capacity), dtype=torch.bool, device=dev)
+        self.inputs = GroupInputs.zeros(group_slots, rows, capacity, dev)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self._pool: Any = None
         self.group_forwards = 0  # group forwards run so far (each one graph replay on CUDA)
@@ -237,83 +187,12 @@ class StaticLlama(Target):
         with self._lock:
             heapq.heappush(self._free, slot)
 
-    # ------------------------------------------------------------------ math
-    def _linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """(M, K) work dtype -> (M, N) work dtype through the weights' dtype."""
-        out: torch.Tensor = F.linear(x.to(self.weights), weight)
-        return out.to(self.work)
-
-    def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """Llama RMSNorm of (M, d) rows as transformers computes it: in float32 whatever the
-        model's dtype (so float64 weights reproduce a float64 transformers model), the result
-        back in the work dtype, then the weight."""
-        wide = x.to(torch.float32)
-        wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
-        return weight * wide.to(self.work)
-
-    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Rotary embedding (rotate_half) of (M, heads, D) with (M, D/2) cos and sin."""
-        half = x.shape[-1] // 2
-        x1, x2 = x[..., :half], x[..., half:]
-        c, s = cos[:, None], sin[:, None]
-        return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
-
     def _group_forward(self, blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One group forward over the static input buffers with a window of ``blocks``
-        attention blocks: (M, V) logits (bfloat16 with bfloat16 weights, else the work
-        dtype) and (M, d) final hidden states (work dtype). Writes the rows' keys and values
-        into their slots' columns."""
-        g_slots, r, m = self.group_slots, self.rows, self.group_slots * self.rows
-        h, g, dh = self.heads, self.kv_heads, self.head_dim
-        per = h // g
-        window = blocks * ATTENTION_BLOCK
-        angles = self._positions[:, None] * self.inv_freq[None]  # (M, D/2) float32
-        exact = self.attention
-        cos, sin = angles.cos().to(exact), angles.sin().to(exact)
-        mask = self._mask[:, :, :window]  # (G, R, W)
-        zero = torch.zeros((), dtype=exact, device=self.runs_on)
-        minus = torch.full((), -math.inf, dtype=exact, device=self.runs_on)
-        bias = torch.where(mask, zero, minus)[:, None, None]  # (G, 1, 1, R, W)
-        scale = 1.0 / math.sqrt(dh)
-        x = self.embedding[self._ids]  # (M, d)
-        for index, layer in enumerate(self.layers):
-            qkv = self._linear(self._rms(x, layer.input_norm), layer.qkv).to(exact)
-            query = self._rope(qkv[:, : h * dh].view(m, h, dh), cos, sin)
-            key = self._rope(qkv[:, h * dh : (h + g) * dh].view(m, g, dh), cos, sin)
-            value = qkv[:, (h + g) * dh :].view(m, g, dh)
-            keys, values = self.keys[index], self.values[index]  # (slots + 1, g, C + R, D)
-            keys[self._row_slots, :, self._columns] = key.to(self.work)
-            values[self._row_slots, :, self._columns] = value.to(self.work)
-            # (G, g, per, R, D): query head j reads key/value head j // per
-            q = query.view(g_slots, r, g, per, dh).permute(0, 2, 3, 1, 4) * scale
-            own_keys = keys[:, :, :window].index_select(0, self._group).to(exact)  # (G, g, W, D)
-            own_values = values[:, :, :window].index_select(0, self._group).to(exact)
-            best = torch.full((g_slots, g, per, r, 1), -math.inf, dtype=exact, device=self.runs_on)
-            total = torch.zeros((g_slots, g, per, r, 1), dtype=exact, device=self.runs_on)
-            acc = torch.zeros((g_slots, g, per, r, dh), dtype=exact, device=self.runs_on)
-            for b in range(blocks):
-                lo, hi = b * ATTENTION_BLOCK, (b + 1) * ATTENTION_BLOCK
-                k_b = own_keys[:, :, None, lo:hi]  # (G, g, 1, B, D)
-                v_b = own_values[:, :, None, lo:hi]
-                scores = q @ k_b.transpose(-1, -2) + bias[..., lo:hi]  # (G, g, per, R, B)
-                top = torch.maximum(best, scores.amax(-1, keepdim=True))
-                shift = torch.where(torch.isinf(top), zero, top)
-                carry = torch.exp(best - shift)
-                weights = torch.exp(scores - shift)
-                total = total * carry + weights.sum(-1, keepdim=True)
-                acc = acc * carry + weights @ v_b
-                best = top
-            mixed = (acc / total).permute(0, 3, 1, 2, 4).reshape(m, h * dh).to(self.work)
-            x = x + self._linear(mixed, layer.out)
-            gate_up = self._linear(self._rms(x, layer.post_norm), layer.gate_up)
-            gate, up = gate_up[:, : self.intermediate], gate_up[:, self.intermediate :]
-            x = x + self._linear(F.silu(gate) * up, layer.down)
-        hidden = self._rms(x, self.norm)  # (M, d)
-        logits = F.linear(hidden.to(self.weights), self.head)  # (M, V)
-        return logits, hidden
+        """``group_forward`` over this target's weights, input buffers and KV cache."""
+        return group_forward(self.model_weights, self.inputs, self.keys, self.values, blocks)
 
     def _run_group(self, blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``_group_forward`` eagerly, or the replay of its CUDA graph (captured on first
+        """``group_forward`` eagerly, or the replay of its CUDA graph (captured on first
         use of this block count): the (M, V) logits and (M, d) hidden states, in static
         buffers on CUDA (read before the next group forward)."""
         self.group_forwards += 1
@@ -330,11 +209,7 @@ class StaticLlama(Target):
     def _capture(self, blocks: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
         """Capture ``_group_forward(blocks)`` as a CUDA graph; the buffers are saved and set
         so that warm-up and capture write only the spare slot's scratch columns."""
-        saved = [
-            t.clone()
-            for t in (self._ids, self._positions, self._columns, self._row_slots, self._group)
-        ]
-        saved_mask = self._mask.clone()
+        saved = [t.clone() for t in self.inputs.buffers()]
         self._idle_inputs()
         stream = torch.cuda.Stream(self.runs_on)  # type: ignore[no-untyped-call]
         stream.wait_stream(torch.cuda.current_stream(self.runs_on))
@@ -346,27 +221,22 @@ class StaticLlama(Target):
         with torch.cuda.graph(graph, pool=self._pool):
             logits, hidden = self._group_forward(blocks)
         self._pool = graph.pool()
-        for buffer, value in zip(
-            (self._ids, self._positions, self._columns, self._row_slots, self._group),
-            saved,
-            strict=True,
-        ):
+        for buffer, value in zip(self.inputs.buffers(), saved, strict=True):
             buffer.copy_(value)
-        self._mask.copy_(saved_mask)
         return graph, logits, hidden
 
     def _idle_inputs(self) -> None:
         """Every place of the group empty: the spare slot, scratch columns, position 0."""
-        r = self.rows
-        self._ids.zero_()
-        self._positions.zero_()
-        self._group.fill_(self.spare)
-        self._row_slots.fill_(self.spare)
-        self._columns.copy_(
+        r, inputs = self.rows, self.inputs
+        inputs.ids.zero_()
+        inputs.positions.zero_()
+        inputs.group.fill_(self.spare)
+        inputs.row_slots.fill_(self.spare)
+        inputs.columns.copy_(
             (self.capacity + torch.arange(r, device=self.runs_on)).repeat(self.group_slots)
         )
-        self._mask.zero_()
-        self._mask[:, :, 0] = True
+        inputs.mask.zero_()
+        inputs.mask[:, :, 0] = True
 
     # ------------------------------------------------------------------ forward
     @torch.inference_mode()
@@ -478,13 +348,13 @@ class StaticLlama(Target):
             columns[place, :n] = p + first + torch.arange(n)
             mask[place, :n] = False
             mask[place, :n, : p + first + n] = seen[:, : p + first + n]
-        dev = self.runs_on
-        self._ids.copy_(ids.view(-1).to(dev, non_blocking=True))
-        self._positions.copy_(positions.view(-1).to(dev, non_blocking=True))
-        self._columns.copy_(columns.view(-1).to(dev, non_blocking=True))
-        self._row_slots.copy_(row_slots.view(-1).to(dev, non_blocking=True))
-        self._group.copy_(slots.to(dev, non_blocking=True))
-        self._mask.copy_(mask.to(dev, non_blocking=True))
+        dev, inputs = self.runs_on, self.inputs
+        inputs.ids.copy_(ids.view(-1).to(dev, non_blocking=True))
+        inputs.positions.copy_(positions.view(-1).to(dev, non_blocking=True))
+        inputs.columns.copy_(columns.view(-1).to(dev, non_blocking=True))
+        inputs.row_slots.copy_(row_slots.view(-1).to(dev, non_blocking=True))
+        inputs.group.copy_(slots.to(dev, non_blocking=True))
+        inputs.mask.copy_(mask.to(dev, non_blocking=True))
 
     def _collect(
         self,

@@ -13,6 +13,11 @@ One ``Target`` object per loaded target (``sampler.models.load_model`` returns i
 
 A sequence's KV cache (``new_cache``) takes ``forward``/``extend``/``keep`` (``TargetLM`` in
 ``sampler.cached_lm``); ``forward`` runs many sequences' trees in one call.
+
+Shapes: S sequences of a forward, q_s new tokens and P_s cached positions of sequence s, V
+vocabulary, d hidden size. Per sequence: tokens and depths q_s ints, visible (q_s, P_s + q_s)
+bool, logits out (q_s, V) float32 or better; ``last_hidden`` (q, d); ``project`` (n, d)
+features -> (n, V) logits.
 """
 
 from __future__ import annotations

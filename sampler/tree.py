@@ -4,6 +4,9 @@ Node 0 is the root: the last committed token, whose context is the committed pre
 at depth s stands for the context h ‖ (path tokens); its multiplicity ν is the number of the B
 drafts that passed through it. Nodes are stored level by level (breadth-first), so the nodes of
 one depth form a contiguous index range — one drafter call per level, one target call per tree.
+
+Shapes: n nodes of a draft tree. Parent indices and depths n ints; the ancestor mask (n, n)
+bool ([i, j]: node j is node i or one of its ancestors).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from typing import Any
 from fastapi import Request
 from pydantic import ValidationError
 
-from service.detection import DetectionPool
+from service.detection_pool import DetectionPool
 from service.errors import KEY_ID_PATTERN, LimitExceeded
 from service.generation import Generation
 from service.limits import capped_defaults, check_drafter, check_generate

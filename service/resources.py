@@ -33,7 +33,7 @@ import keyed
 from sampler.models import LoadedModel, load_model, tokenizer_fingerprint
 from service.api_tokens import digest_key
 from service.contract import served_drafters
-from service.detection import DetectionPool
+from service.detection_pool import DetectionPool
 from service.errors import KeyStoreUnavailable
 from service.kek import KEK_FILENAME, load_or_create_kek
 from service.keystore import KeyStore

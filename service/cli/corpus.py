@@ -2,8 +2,8 @@
 
 Input: one JSON object per line, ``{"id", "text"}``, ``{"id", "token_ids"}`` or both (blank
 lines are passed over). Output: one JSON object per input line, in input order —
-``{"id", **detection}`` (``service.detection.detection_json``, the shape of one key's result in
-``POST /v1/detect``), ``{"id", "error"}`` when the detector refused the item, or
+``{"id", **detection}`` (``service.detect_response.detection_json``, the shape of one key's
+result in ``POST /v1/detect``), ``{"id", "error"}`` when the detector refused the item, or
 ``{"id", "line", "error"}`` when the line is not a valid input (``id`` null when it has none).
 
 Resume: ids already in the output file are skipped, so a rerun after an interruption adds only
@@ -37,7 +37,7 @@ import numpy as np
 
 from detector import CorpusItem, CorpusResult, DetectOptions, Tokenizer, detect_many
 from keyed import KeyedSource
-from service.detection import detection_json
+from service.detect_response import detection_json
 
 
 @dataclass

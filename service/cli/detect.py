@@ -1,33 +1,22 @@
 """``poissonmark detect``: is this text watermarked by one key, or by any key of a tenant?
 
 The keys and the statistics are ``service.detection``'s, as for ``POST /v1/detect``, and
-``--json`` prints the same object that endpoint answers (``multi_key_json``: the verdict on
-the best key's corrected p-value, and each key's own result under ``results``). ``--jsonl``
-runs a corpus through ``service.cli.corpus``.
+``--json`` prints the same ``DetectResponse`` that endpoint answers
+(``service.detect_response``: the verdict on the best key's corrected p-value, and each key's
+own result under ``results``); without it ``service.cli.detect_output`` shows the result for
+people. ``--jsonl`` runs a corpus (``service.cli.detect_corpus``).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import json
 import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
-import rich.markup
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
-from rich.text import Text
 
 from detector import SCORE_NAMES, DetectOptions, ScoreFamily, lattimore_score, li_score
 from detector.combined import REFERENCE_MEAN_SCORE
@@ -38,21 +27,12 @@ from service.cli.common import (
     err,
     errors,
     key_store,
-    out,
     tokenizer_and_fingerprint,
 )
+from service.cli.detect_corpus import CorpusRun, check_corpus_options, run_corpus
+from service.cli.detect_output import show, show_model_tests, show_multi_key, tenant_line
 from service.errors import NoKeys
 from service.settings import Settings
-
-if TYPE_CHECKING:
-    from detector import Detection, MultiKeyDetection
-    from service.key_record import KeyRecord
-
-_COLOURS = {
-    "watermarked": "bold green",
-    "not_detected": "bold",
-    "insufficient_evidence": "bold yellow",
-}
 
 
 def score_families(names: Sequence[str], li_delta: float, lattimore_epsilon: float) -> list[Any]:
@@ -208,7 +188,7 @@ def detect(
         typer.Option(
             "--engine",
             help="With --jsonl: 'local' (this host's processes) or 'ray' (Ray Data over a "
-            "Ray cluster; pip install 'poissonmark[ray]').",
+            "Ray cluster; pip install 'poissonmark\\[ray]').",
         ),
     ] = "local",
     address: Annotated[
@@ -254,7 +234,8 @@ def detect(
     Exit status: 0 when a verdict was printed, whatever it is; with --exit-status 0 for
     watermarked, 1 for not watermarked, 2 for an error. Without --exit-status an error exits 2
     (bad input) or 1 (Redis or files unreachable)."""
-    from service.detection import choose_keys, detect_keys, multi_key_json
+    from service.detect_response import detect_response
+    from service.detection import choose_keys, detect_keys
 
     settings = Settings()
     with errors(2 if exit_status else None):
@@ -268,7 +249,7 @@ def detect(
             )
         if jsonl is None and (output is not None or workers != 1):
             raise ValueError("--output and --workers go with --jsonl")
-        _check_corpus_options(jsonl, output, engine, address, q_values)
+        check_corpus_options(jsonl, output, engine, address, q_values)
         processing = _model_processing(
             entropy_weighting or likelihood_ratio or edit_filter, jsonl, temperature, top_k, top_p
         )
@@ -312,19 +293,18 @@ def detect(
                     "--tenant to test another tenant's keys"
                 ) from None
         if jsonl is not None:
-            run = _CorpusRun(workers, not no_tokens, engine, address, q_values)
-            _corpus(tok, records[0], jsonl, output, options, run)
+            run = CorpusRun(workers, not no_tokens, engine, address, q_values)
+            run_corpus(tok, records[0], jsonl, output, options, run)
             return
         found = detect_keys(tok, records, options, text=text, token_ids=ids)
-        shaped = multi_key_json(found, tokens=not no_tokens)
+        tests = None
         if processing is not None:
             from sampler.completion import prompt_ids
             from service.cli.common import load
-            from service.detection import add_model_tests
+            from service.model_tests import run_model_tests
 
             loaded = load(settings, model, None, as_json)
-            shaped = add_model_tests(
-                shaped,
+            tests = run_model_tests(
                 found,
                 loaded.target,
                 processing,
@@ -333,32 +313,19 @@ def detect(
                 edit_filter=edit_filter,
                 prompt_ids=None if prompt is None else prompt_ids(loaded, prompt),
             )
+        response = detect_response(found, tokens=not no_tokens, model_tests=tests)
     if as_json:
-        emit_json(shaped)
+        emit_json(response.model_dump(mode="json"))
         if key is None:  # stdout is the API's shape: the tenant goes to stderr
-            err.print(_tenant_line(found, tenant), highlight=False, markup=False)
+            err.print(tenant_line(found, tenant), highlight=False, markup=False)
     else:
         if key is None:
             show_multi_key(found, tenant)
         else:
             show(found.best)
-        if entropy_weighting:
-            _show_weighted(shaped, "entropy_weighted", "entropy-weighted", "weighted")
-        if likelihood_ratio:
-            _show_likelihood_ratio(shaped)
-        if edit_filter:
-            _show_weighted(shaped, "edit_filtered", "edit-filtered", "kept")
+        show_model_tests(response)
     if exit_status:
         raise typer.Exit(0 if found.verdict.value == "watermarked" else 1)
-
-
-def _tenant_line(found: MultiKeyDetection, tenant: str) -> str:
-    """Which tenant a key-less detection tested, and how to test another."""
-    plural = "s" if found.num_keys != 1 else ""
-    return (
-        f"tested {found.num_keys} key{plural} of tenant {tenant!r}, the keys of other tenants "
-        "not (--tenant chooses the tenant)"
-    )
 
 
 def _model_processing(
@@ -388,216 +355,9 @@ def _model_processing(
     return Processing(temperature, top_k, top_p)
 
 
-def _show_weighted(shaped: dict[str, Any], name: str, title: str, counted: str) -> None:
-    """A weighted test's line (``name``: ``entropy_weighted`` or ``edit_filtered``; the best
-    detailed key, corrected for the keys)."""
-    log10 = shaped[f"{name}_log10_p_value"]
-    test = shaped["results"][0][name]
-    out.print(
-        f"{title} test: log10 p {log10:.2f} ({test['method']}), "
-        f"{test['num_weighted']} of {test['num_scored']} scored positions {counted}, "
-        f"corrected for {shaped['num_keys']} key(s)",
-        highlight=False,
-    )
-
-
 def _utf8(raw: bytes, where: str) -> str:
     """``raw`` decoded as UTF-8, exactly (ValueError naming ``where`` if it is not UTF-8)."""
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ValueError(f"{where}: not UTF-8 (byte {exc.start})") from None
-
-
-ENGINES = ("local", "ray")
-
-
-@dataclasses.dataclass(frozen=True)
-class _CorpusRun:
-    """How ``--jsonl`` runs: worker count, evidence, engine, cluster, q-value pass."""
-
-    workers: int
-    tokens: bool
-    engine: str
-    address: str | None
-    q_values: bool
-
-
-def _check_corpus_options(
-    jsonl: Path | None, output: Path | None, engine: str, address: str | None, q_values: bool
-) -> None:
-    """``--engine``, ``--address`` and ``--q-values`` (ValueError naming the option)."""
-    if engine not in ENGINES:
-        raise ValueError(f"--engine: expected one of {', '.join(ENGINES)}, got {engine!r}")
-    if jsonl is None and (engine != "local" or address is not None or q_values):
-        raise ValueError("--engine, --address and --q-values go with --jsonl")
-    if address is not None and engine != "ray":
-        raise ValueError("--address goes with --engine ray")
-    if q_values and output is None:
-        raise ValueError("--q-values needs --output (the pass rewrites the finished file)")
-
-
-def _corpus(
-    tok: Any,
-    record: KeyRecord,
-    corpus: Path,
-    output: Path | None,
-    options: DetectOptions,
-    run: _CorpusRun,
-) -> None:
-    """``--jsonl``: the corpus runner with a progress bar on stderr, then the counts (and
-    the q-value pass when asked for)."""
-    from service.cli.corpus import add_q_values, count_lines, detect_corpus
-    from service.detection import DETECTION_NONCE
-
-    runner: Any = detect_corpus
-    extra: dict[str, Any] = {}
-    if run.engine == "ray":
-        try:
-            from service.ray_corpus import detect_corpus_ray
-        except ImportError as exc:  # the extra is not installed (the default install)
-            missing = exc.name or "ray"
-            spec = rich.markup.escape("'poissonmark[ray]'")  # the message is printed as markup
-            raise ValueError(f"--engine ray needs {missing}: pip install {spec}") from None
-
-        runner, extra = detect_corpus_ray, {"address": run.address}
-
-    columns = (
-        TextColumn("detecting"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-    )
-    keyed = dataclasses.replace(options, key_id=record.key_id)
-    with Progress(*columns, console=err, transient=False) as progress:
-        bar = progress.add_task("detect", total=count_lines(corpus))
-        counts = runner(
-            tok,
-            record.source(DETECTION_NONCE),
-            corpus,
-            output,
-            keyed,
-            workers=run.workers,
-            tokens=run.tokens,
-            on_line=functools.partial(progress.advance, bar),
-            **extra,
-        )
-    err.print(counts.summary(), highlight=False)
-    if run.q_values:
-        assert output is not None  # _check_corpus_options
-        err.print(add_q_values(output, options.alpha).summary(), highlight=False)
-
-
-def show_multi_key(found: MultiKeyDetection, tenant: str) -> None:
-    """The corrected verdict over the tenant's keys, then the best key's own result."""
-    plural = "s" if found.num_keys != 1 else ""
-    out.print(
-        f"tested {found.num_keys} key{plural} of tenant {tenant}; best key "
-        f"[bold]{found.best_key_id}[/]; p-value corrected for {found.num_keys} keys: "
-        f"{found.p_value:.3g} (log10 p {found.log10_p_value:.2f})",
-        highlight=False,
-    )
-    out.print(f"verdict (corrected): [bold]{found.verdict.value}[/]")
-    if found.verdict.value != "watermarked":
-        out.print(Text(_tenant_line(found, tenant), style="dim"), highlight=False)
-    span = found.span_log10_p_value
-    out.print(
-        f"[dim]whole text, corrected for the keys: log10 p {found.whole_text_log10_p_value:.2f}"
-        + ("" if span is None else f"; best span of any key, corrected: log10 p {span:.2f}")
-        + "[/]",
-        highlight=False,
-    )
-    _show_power(found.verdict.value, found.min_detectable_mean_score, found.reference_mean_score)
-    out.print("[dim]best key's own result:[/]")
-    show(found.best, num_keys=found.num_keys)
-
-
-def _show_power(verdict: str, mu: float | None, reference: float) -> None:
-    """What the text could show: the minimum detectable mean score at its length."""
-    if mu is None:
-        out.print("[yellow]nothing could be scored: too short to tell[/]")
-    elif verdict == "insufficient_evidence":
-        out.print(
-            f"[yellow]too short to tell: it would have been detected if its mean per-token "
-            f"score were >= {mu:.2f} (a typical watermarked text: {reference:.2f})[/]",
-            highlight=False,
-        )
-    else:
-        out.print(
-            f"[dim]minimum detectable mean score at this length: {mu:.2f} "
-            f"(typical watermarked: {reference:.2f})[/]",
-            highlight=False,
-        )
-
-
-def show(result: Detection, num_keys: int = 1) -> None:
-    """Verdict, p-values, skips, spans, then the text with scored tokens on green; with
-    ``num_keys`` > 1 the spans' and the re-aligned test's p also corrected for the keys."""
-    a = result.scores["aaronson"]
-    out.print(f"verdict: [{_COLOURS[result.verdict.value]}]{result.verdict.value}[/]")
-    log10_p = result.verdict_log10_p_value
-    out.print(
-        f"p-value: {10.0**log10_p:.3g}   log10 p: {log10_p:.2f} (whole text and spans)   "
-        f"scored tokens: {result.num_scored} of {result.num_tokens}",
-        highlight=False,
-    )
-    out.print(
-        f"whole text: log10 p {a.log10_p_value:.2f}   Aaronson score: {a.score:.1f}",
-        highlight=False,
-    )
-    if num_keys == 1:
-        _show_power(
-            result.verdict.value, result.min_detectable_mean_score, result.reference_mean_score
-        )
-    if result.realigned is not None:
-        # with several keys, corrected for them (the best key's own re-aligned p is selected)
-        realigned = min(0.0, result.realigned.log10_p_value + math.log10(num_keys))
-        also = f", corrected for {num_keys} keys" if num_keys > 1 else ""
-        out.print(
-            f"edit-tolerant (re-aligned) test: log10 p {realigned:.2f} "
-            f"over {result.realigned.num_scored} positions{also}",
-            highlight=False,
-        )
-    for name, p in result.scores.items():
-        if name != "aaronson":
-            out.print(
-                f"[dim]{name}: log10 p {p.log10_p_value:.2f} ({p.method})[/]", highlight=False
-            )
-    skipped = ", ".join(f"{k} {v}" for k, v in result.skipped.items() if v)
-    if skipped:
-        out.print(f"[dim]skipped: {skipped}[/]")
-    if result.spans is not None:
-        keys = math.log10(num_keys)
-        also = f" and {num_keys} keys" if num_keys > 1 else ""
-        for span in result.spans.spans:
-            corrected = min(0.0, span.corrected_log10_p_value + keys)
-            out.print(
-                f"span chars {span.start}-{span.end} ({span.num_scored} scored tokens): "
-                f"log10 p {span.p_value.log10_p_value:.2f}, corrected for "
-                f"{result.spans.windows_scanned} windows{also} {corrected:.2f}",
-                highlight=False,
-            )
-    shown = Text()
-    for t in result.tokens:
-        if t.status == "scored" and t.score is not None:
-            # per-token Aaronson term: mean 1 under H0; brighter = more evidence
-            strength = min(t.score / 4.0, 1.0)
-            shown.append(t.text, style=f"on rgb(0,{int(60 + 140 * strength)},0)")
-        else:
-            shown.append(t.text, style="dim")
-    out.print(shown)
-    out.print("[dim](scored tokens on green, brighter = stronger evidence; dim = skipped)[/]")
-
-
-def _show_likelihood_ratio(shaped: dict[str, Any]) -> None:
-    """The likelihood-ratio test's line (the best detailed key, corrected for the keys)."""
-    log10 = shaped["likelihood_ratio_log10_p_value"]
-    test = shaped["results"][0]["likelihood_ratio"]
-    law = "after the prompt" if test["conditioned_on_prompt"] else "without the prompt"
-    out.print(
-        f"likelihood-ratio test: log10 p {log10:.2f} ({test['method']}), "
-        f"{test['num_weighted']} of {test['num_scored']} scored positions weighted, law "
-        f"{law}, corrected for {shaped['num_keys']} key(s)",
-        highlight=False,
-    )

@@ -60,6 +60,7 @@ def distill(
     steps: Annotated[int, typer.Option(help="Optimiser steps.")] = 300,
     anchors: Annotated[int, typer.Option(help="Contexts per step.")] = 32,
     lr: Annotated[float, typer.Option(help="AdamW peak learning rate.")] = 1e-3,
+    warmup: Annotated[int, typer.Option(min=0, help="Steps of linear learning-rate warm-up.")] = 20,
     seed: int = 0,
     eval_every: Annotated[
         int, typer.Option(min=0, help="Held-out τ every N steps (0 = off).")
@@ -82,9 +83,11 @@ def distill(
     as_json: Json = False,
 ) -> None:
     """Train parallel drafter heads (MDraft); resumes from OUT/checkpoint.pt. Use the result
-    as ``--drafter heads:OUT``."""
-    from sampler.distill import DistillConfig, evaluate, prepare_data, reach_summary, train
+    as --drafter heads:OUT. On a terminal a progress bar shows the rollouts and the training
+    steps with their loss."""
+    from sampler.distill import DistillConfig, evaluate, reach_summary, train
     from sampler.mdraft import Objective
+    from sampler.rollouts import prepare_data
 
     settings = Settings()
     with errors():
@@ -94,6 +97,7 @@ def distill(
             steps,
             anchors,
             lr,
+            warmup=warmup,
             seed=seed,
             eval_every=eval_every,
             init=str(init) if init else None,
@@ -107,7 +111,9 @@ def distill(
             from sampler.heads import ParallelHeads
 
             ParallelHeads.load(init, loaded.model)
-        with Progress(console=err, disable=as_json, transient=False) as progress:
+        # the bars on a terminal only: a pipe or a log gets neither frames nor their end state
+        quiet = as_json or not err.is_terminal
+        with Progress(console=err, disable=quiet, transient=False) as progress:
             bars = _TrainingProgress(progress, objective, steps)
             data = prepare_data(
                 loaded.model, loaded.tokenizer, files, settings.home, max_new_tokens, seed,
@@ -118,7 +124,7 @@ def distill(
                 config, out_dir, bars.step,
             )  # fmt: skip
             status = err.status("evaluating on held-out prompts…")
-            with status if not as_json else contextlib.nullcontext():
+            with status if not quiet else contextlib.nullcontext():
                 result = evaluate(heads, loaded.model, data.heldout, data.heldout_hidden)
         (out_dir / "evaluation.json").write_text(json.dumps(result, indent=1) + "\n")
     payload: dict[str, Any] = {

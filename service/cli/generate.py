@@ -58,15 +58,37 @@ def generate(
     ] = None,
     method: Annotated[str, typer.Option(help=METHOD_HELP)] = "mpfr",
     drafter: Annotated[
-        str, typer.Option(help="ngram, self:N, heads:PATH, eagle:PATH or model:PATH")
+        str,
+        typer.Option(
+            help="The cheap model that guesses ahead: ngram (copies from the prompt and answer), "
+            "self:N, heads:PATH, eagle:PATH or model:PATH. With a watermarked method it changes "
+            "the speed, never the text."
+        ),
     ] = "ngram",
-    drafts: Annotated[int, typer.Option("--drafts", "-B", help="Drafts B.")] = 4,
-    lookahead: Annotated[int, typer.Option("--lookahead", "-L", help="Lookahead L.")] = 4,
+    drafts: Annotated[
+        int,
+        typer.Option(
+            "--drafts",
+            "-B",
+            help="Drafts B: how many guesses the drafter offers at each step; the model checks "
+            "them all in one pass (watermarked methods: the speed changes, never the text).",
+        ),
+    ] = 4,
+    lookahead: Annotated[
+        int,
+        typer.Option(
+            "--lookahead",
+            "-L",
+            help="Lookahead L: how many tokens ahead each guess reaches (watermarked methods: "
+            "the speed changes, never the text).",
+        ),
+    ] = 4,
     tree: Annotated[
         str,
         typer.Option(
-            help="auto: B and L are caps, each step's tree is the cost model's (mpfr, pfr; "
-            "the same tokens); fixed: B drafts of depth L every step."
+            help="The shape of the guesses checked at each step: auto (B and L are upper "
+            "bounds; each step picks the shape expected to be fastest) or fixed (always B "
+            "guesses of L tokens); the same text either way."
         ),
     ] = DEFAULT_TREE,
     max_new_tokens: Annotated[int, typer.Option(help="At most this many new tokens.")] = 128,

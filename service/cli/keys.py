@@ -82,7 +82,7 @@ def list_keys(
     ] = False,
     as_json: Json = False,
 ) -> None:
-    """List keys, revoked ones included with their state, as ``GET /v1/keys`` does (public
+    """List keys, revoked ones included with their state, as GET /v1/keys does (public
     fields only), oldest first."""
     settings = Settings()
     with errors(), key_store(settings) as store:

@@ -12,18 +12,14 @@ work itself — key lookups and the detector — runs on the detection pool, off
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter
 
 from service.api_tokens import Principal
 from service.auth import CanDetect, raw_evidence
-from service.deps import LimiterDep, MetricsDep, PoolDep, ResourcesDep, SettingsDep, StoreDep
-from service.detection import DetectionPool, DetectPlan
+from service.deps import ServiceDep, ServiceDeps
+from service.detection import DetectPlan
 from service.errors import LimitExceeded
-from service.keystore import KeyStore
 from service.limits import check_batch, check_detect_input
-from service.ratelimit import RateLimiter
 from service.schemas.common import problem_responses
 from service.schemas.detect import (
     DetectBatchRequest,
@@ -33,7 +29,6 @@ from service.schemas.detect import (
     DetectRequest,
     DetectResponse,
 )
-from service.settings import Settings
 
 router = APIRouter(prefix="/v1/detect", tags=["detect"])
 _ERRORS = problem_responses(400, 401, 403, 404, 409, 413, 415, 422, 429, 503)
@@ -45,14 +40,12 @@ async def _detect(
     *,
     batch: bool,
     principal: Principal,
-    settings: Settings,
-    store: KeyStore,
-    pool: DetectionPool,
-    limiter: RateLimiter,
-    model: Any,
-) -> list[dict[str, Any]]:
-    """Charge, plan, charge the planned work, run (module docstring); ``model``: the served
-    target when ``options.reads_model``, else None."""
+    service: ServiceDeps,
+) -> list[DetectResponse]:
+    """Charge, plan, charge the planned work, run (module docstring); the served target is
+    passed to the tests that read it when ``options.reads_model``."""
+    settings, store, pool, limiter = service.settings, service.store, service.pool, service.limiter
+    model = service.resources.loaded.target if options.reads_model else None
     await limiter.spend(principal.token_id, len(items))
     max_keys = settings.max_keys_per_detect
     plan: DetectPlan = await pool.run(
@@ -92,54 +85,24 @@ async def _detect(
 async def detect(
     body: DetectRequest,
     principal: CanDetect,
-    settings: SettingsDep,
-    store: StoreDep,
-    pool: PoolDep,
-    limiter: LimiterDep,
-    metrics: MetricsDep,
-    resources: ResourcesDep,
+    service: ServiceDep,
 ) -> DetectResponse:
     """Test one text against one key, or against every key of your tenant."""
-    check_detect_input(body, settings, resources.vocab_size)
-    (result,) = await _detect(
-        [body],
-        body,
-        batch=False,
-        principal=principal,
-        settings=settings,
-        store=store,
-        pool=pool,
-        limiter=limiter,
-        model=resources.loaded.target if body.reads_model else None,
-    )
-    metrics.detections.labels(result["verdict"]).inc()
-    return DetectResponse.model_validate(result)
+    check_detect_input(body, service.settings, service.resources.vocab_size)
+    (result,) = await _detect([body], body, batch=False, principal=principal, service=service)
+    service.metrics.detections.labels(result.verdict).inc()
+    return result
 
 
 @router.post("/batch", responses=_ERRORS)
 async def detect_batch(
     body: DetectBatchRequest,
     principal: CanDetect,
-    settings: SettingsDep,
-    store: StoreDep,
-    pool: PoolDep,
-    limiter: LimiterDep,
-    metrics: MetricsDep,
-    resources: ResourcesDep,
+    service: ServiceDep,
 ) -> DetectBatchResponse:
     """Test several texts with the same options (each costs its work in the rate limit)."""
-    check_batch(body.items, settings, resources.vocab_size)
-    results = await _detect(
-        body.items,
-        body,
-        batch=True,
-        principal=principal,
-        settings=settings,
-        store=store,
-        pool=pool,
-        limiter=limiter,
-        model=resources.loaded.target if body.reads_model else None,
-    )
+    check_batch(body.items, service.settings, service.resources.vocab_size)
+    results = await _detect(body.items, body, batch=True, principal=principal, service=service)
     for result in results:
-        metrics.detections.labels(result["verdict"]).inc()
-    return DetectBatchResponse.model_validate({"results": results})
+        service.metrics.detections.labels(result.verdict).inc()
+    return DetectBatchResponse(results=results)

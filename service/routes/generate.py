@@ -20,8 +20,8 @@ from fastapi import APIRouter, Request
 
 from sampler.completion import prompt_ids
 from service.auth import CanGenerate
-from service.deps import MetricsDep, PoolDep, ResourcesDep, SettingsDep, StoreDep, WorkerDep
-from service.detection import DetectionPool
+from service.deps import ServiceDep
+from service.detection_pool import DetectionPool
 from service.errors import GenerationCancelled
 from service.generation import Generated, Generation, from_body, prepare
 from service.limits import (
@@ -127,25 +127,26 @@ async def generate(
     body: GenerateRequest,
     principal: CanGenerate,
     request: Request,
-    settings: SettingsDep,
-    store: StoreDep,
-    worker: WorkerDep,
-    pool: PoolDep,
-    resources: ResourcesDep,
-    metrics: MetricsDep,
+    service: ServiceDep,
 ) -> GenerateResponse | EventStreamResponse:
     """Sample a watermarked completion with the caller's key (an exact sample of the model)."""
+    settings, resources, pool, metrics = (
+        service.settings,
+        service.resources,
+        service.pool,
+        service.metrics,
+    )
     body = capped_defaults(body, settings)
     check_generate(body, settings)
     check_drafter(body.drafter, resources.drafters)
     wanted = from_body(body)
-    record = await to_thread.run_sync(store.get_active, body.key_id, principal.tenant)
+    record = await to_thread.run_sync(service.store.get_active, body.key_id, principal.tenant)
     generation = prepare(record, resources.fingerprint, wanted)
     ids = await pool.run(encode_chat_prompt, pool, body, resources.loaded)
     check_prompt_tokens(
         len(ids), settings.max_prompt_tokens, "prompt" if body.messages is None else "messages"
     )
-    job = worker.submit(ids, generation.config, generation.source, generation.drafter)
+    job = service.worker.submit(ids, generation.config, generation.source, generation.drafter)
     tokenizer = resources.loaded.tokenizer  # decode only (immutable) on the event loop
     if body.stream:
 

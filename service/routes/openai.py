@@ -34,11 +34,9 @@ from fastapi import APIRouter, Request
 
 from service.api_tokens import Principal
 from service.auth import CanGenerate
-from service.deps import MetricsDep, PoolDep, ResourcesDep, SettingsDep, StoreDep, WorkerDep
-from service.detection import DetectionPool
+from service.deps import ResourcesDep, ServiceDep, ServiceDeps
 from service.errors import KEY_ID_PATTERN
 from service.generation import from_body, prepare
-from service.keystore import KeyStore
 from service.limits import check_prompt_tokens
 from service.metrics import Metrics
 from service.openai_compat import (
@@ -77,9 +75,8 @@ from service.schemas.openai import (
     OpenAIRequest,
     WatermarkStart,
 )
-from service.settings import Settings
 from service.streaming import EventStreamResponse, IncrementalDecoder, decode_text
-from service.worker import Failed, Finished, GenerationWorker, Tokens
+from service.worker import Failed, Finished, Tokens
 
 router = APIRouter(prefix="/v1", tags=["openai"], route_class=OpenAIRoute)
 
@@ -137,20 +134,18 @@ async def _start(
     wanted: GenerateRequest,
     raw: bool,
     principal: Principal,
-    settings: Settings,
-    store: KeyStore,
-    worker: GenerationWorker,
-    pool: DetectionPool,
-    resources: Resources,
+    service: ServiceDeps,
 ) -> Served:
     request = from_body(wanted)
-    record = await to_thread.run_sync(store.get_active, wanted.key_id, principal.tenant)
+    resources, pool = service.resources, service.pool
+    record = await to_thread.run_sync(service.store.get_active, wanted.key_id, principal.tenant)
     generation = prepare(record, resources.fingerprint, request)
     ids = await pool.run(
         encode_raw_prompt if raw else encode_chat_prompt, pool, wanted, resources.loaded
     )
-    check_prompt_tokens(len(ids), settings.max_prompt_tokens, "prompt" if raw else "messages")
-    job = worker.submit(ids, generation.config, generation.source, generation.drafter)
+    prompt_field = "prompt" if raw else "messages"
+    check_prompt_tokens(len(ids), service.settings.max_prompt_tokens, prompt_field)
+    job = service.worker.submit(ids, generation.config, generation.source, generation.drafter)
     loaded = resources.loaded
     model = served_model(resources)
     return Served(generation, job, len(ids), model, loaded.tokenizer)
@@ -261,16 +256,12 @@ async def chat_completions(
     body: ChatCompletionRequest,
     principal: CanGenerate,
     request: Request,
-    settings: SettingsDep,
-    store: StoreDep,
-    worker: WorkerDep,
-    pool: PoolDep,
-    resources: ResourcesDep,
-    metrics: MetricsDep,
+    service: ServiceDep,
 ) -> ChatCompletion | Completion | EventStreamResponse:
     """OpenAI's chat completion, watermarked with the caller's key (`key_id` or the
     `X-Poissonmark-Key` header); `seed` is the watermark nonce; the watermark facts are in
     `poissonmark`. Errors are OpenAI's `{"error": {...}}`."""
+    settings, resources = service.settings, service.resources
     _check_model(body, resources)
     max_name, max_tokens = max_tokens_of(body, CHAT_MAX_TOKENS, settings)
     messages = [
@@ -281,8 +272,10 @@ async def chat_completions(
         body, key_id_of(body, request), max_name, max_tokens, messages=messages
     )
     wanted = checked(wanted, settings, resources, max_name)
-    served = await _start(wanted, False, principal, settings, store, worker, pool, resources)
-    return await _answer(served, body, request, metrics, "chatcmpl", chat_chunk, _chat_reply)
+    served = await _start(wanted, False, principal, service)
+    return await _answer(
+        served, body, request, service.metrics, "chatcmpl", chat_chunk, _chat_reply
+    )
 
 
 @router.post(
@@ -295,24 +288,20 @@ async def completions(
     body: CompletionRequest,
     principal: CanGenerate,
     request: Request,
-    settings: SettingsDep,
-    store: StoreDep,
-    worker: WorkerDep,
-    pool: PoolDep,
-    resources: ResourcesDep,
-    metrics: MetricsDep,
+    service: ServiceDep,
 ) -> ChatCompletion | Completion | EventStreamResponse:
     """OpenAI's (legacy) completion: a watermarked raw continuation of `prompt` (no chat
     template). Key, seed, extension fields and errors as for chat completions."""
+    settings, resources = service.settings, service.resources
     _check_model(body, resources)
     max_name, max_tokens = max_tokens_of(body, COMPLETION_MAX_TOKENS, settings)
     wanted = generate_request(
         body, key_id_of(body, request), max_name, max_tokens, prompt=body.prompt
     )
     wanted = checked(wanted, settings, resources, max_name)
-    served = await _start(wanted, True, principal, settings, store, worker, pool, resources)
+    served = await _start(wanted, True, principal, service)
     return await _answer(
-        served, body, request, metrics, "cmpl", completion_chunk, _completion_reply
+        served, body, request, service.metrics, "cmpl", completion_chunk, _completion_reply
     )
 
 

@@ -573,7 +573,8 @@ function finishGeneration(done) {
   const s = done.stats;
   $("gen-stats").textContent =
     `${s.emitted_tokens} tokens in ${s.seconds.toFixed(2)} s (${s.tokens_per_second.toFixed(1)} ` +
-    `tokens/s), ${s.target_forward_passes} target passes, AATPS ${s.aatps.toFixed(2)}; ` +
+    `tokens/s), ${s.target_forward_passes} model passes (${s.aatps.toFixed(2)} tokens per ` +
+    `pass: more than 1 when the drafter's guesses were right); ` +
     `finish: ${done.finish_reason}; watermark ${done.watermark_applied ? "applied" : "not applied"}.`;
   say($("generate-status"), "Done.");
   $("check-answer").hidden = false;

@@ -1,6 +1,6 @@
-"""``poissonmark detect``'s human-readable output (service/cli/detect.py ``show`` and
+"""``poissonmark detect``'s human-readable output (service/cli/detect_output.py ``show`` and
 ``show_multi_key``): the verdict's p, the whole-text p, what the text could have shown, the
-re-aligned test and the spans corrected for the keys (issue 15)."""
+re-aligned test and the spans corrected for the keys."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from detector import DetectOptions, detect
 from detector.multikey import detect_multi
 from keyed import KeyedSource
 from service.cli.common import out
-from service.cli.detect import show, show_multi_key
+from service.cli.detect_output import show, show_multi_key
 from tests.detector.helpers import fixed_secret, fixed_source, keyed_race_ids
 
 

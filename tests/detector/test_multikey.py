@@ -83,7 +83,7 @@ def test_detect_multi_finds_the_right_key(real_tokenizer) -> None:  # type: igno
     assert result.p_value == pytest.approx(10**result.log10_p_value, rel=1e-9, abs=1e-300)
     assert result.verdict is Verdict.WATERMARKED
     assert result.min_scored_tokens > 28  # alpha / 4 needs more tokens than alpha
-    # The wire shape is the service's (service.detection.multi_key_json, one for CLI and HTTP).
+    # The wire shape is the service's (service.detect_response, one for CLI and HTTP).
     assert secret.reveal().hex() not in repr(result)
 
 
@@ -206,11 +206,10 @@ def test_multi_key_span_p_is_valid_under_h0(real_tokenizer, human_passages, keys
 
 
 def test_multi_key_wire_shape_corrects_spans_for_the_keys(real_tokenizer) -> None:  # type: ignore[no-untyped-def]
-    # service.detection.multi_key_json (HTTP and CLI --json): each detailed key's spans carry
+    # service.detect_response (HTTP and CLI --json): each detailed key's spans carry
     # their windows-corrected p times K (the page shows it as is), and the top level the
     # whole-text and span p corrected for K and the power statement; the schema takes it all.
-    from service.detection import multi_key_json
-    from service.schemas.detect import DetectResponse
+    from service.detect_response import detect_response
 
     secret = fixed_secret("multi-wire")
     ids = keyed_race_ids(secret, num_new=120, seed=9)
@@ -218,8 +217,7 @@ def test_multi_key_wire_shape_corrects_spans_for_the_keys(real_tokenizer) -> Non
         f"pmk_{i}": fixed_source(f"multi-wire-{i}") for i in range(7)
     }
     found = detect_multi(real_tokenizer, sources, token_ids=ids, options=DetectOptions(spans=True))
-    shaped = multi_key_json(found, tokens=False)
-    assert DetectResponse.model_validate(shaped).model_dump() == shaped
+    shaped = detect_response(found, tokens=False).model_dump()
     for result in shaped["results"]:
         for span in result["spans"]["spans"]:
             expected = min(0.0, span["corrected_log10_p_value"] + math.log10(8))
@@ -238,8 +236,7 @@ def test_multi_key_edit_tolerant_p_is_corrected_for_the_keys(real_tokenizer) -> 
     # pivots with the p that chose it, so it rejects far above alpha (measured: 70 % at
     # alpha = 0.1, 13 % at 0.01); the wire shape's keys-corrected p (K·p) must reject at most
     # alpha: count <= the upper end of the central 99 % interval of Binomial(300, alpha).
-    from service.detection import multi_key_json
-    from service.schemas.detect import DetectResponse
+    from service.detect_response import detect_response
     from tests.detector.test_null import binomial_bounds
 
     rng = np.random.default_rng(31)
@@ -249,11 +246,10 @@ def test_multi_key_edit_tolerant_p_is_corrected_for_the_keys(real_tokenizer) -> 
     for _ in range(300):
         ids = rng.integers(3, 49152, size=120).tolist()
         found = detect_multi(real_tokenizer, sources, token_ids=ids, options=options, detailed=1)
-        shaped = multi_key_json(found, tokens=False)
+        shaped = detect_response(found, tokens=False).model_dump()
         edit = shaped["results"][0]["edit_tolerant"]
         own.append(edit["log10_p_value"])
         corrected.append(edit["keys_corrected_log10_p_value"])
-    assert DetectResponse.model_validate(shaped).model_dump() == shaped
     own_a, corrected_a = np.array(own), np.array(corrected)
     for alpha in (0.1, 0.01):
         _, high = binomial_bounds(300, alpha, 0.99)

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from service.cli import app
 from service.schemas.detect import DetectResponse
 from service.schemas.generate import GenerateResponse
+from tests.fresh import cli_on_a_terminal
 
 pytestmark = pytest.mark.realmodel
 
@@ -330,6 +331,8 @@ def test_distill_trains_resumes_and_refuses_bad_input(
         "12",
         "--eval-every",
         "2",
+        "--warmup",
+        "1",
         "--device",
         "cpu",
         "--json",
@@ -349,9 +352,22 @@ def test_distill_trains_resumes_and_refuses_bad_input(
     ):
         assert (out_dir / name).is_file(), name
     assert json.loads((out_dir / "heads.json").read_text())["objective"] == "mdraft"
+    assert json.loads((out_dir / "training.json").read_text())["config"]["warmup"] == 1
     again = run(cli_env, *args)  # resumes from the finished checkpoint: no new steps
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["train_seconds"] == result["train_seconds"]
+    human = [a for a in args if a != "--json"]
+    piped = run(cli_env, *human[:6], str(tmp_path / "piped"), *human[7:])
+    assert piped.returncode == 0, piped.stderr
+    assert "heads written to" in piped.stdout
+    for frame in ("rollouts", "training", "loss", "━"):  # no progress bar on a pipe
+        assert frame not in piped.stderr, piped.stderr
+    status, stdout, shown = cli_on_a_terminal(
+        *human[:6], str(tmp_path / "shown"), *human[7:], env=cli_env
+    )
+    assert status == 0, shown
+    assert "heads written to" in stdout
+    assert "training (mdraft) loss" in shown and "4/4" not in stdout, shown
     bad_prompts = tmp_path / "bad.jsonl"
     bad_prompts.write_text('{"id": "a", "prompt": "x"}\n{"prompt": "no id"}\n')
 

@@ -10,10 +10,10 @@ import torch
 
 from keyed import KeyedSource, Secret
 from sampler.decoder import SamplerConfig, generate
-from sampler.distill import Rollout, hidden_states
 from sampler.eagle import new_eagle
 from sampler.eagle_train import EagleTrainConfig, evaluate, train, unroll
 from sampler.mdraft import Objective
+from sampler.rollouts import Rollout, hidden_states
 from tests.sampler.conftest import VOCAB
 
 

@@ -15,7 +15,7 @@ import pytest
 from sampler.decoder import SamplerConfig
 from sampler.drafters import Drafter
 from service.deps import get_limiter, get_worker
-from service.detection import DetectionPool
+from service.detection_pool import DetectionPool
 from service.errors import PROBLEM_BASE, PROBLEMS, problem_for
 from service.ratelimit import RateLimiter
 from service.worker import GenerationWorker, Job

@@ -19,6 +19,7 @@ from service.cli import app
 from service.cli.common import key_store
 from service.settings import Settings
 from tests.detector.helpers import fixed_secret, keyed_race_ids
+from tests.fresh import cli_on_a_terminal
 from tests.service.conftest import free_port
 
 
@@ -85,6 +86,54 @@ def test_exit_status_follows_the_verdict_with_the_flag(
 def test_detect_help_documents_the_exit_status(home: Path) -> None:
     shown = " ".join(invoke("detect", "--help").output.split())
     assert "with --exit-status 0 for watermarked, 1 for not watermarked, 2 for an error" in shown
+
+
+def test_detect_help_shows_the_ray_extra_in_brackets(home: Path) -> None:
+    # typer reads help as rich markup, where an unescaped [ray] is a style tag and vanishes
+    shown = " ".join(invoke("detect", "--help").output.replace("│", " ").split())
+    assert "pip install 'poissonmark[ray]'" in shown
+
+
+def write_corpus(home: Path, key: str) -> Path:
+    """Two documents: human text and 60 ids the key watermarked."""
+    corpus = home / "corpus.jsonl"
+    rows = [
+        {"id": "human", "text": "The committee met on Tuesday and agreed to postpone the vote."},
+        {"id": "marked", "token_ids": json.loads(marked_ids(key, seed=5))},
+    ]
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return corpus
+
+
+SUMMARY = "2 detected, 1 watermarked, 0 errors, 0 skipped (already in output)"
+
+
+def test_corpus_writes_only_its_counts_to_a_pipe(home: Path) -> None:
+    """stderr not a terminal (CliRunner's is a buffer, as a pipe or a CI log is): no
+    progress bar, its frames or its final state, only the counts."""
+    key = create_key()
+    corpus, output = write_corpus(home, key), home / "out.jsonl"
+    done = invoke("detect", "--key", key, "--jsonl", str(corpus), "--output", str(output))
+    assert done.exit_code == 0, done.output
+    assert done.stderr.splitlines() == [SUMMARY]
+    assert done.stdout == ""
+    assert [json.loads(line)["id"] for line in output.read_text().splitlines()] == [
+        "human",
+        "marked",
+    ]
+
+
+def test_corpus_shows_documents_rate_and_time_left_on_a_terminal(home: Path) -> None:
+    key = create_key()
+    corpus, output = write_corpus(home, key), home / "out.jsonl"
+    status, stdout, shown = cli_on_a_terminal(
+        "detect", "--key", key, "--jsonl", str(corpus), "--output", str(output)
+    )
+    assert status == 0, shown
+    assert stdout == ""
+    assert "detecting" in shown and "2/2" in shown, shown
+    assert "docs/s" in shown and "ETA" in shown, shown
+    assert SUMMARY in shown
 
 
 def test_key_less_detect_names_the_tenant_it_tested(home: Path) -> None:

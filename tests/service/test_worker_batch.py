@@ -19,7 +19,7 @@ from sampler.completion import eos_ids
 from sampler.decoder import SamplerConfig, generate
 from sampler.drafters import make_drafter
 from sampler.processing import Processing
-from service.detection import _one_torch_thread
+from service.detection_pool import _one_torch_thread
 from service.errors import GenerationCancelled, InvalidInput, QueueFull
 from service.worker import Failed, Finished, GenerationWorker, Job, Tokens
 

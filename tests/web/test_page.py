@@ -596,6 +596,26 @@ def test_p_values_are_worded_as_odds(page: Page, p: float, words: str) -> None:
     assert node == text.replace("10^", "10"), node
 
 
+def test_the_page_says_where_a_token_comes_from_and_folds_the_speed_settings(
+    page: Page,
+) -> None:
+    """A visitor without a token learns who makes one and how; the generate form shows the
+    prompt, key, method and length, and keeps Drafts B and Lookahead L folded under a summary
+    that says they change the speed, never the text, each with its sentence."""
+    assert page.page.is_visible("#token-help")
+    assert "poissonmark tokens create" in page.page.text_content("#token-help")
+    page.page.click("#tab-generate")
+    assert page.page.is_visible("#gen-method") and page.page.is_visible("#gen-max")
+    assert not page.page.is_visible("#gen-drafts") and not page.page.is_visible("#gen-lookahead")
+    summary = page.page.text_content("#gen-advanced summary")
+    assert "the text is the same" in summary
+    page.page.click("#gen-advanced summary")
+    for field in ("gen-drafts", "gen-lookahead"):
+        assert page.page.is_visible(f"#{field}")
+        described = page.page.get_attribute(f"#{field}", "aria-describedby")
+        assert described and len(page.page.text_content(f"#{described}").split()) > 5
+
+
 def test_the_generate_form_takes_its_limits_from_the_server(
     browser: Any, live: Callable[..., Service]
 ) -> None:
