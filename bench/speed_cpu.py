@@ -290,7 +290,7 @@ def contention(args: argparse.Namespace) -> None:
     """The ``--busy`` mode (module docstring)."""
     import multiprocessing
 
-    from sampler.gguf_target import CoreShare
+    from sampler.cpu_features import CoreShare
 
     loaded = load_model(DEFAULT_MODEL, args.home, "cpu", precision="gguf")
     target = loaded.target

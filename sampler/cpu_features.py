@@ -18,6 +18,8 @@ on the hardware read ``/proc/cpuinfo`` here instead of assuming one.
   not set it, and only before torch is imported (afterwards it would have no effect).
   transformers' float32 path is slower under PASSIVE (44.9 against 34.8 ms quiet): whoever
   runs float32 on such a machine can set ``OMP_WAIT_POLICY=ACTIVE``.
+- ``CoreShare``: llama.cpp's thread count per decode, the CPUs other runnable tasks leave
+  free (``procs_running``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import os
 import platform
 import sys
 from pathlib import Path
+from typing import Any
 
 __all__ = ["cpu_flags", "cpu_model", "native_bfloat16", "prefer_passive_omp_wait"]
 
@@ -75,3 +78,45 @@ def prefer_passive_omp_wait() -> bool:
         return False
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     return True
+
+
+def procs_running(stat: Path = Path("/proc/stat")) -> int | None:
+    """Runnable tasks on the machine at this instant (the reading thread included), from
+    ``/proc/stat``'s ``procs_running``; None where it cannot be read."""
+    try:
+        for line in stat.read_text().splitlines():
+            if line.startswith("procs_running "):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+class CoreShare:
+    """llama.cpp's thread count per decode: the CPUs other runnable tasks leave free.
+
+    ggml's threads meet at a spinning barrier after every operation (hundreds per forward),
+    so a forward on n threads runs at the pace of the thread the kernel schedules last: with
+    two busy processes beside a 2-thread forward on 2 cores, generation kept 9-18 % of its
+    quiet speed, where one thread gets the fair share. Before each decode the other runnable
+    tasks (``procs_running`` less the reading thread) are read and smoothed (weight
+    ``weight`` per decode); the threads are the CPUs less the rounded average, at least one.
+
+    Attributes:
+        cpus: the most threads (the CPUs this process may run on, or a fixed count).
+        others: the smoothed count of other runnable tasks.
+    """
+
+    def __init__(self, cpus: int, weight: float = 0.25, read: Any = procs_running) -> None:
+        self.cpus = cpus
+        self.weight = weight
+        self.others = 0.0
+        self._read = read
+
+    def threads(self) -> int:
+        """Threads for the next decode (reads the machine once)."""
+        running = self._read()
+        if running is None or self.cpus == 1:
+            return self.cpus
+        self.others += self.weight * (max(running - 1, 0) - self.others)
+        return max(1, self.cpus - round(self.others))

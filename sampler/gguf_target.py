@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from sampler.cpu_features import CoreShare
 from sampler.gguf_cache import MAX_LEAVES, GgufCache, KvStore
 from sampler.target import Target
 
@@ -145,48 +146,6 @@ _QUIET = _make_quiet()  # kept alive for the process: llama.cpp holds the pointe
 def cpu_threads() -> int:
     """Threads for llama.cpp: the CPUs this process may run on."""
     return max(1, len(os.sched_getaffinity(0)))
-
-
-def procs_running(stat: Path = Path("/proc/stat")) -> int | None:
-    """Runnable tasks on the machine at this instant (the reading thread included), from
-    ``/proc/stat``'s ``procs_running``; None where it cannot be read."""
-    try:
-        for line in stat.read_text().splitlines():
-            if line.startswith("procs_running "):
-                return int(line.split()[1])
-    except (OSError, ValueError):
-        return None
-    return None
-
-
-class CoreShare:
-    """llama.cpp's thread count per decode: the CPUs other runnable tasks leave free.
-
-    ggml's threads meet at a spinning barrier after every operation (hundreds per forward),
-    so a forward on n threads runs at the pace of the thread the kernel schedules last: with
-    two busy processes beside a 2-thread forward on 2 cores, generation kept 9-18 % of its
-    quiet speed, where one thread gets the fair share. Before each decode the other runnable
-    tasks (``procs_running`` less the reading thread) are read and smoothed (weight
-    ``weight`` per decode); the threads are the CPUs less the rounded average, at least one.
-
-    Attributes:
-        cpus: the most threads (the CPUs this process may run on, or a fixed count).
-        others: the smoothed count of other runnable tasks.
-    """
-
-    def __init__(self, cpus: int, weight: float = 0.25, read: Any = procs_running) -> None:
-        self.cpus = cpus
-        self.weight = weight
-        self.others = 0.0
-        self._read = read
-
-    def threads(self) -> int:
-        """Threads for the next decode (reads the machine once)."""
-        running = self._read()
-        if running is None or self.cpus == 1:
-            return self.cpus
-        self.others += self.weight * (max(running - 1, 0) - self.others)
-        return max(1, self.cpus - round(self.others))
 
 
 class GgufTarget(Target):

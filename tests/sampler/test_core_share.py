@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sampler.gguf_target import CoreShare, procs_running
+from sampler.cpu_features import CoreShare, procs_running
 
 
 def test_procs_running_reads_proc_stat(tmp_path: Path) -> None:
