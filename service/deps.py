@@ -57,12 +57,17 @@ async def get_limiter(resources: ResourcesDep) -> RateLimiter:
     return resources.limiter
 
 
+async def get_generate_limiter(resources: ResourcesDep) -> RateLimiter:
+    return resources.generate_limiter
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 StoreDep = Annotated[KeyStore, Depends(get_store)]
 WorkerDep = Annotated[GenerationWorker, Depends(get_worker)]
 PoolDep = Annotated[DetectionPool, Depends(get_pool)]
 LimiterDep = Annotated[RateLimiter, Depends(get_limiter)]
+GenerateLimiterDep = Annotated[RateLimiter, Depends(get_generate_limiter)]
 
 
 async def no_unknown_query_parameters(request: Request) -> None:

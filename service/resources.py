@@ -75,7 +75,8 @@ class Resources:
     redis: redis.Redis
     aredis: AsyncRedis  # not redis.asyncio.Redis: the field `redis` shadows the module here
     store: KeyStore
-    limiter: RateLimiter
+    limiter: RateLimiter  # detection
+    generate_limiter: RateLimiter
     worker: GenerationWorker
     pool: DetectionPool
     token_key: bytes  # the API token digest key (service.api_tokens.digest_key of the KEK)
@@ -222,6 +223,15 @@ async def open_resources(
             settings.detect_rate_window_s,
             on_limited=metrics.rate_limited.inc,
         )
+        generate_limiter = RateLimiter(
+            aredis,
+            settings.redis_prefix,
+            settings.generate_rate_limit,
+            settings.generate_rate_window_s,
+            on_limited=metrics.rate_limited.inc,
+            kind="generate",
+            unit="tokens (prompt + new tokens requested)",
+        )
         yield Resources(
             settings,
             loaded,
@@ -232,6 +242,7 @@ async def open_resources(
             aredis,
             store,
             limiter,
+            generate_limiter,
             worker,
             pool,
             token_key,

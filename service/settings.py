@@ -150,6 +150,19 @@ class Settings(BaseSettings):
     (``bench/results/multikey_cost.json``), so the default budget is ~1.2 s of CPU a minute:
     600 texts of up to 1,111 tokens against one key, or 20 of 32,768."""
     detect_rate_window_s: int = Field(default=60, ge=1)
+    detect_deadline_s: float = Field(default=120.0, gt=0, le=86_400)
+    """Seconds a detect request may take (waiting for the detection pool included); past it,
+    504 ``deadline-exceeded``: work not yet started is dropped, work under way (bounded by the
+    limits above) finishes unseen."""
+    generate_rate_limit: int = Field(default=60_000, ge=1)
+    """Tokens of generation per token per ``generate_rate_window_s``: a request costs its
+    prompt's tokens (after the chat template) + the new tokens it asks for (``max_new_tokens``,
+    ``max_tokens``), charged when it is queued, whether it then uses them all or not. Beyond
+    the window's budget: 429 + Retry-After; a request costing more than a whole window: 422."""
+    generate_rate_window_s: int = Field(default=60, ge=1)
+    generation_deadline_s: float = Field(default=600.0, gt=0, le=86_400)
+    """Seconds a generation may take from being queued to its last token; past it the job
+    stops and frees its slot: 504 ``deadline-exceeded`` (streaming: a final ``error`` event)."""
     redis_timeout_s: float = Field(default=2.0, gt=0)
 
     @model_validator(mode="before")

@@ -8,10 +8,14 @@ ceil(tokens × keys / ``detect_work_unit``) per item, at most a whole window's b
 the request then passes its limits or not (its tokenizing was work). A request over
 ``max_tokens``, ``max_evidence_tokens`` or a whole window's budget is refused (422). The
 work itself — key lookups and the detector — runs on the detection pool, off the event loop.
+A request that takes more than ``detect_deadline_s`` (waiting for a pool thread included) is
+answered 504 ``deadline-exceeded``: its work not yet started on the pool never starts; work
+under way (bounded by the limits above) finishes and is dropped.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter
@@ -20,7 +24,7 @@ from service.api_tokens import Principal
 from service.auth import CanDetect, raw_evidence
 from service.deps import LimiterDep, MetricsDep, PoolDep, ResourcesDep, SettingsDep, StoreDep
 from service.detection import DetectionPool, DetectPlan
-from service.errors import LimitExceeded
+from service.errors import DeadlineExceeded, LimitExceeded
 from service.keystore import KeyStore
 from service.limits import check_batch, check_detect_input
 from service.ratelimit import RateLimiter
@@ -36,10 +40,43 @@ from service.schemas.detect import (
 from service.settings import Settings
 
 router = APIRouter(prefix="/v1/detect", tags=["detect"])
-_ERRORS = problem_responses(400, 401, 403, 404, 409, 413, 415, 422, 429, 503)
+_ERRORS = problem_responses(400, 401, 403, 404, 409, 413, 415, 422, 429, 503, 504)
 
 
 async def _detect(
+    items: list[DetectInput],
+    options: DetectOptions,
+    *,
+    batch: bool,
+    principal: Principal,
+    settings: Settings,
+    store: KeyStore,
+    pool: DetectionPool,
+    limiter: RateLimiter,
+    model: Any,
+) -> list[dict[str, Any]]:
+    """``_charged_detect`` within the deadline (``detect_deadline_s``; module docstring)."""
+    deadline = asyncio.timeout(settings.detect_deadline_s)
+    try:
+        async with deadline:
+            return await _charged_detect(
+                items,
+                options,
+                batch=batch,
+                principal=principal,
+                settings=settings,
+                store=store,
+                pool=pool,
+                limiter=limiter,
+                model=model,
+            )
+    except TimeoutError:
+        if not deadline.expired():  # another timeout, not the deadline's
+            raise
+        raise DeadlineExceeded("detect_deadline_s", settings.detect_deadline_s) from None
+
+
+async def _charged_detect(
     items: list[DetectInput],
     options: DetectOptions,
     *,
