@@ -193,7 +193,9 @@ class GenerationWorker:
         self._on_batch = on_batch
         self._waiting_lock = threading.Lock()
         self._queued = threading.Condition()  # guards _queues and _stopping
-        self._queues: dict[str, deque[Job]] = {}  # per tenant; order: next served first
+        self._queues: dict[str, deque[Job]] = {}  # per tenant
+        self._served: dict[str, int] = {}  # tenant -> number of its latest admission
+        self._admissions = 0
         self._stopping = False
         self._eos = eos_ids(loaded)
         self._drafters: dict[str, Drafter] = {}
@@ -354,9 +356,9 @@ class GenerationWorker:
         return True
 
     def _next(self, holding: Counter[str], block: bool) -> Job | object | None:
-        """The next waiting job by fair share (module docstring): of the tenant holding the
-        fewest slots in ``holding``, ties to the one first in ``_queues`` (served longest
-        ago); ``_STOP`` at stop; None when nothing waits and ``block`` is False."""
+        """The next waiting job by fair share (module docstring): the oldest of the tenant
+        holding the fewest slots in ``holding``, ties to the one served longest ago
+        (round-robin); ``_STOP`` at stop; None when nothing waits and ``block`` is False."""
         with self._queued:
             while block and not self._queues and not self._stopping:
                 self._queued.wait()
@@ -364,11 +366,16 @@ class GenerationWorker:
                 return _STOP
             if not self._queues:
                 return None
-            tenant = min(self._queues, key=lambda t: holding[t])  # first of the fewest
-            waiting = self._queues.pop(tenant)
+            tenant = min(self._queues, key=lambda t: (holding[t], self._served.get(t, -1)))
+            waiting = self._queues[tenant]
             job = waiting.popleft()
-            if waiting:  # back of the round-robin order
-                self._queues[tenant] = waiting
+            if not waiting:
+                del self._queues[tenant]
+            self._served[tenant] = self._admissions
+            self._admissions += 1
+            if len(self._served) > 4 * (len(self._queues) + self.max_batch) + 64:
+                # forget tenants with nothing waiting (an active one's count is in holding)
+                self._served = {t: n for t, n in self._served.items() if t in self._queues}
             return job
 
     def _join(self, joining: list[tuple[Job, Drafter | None]]) -> None:
