@@ -344,7 +344,6 @@ class GenerationWorker:
                 assert job.deadline_s is not None
                 job._post(Failed(DeadlineExceeded("generation_deadline_s", job.deadline_s)))
                 continue
-            holding[job.tenant] += 1
             try:
                 drafter = self._drafter(job.drafter) if job.config.speculative else None
                 self._batch.check(job.prompt, job.config, drafter)
@@ -352,6 +351,7 @@ class GenerationWorker:
                 self._fail(job, exc)
                 continue
             joining.append((job, drafter))
+            holding[job.tenant] += 1
         self._join(joining)
         return True
 
