@@ -80,6 +80,7 @@ class Resources:
     worker: GenerationWorker
     pool: DetectionPool
     token_key: bytes  # the API token digest key (service.api_tokens.digest_key of the KEK)
+    previous_token_keys: tuple[bytes, ...] = ()  # those of the previous KEK (a rotation)
 
 
 def _async_client(sync: redis.Redis, url: str | None, settings: Settings) -> redis.asyncio.Redis:
@@ -177,16 +178,19 @@ async def open_resources(
         log.info("key store: %s, prefix %r", describe_client(sync), settings.redis_prefix)
 
         kek = await asyncio.to_thread(_kek, settings)
-        store = KeyStore(sync, kek, settings.redis_prefix)
+        previous = settings.previous_keks()
+        store = KeyStore(sync, kek, settings.redis_prefix, previous)
         token_key = digest_key(kek)
+        log.info("key-encryption key %s (%d previous)", store.kek_id, len(previous))
 
         def unreadable(key_id: str, exc: Exception) -> None:
             log.warning("key store: %s cannot be re-sealed (%s); it stays unusable", key_id, exc)
 
-        # v1 records: bind tenant and parameters; one that cannot be opened stops no start
+        # earlier forms and a previous KEK's records: under the current KEK, bound to their
+        # tenant and parameters; one that cannot be opened stops no start
         resealed = await asyncio.to_thread(store.reseal, unreadable)
         if resealed:
-            log.info("key store: %d record(s) re-sealed bound to their tenant", resealed)
+            log.info("key store: %d record(s) re-sealed under %s", resealed, store.kek_id)
 
         loaded = await asyncio.to_thread(loader, settings)
         fingerprint = tokenizer_fingerprint(loaded.tokenizer)
@@ -246,4 +250,5 @@ async def open_resources(
             worker,
             pool,
             token_key,
+            tuple(digest_key(old) for old in previous),
         )
