@@ -98,9 +98,11 @@ async def charge_prompt(
     limiter: RateLimiter, principal: Principal, prompt_tokens: int, new_tokens: int, field: str
 ) -> None:
     """Charge the prompt's tokens (tokenizing was work, whether the request then passes its
-    limits or not), at most a window's budget; a request costing more than a whole window
-    (prompt + new tokens) is refused, naming ``field`` (the new tokens')."""
-    await limiter.spend(principal.token_id, min(prompt_tokens, limiter.limit))
+    limits or not), the request at most a window's budget in all; a request costing more than
+    a whole window (prompt + new tokens) is refused, naming ``field`` (the new tokens')."""
+    charge = min(prompt_tokens, limiter.limit - new_tokens)  # the new tokens are charged
+    if charge > 0:
+        await limiter.spend(principal.token_id, charge)
     if prompt_tokens + new_tokens > limiter.limit:
         raise _over_window(limiter, prompt_tokens + new_tokens, field)
 
