@@ -143,8 +143,8 @@ class Sealer:
                 f"sealed under {sealer}, which is neither the current KEK ({self.kek_id}) "
                 "nor a previous one (POISSONMARK_KEK_PREVIOUS)",
             )
-        aad = associated_data(key_id, bound, sealer)
-        return self._open(key_id, stored[len(_SEALED_VERSION) + len(sealer) + 1 :], aead, aad)
+        nonce, ciphertext = _split(key_id, stored[len(_SEALED_VERSION) + len(sealer) + 1 :])
+        return _decrypt(key_id, aead, nonce, ciphertext, associated_data(key_id, bound, sealer))
 
     def unseal_v1(self, key_id: str, stored: str) -> Secret:
         """The secret of a v1 seal (the key id alone as associated data), to re-seal it.
@@ -160,25 +160,30 @@ class Sealer:
             raise KeyDecryptionFailed(
                 key_id, f"unknown sealed-secret format (expected {version!r})"
             )
+        nonce, ciphertext = _split(key_id, stored[len(version) :])
         for aead in self._aeads.values():
             with contextlib.suppress(KeyDecryptionFailed):
-                return self._open(key_id, stored[len(version) :], aead, aad)
+                return _decrypt(key_id, aead, nonce, ciphertext, aad)
         raise KeyDecryptionFailed(key_id)
 
-    @staticmethod
-    def _open(key_id: str, encoded: str, aead: AESGCM, aad: bytes) -> Secret:
-        try:
-            sealed = base64.b64decode(encoded, validate=True)
-        except binascii.Error:
-            raise KeyDecryptionFailed(key_id, "sealed secret is not valid base64") from None
-        if len(sealed) != _NONCE_BYTES + SECRET_BYTES + _TAG_BYTES:
-            raise KeyDecryptionFailed(key_id, "sealed secret has the wrong length")
-        nonce, ciphertext = sealed[:_NONCE_BYTES], sealed[_NONCE_BYTES:]
-        try:
-            material = aead.decrypt(nonce, ciphertext, aad)
-        except InvalidTag:
-            raise KeyDecryptionFailed(key_id) from None
-        return Secret(material)
+
+def _split(key_id: str, encoded: str) -> tuple[bytes, bytes]:
+    """(nonce, ciphertext ‖ tag) of a seal's base64 part."""
+    try:
+        sealed = base64.b64decode(encoded, validate=True)
+    except binascii.Error:
+        raise KeyDecryptionFailed(key_id, "sealed secret is not valid base64") from None
+    if len(sealed) != _NONCE_BYTES + SECRET_BYTES + _TAG_BYTES:
+        raise KeyDecryptionFailed(key_id, "sealed secret has the wrong length")
+    return sealed[:_NONCE_BYTES], sealed[_NONCE_BYTES:]
+
+
+def _decrypt(key_id: str, aead: AESGCM, nonce: bytes, ciphertext: bytes, aad: bytes) -> Secret:
+    try:
+        material = aead.decrypt(nonce, ciphertext, aad)
+    except InvalidTag:
+        raise KeyDecryptionFailed(key_id) from None
+    return Secret(material)
 
 
 def is_v1_seal(stored: str) -> bool:
