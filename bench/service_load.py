@@ -30,7 +30,8 @@ and a plot (PNG) of throughput and p50/p99 against concurrency:
 ``--tenants`` (fair share, docs/design.md §5) instead measures one tenant's burst against
 another tenant's requests: tenant A keeps ``--tenants-burst`` (16) streamed generations in
 flight (closed loop) while tenant B sends ``--tenants-b-requests`` (4) one at a time (mpfr,
-ngram, B = L = 4, ``--tenants-tokens`` (64) new tokens, ELI5 prompts). Three phases: B alone;
+ngram, B = L = ``--tenants-drafts`` (4), ``--tenants-tokens`` (64) new tokens, ELI5 prompts).
+Three phases: B alone;
 B beside A's burst, each with its own tenant (fair admission); and B beside the burst with a
 token of A's tenant (one tenant: FIFO, B queues behind A's requests), the order the worker
 had before tenants. Per phase: B's time to first token (queue wait + prefill) and latency, A's
@@ -432,6 +433,9 @@ def main() -> None:
     parser.add_argument("--tenants-burst", type=int, default=16)
     parser.add_argument("--tenants-tokens", type=int, default=64)
     parser.add_argument("--tenants-b-requests", type=int, default=4)
+    parser.add_argument(
+        "--tenants-drafts", type=int, default=4, help="B = L of the --tenants requests"
+    )
     parser.add_argument("--machine-load", default="", help="a note on other load, for the JSON")
     args = parser.parse_args()
 
@@ -624,8 +628,8 @@ def run_tenants(
                 "max_new_tokens": args.tenants_tokens,
                 "method": "mpfr",
                 "drafter": "ngram",
-                "drafts": 4,
-                "lookahead": 4,
+                "drafts": args.tenants_drafts,
+                "lookahead": args.tenants_drafts,
                 "nonce": nonce + i,
             }
             for i, messages in enumerate(eli5_messages(8))
@@ -673,8 +677,8 @@ def write_tenants(
             "max_new_tokens": args.tenants_tokens,
             "method": "mpfr",
             "drafter": "ngram",
-            "B": 4,
-            "L": 4,
+            "B": args.tenants_drafts,
+            "L": args.tenants_drafts,
             "stream": True,
             "prompts": "data/prompts-eli5.jsonl[:8]",
             "a_in_flight": args.tenants_burst,
