@@ -96,7 +96,7 @@ def test_one_tenants_burst_does_not_hold_anothers_job(tiny_loaded: LoadedModel) 
 
 
 def test_one_tenant_keeps_fifo(tiny_loaded: LoadedModel) -> None:
-    """Jobs of one tenant start in the order they were submitted (as before tenants)."""
+    """Jobs of one tenant start in the order they were submitted (FIFO)."""
 
     async def scenario() -> list[tuple[str, int]]:
         worker = Recording(slowed(tiny_loaded, 0.0), 16, 1, max_batch=3)
