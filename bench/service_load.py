@@ -31,10 +31,10 @@ and a plot (PNG) of throughput and p50/p99 against concurrency:
 another tenant's requests: tenant A keeps ``--tenants-burst`` (16) streamed generations in
 flight (closed loop) while tenant B sends ``--tenants-b-requests`` (4) one at a time (mpfr,
 ngram, B = L = ``--tenants-drafts`` (4), ``--tenants-tokens`` (64) new tokens, ELI5 prompts).
-Three phases: B alone;
-B beside A's burst, each with its own tenant (fair admission); and B beside the burst with a
-token of A's tenant (one tenant: FIFO, B queues behind A's requests). Per phase: B's time to first token (queue wait + prefill) and latency, A's
-latency, time to first token and running time (latency - time to first token), tokens/s:
+Three phases: B alone; B beside A's burst, each with its own tenant (fair admission); and B
+beside the burst with a token of A's tenant (one tenant: FIFO, B queues behind A's requests).
+Per phase: B's time to first token (queue wait + prefill) and latency; A's latency, time to
+first token and running time (latency - time to first token):
 
     python -m bench.service_load --tenants --out bench/results/service_load_tenants.json
 """
