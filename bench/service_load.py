@@ -27,6 +27,17 @@ aggregate generated tokens/s, latency p50/p99, errors, 503s and mismatches per l
 and a plot (PNG) of throughput and p50/p99 against concurrency:
 
     python -m bench.service_load --sweep --out bench/results/service_load_batching.json
+
+``--tenants`` (fair share, docs/design.md §5) instead measures one tenant's burst against
+another tenant's requests: tenant A keeps ``--tenants-burst`` (16) streamed generations in
+flight (closed loop) while tenant B sends ``--tenants-b-requests`` (4) one at a time (mpfr,
+ngram, B = L = ``--tenants-drafts`` (4), ``--tenants-tokens`` (64) new tokens, ELI5 prompts).
+Three phases: B alone; B beside A's burst, each with its own tenant (fair admission); and B
+beside the burst with a token of A's tenant (one tenant: FIFO, B queues behind A's requests).
+Per phase: B's time to first token (queue wait + prefill) and latency; A's latency, time to
+first token and running time (latency - time to first token):
+
+    python -m bench.service_load --tenants --out bench/results/service_load_tenants.json
 """
 
 from __future__ import annotations
@@ -312,12 +323,13 @@ def free_port() -> int:
 
 
 def start_server(
-    home: Path, admin: str, settings: dict[str, str]
-) -> tuple[subprocess.Popen[bytes], str, Path, str]:
+    home: Path, admin: str, settings: dict[str, str], tenants: tuple[str, ...] = ("default",)
+) -> tuple[subprocess.Popen[bytes], str, Path, dict[str, str]]:
     """Start ``poissonmark serve`` on a free loopback port; returns the process, its URL, the
-    model dir and an API token (detect, generate, keys) made with ``poissonmark tokens create``
-    before the start, so requests pay the token lookup a real client's do. ``settings``: more
-    ``POISSONMARK_*`` variables for the server (e.g. ``KEY_CACHE_TTL_S``)."""
+    model dir and an API token (detect, generate, keys) per tenant of ``tenants``, made with
+    ``poissonmark tokens create`` before the start, so requests pay the token lookup a real
+    client's do. ``settings``: more ``POISSONMARK_*`` variables for the server (e.g.
+    ``KEY_CACHE_TTL_S``)."""
     from sampler.models import DEFAULT_MODEL, materialise
 
     data_dir = Path(os.environ.get("POISSONMARK_HOME", "~/.local/share/poissonmark")).expanduser()
@@ -332,19 +344,22 @@ def start_server(
         "POISSONMARK_ADMIN_TOKEN": admin,
         "POISSONMARK_PORT": str(port),
         "POISSONMARK_DETECT_RATE_LIMIT": str(10**9),
+        "POISSONMARK_GENERATE_RATE_LIMIT": str(10**9),
         "POISSONMARK_QUEUE_SIZE": "16",
         **{f"POISSONMARK_{name.upper()}": value for name, value in settings.items()},
     }
     env.pop("REDIS_URL", None)  # the embedded Redis unless settings name a server
     cli = [sys.executable, "-c", "from service.cli import main; main()"]
-    made = subprocess.run(
-        [*cli, "tokens", "create", "--name", "service-load", "--json"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    token = str(json.loads(made.stdout)["token"])
+    tokens = {}
+    for tenant in tenants:
+        made = subprocess.run(
+            [*cli, "tokens", "create", "--name", "service-load", "--tenant", tenant, "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        tokens[tenant] = str(json.loads(made.stdout)["token"])
     log = home / "serve.log"
     process = subprocess.Popen(
         [*cli, "serve", "--log-level", "warning"],
@@ -359,7 +374,7 @@ def start_server(
             raise SystemExit(f"poissonmark serve exited; see {log}")
         try:
             if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                return process, url, model_dir, token
+                return process, url, model_dir, tokens
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
@@ -421,6 +436,13 @@ def main() -> None:
         help="run the --sweep-clients levels this many times, interleaved (1, 2, ..., 1, 2, ...);"
         " the summary and ratios use each level's median",
     )
+    parser.add_argument("--tenants", action="store_true", help="one tenant's burst vs another")
+    parser.add_argument("--tenants-burst", type=int, default=16)
+    parser.add_argument("--tenants-tokens", type=int, default=64)
+    parser.add_argument("--tenants-b-requests", type=int, default=4)
+    parser.add_argument(
+        "--tenants-drafts", type=int, default=4, help="B = L of the --tenants requests"
+    )
     parser.add_argument("--machine-load", default="", help="a note on other load, for the JSON")
     args = parser.parse_args()
 
@@ -435,11 +457,17 @@ def main() -> None:
         }
     admin = secrets.token_urlsafe(32)
     load_at_start = os.getloadavg()  # other processes on the machine skew every figure
+    tenants = ("A", "B") if args.tenants else ("default",)
     with tempfile.TemporaryDirectory() as tmp:
-        process, url, model_dir, token = start_server(Path(tmp), admin, server_settings)
+        process, url, model_dir, tokens = start_server(Path(tmp), admin, server_settings, tenants)
         try:
-            headers = {"Authorization": f"Bearer {token}"}  # an API token, not the admin's
+            # API tokens, not the admin's
+            heads = {t: {"Authorization": f"Bearer {token}"} for t, token in tokens.items()}
+            headers = heads[tenants[0]]
             key_id = httpx.post(f"{url}/v1/keys", json={}, headers=headers).json()["key_id"]
+            if args.tenants:
+                phases = run_tenants(url, heads, args)
+                return write_tenants(args, phases, server_settings, load_at_start)
             if args.sweep:
                 levels = run_sweep(url, headers, key_id, args)
                 return write_sweep(args, levels, server_settings, load_at_start)
@@ -492,6 +520,202 @@ def main() -> None:
         "generate": {"max_new_tokens": 32, "method": "mpfr", "drafter": "ngram", "B": 4, "L": 4},
         "duration_s": args.duration,
         "scenarios": scenarios,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+
+
+async def streamed(client: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
+    """One streamed ``POST /v1/generate``: status, time to the first delta and to the end
+    (s), tokens, and the last event's name (``done`` or ``error``)."""
+    start = time.perf_counter()
+    first, tokens, last = None, 0, ""
+    async with client.stream("POST", "/v1/generate", json={**body, "stream": True}) as r:
+        if r.status_code != 200:
+            await r.aread()
+            return {"status": r.status_code, "seconds": time.perf_counter() - start}
+        async for line in r.aiter_lines():
+            if line.startswith("event: "):
+                last = line[7:]
+            elif line.startswith("data: ") and last == "delta":
+                tokens += len(json.loads(line[6:])["token_ids"])
+                if first is None:
+                    first = time.perf_counter() - start
+    return {
+        "status": 200,
+        "ttft": first,
+        "seconds": time.perf_counter() - start,
+        "tokens": tokens,
+        "end": last,
+    }
+
+
+def _ms(values: list[float]) -> dict[str, Any]:
+    ms = np.array(values) * 1000
+    if not ms.size:
+        return {"n": 0}
+    return {
+        "n": int(ms.size),
+        "p50_ms": round(float(np.median(ms)), 1),
+        "max_ms": round(float(ms.max()), 1),
+        "all_ms": [round(float(v), 1) for v in ms],
+    }
+
+
+async def tenants_phase(
+    url: str,
+    a: tuple[dict[str, str], list[dict[str, Any]]] | None,
+    b: tuple[dict[str, str], list[dict[str, Any]]],
+    burst: int,
+    b_requests: int,
+) -> dict[str, Any]:
+    """B's requests one at a time (headers, bodies), while (``a`` not None) A keeps ``burst``
+    requests in flight (closed loop); A's last ones are awaited after B's."""
+    a_runs: list[dict[str, Any]] = []
+    b_runs: list[dict[str, Any]] = []
+    stop = asyncio.Event()
+    limits = httpx.Limits(max_connections=burst + 1, keepalive_expiry=2.0)
+    a_headers, a_bodies = a if a is not None else ({}, [])
+    async with (
+        httpx.AsyncClient(base_url=url, timeout=1800, headers=a_headers, limits=limits) as ca,
+        httpx.AsyncClient(base_url=url, timeout=1800, headers=b[0]) as cb,
+    ):
+
+        async def pump(index: int) -> None:
+            n = index
+            while not stop.is_set():
+                a_runs.append(await streamed(ca, a_bodies[n % len(a_bodies)]))
+                n += burst
+
+        pumps = [asyncio.create_task(pump(i)) for i in range(burst if a is not None else 0)]
+        if pumps:
+            await asyncio.sleep(3.0)  # A's burst fills the batch and the queue
+        for i in range(b_requests):
+            b_runs.append(await streamed(cb, b[1][i % len(b[1])]))
+        began_drain = time.perf_counter()
+        stop.set()
+        await asyncio.gather(*pumps)
+        drained = time.perf_counter() - began_drain
+    ok_a = [r for r in a_runs if r["status"] == 200 and r["end"] == "done"]
+    ok_b = [r for r in b_runs if r["status"] == 200 and r["end"] == "done"]
+    return {
+        "b": {
+            "requests": len(b_runs),
+            "failed": len(b_runs) - len(ok_b),
+            "ttft": _ms([r["ttft"] for r in ok_b]),
+            "latency": _ms([r["seconds"] for r in ok_b]),
+        },
+        "a": {
+            "in_flight": burst if a is not None else 0,
+            "requests": len(a_runs),
+            "failed": len(a_runs) - len(ok_a),
+            "ttft": _ms([r["ttft"] for r in ok_a]),
+            "latency": _ms([r["seconds"] for r in ok_a]),
+            "running": _ms([r["seconds"] - r["ttft"] for r in ok_a]),
+            "drain_s": round(drained, 2),
+        },
+    }
+
+
+def run_tenants(
+    url: str, heads: dict[str, dict[str, str]], args: argparse.Namespace
+) -> dict[str, Any]:
+    """The ``--tenants`` phases (module docstring): B alone, B beside A's burst with its own
+    tenant, B beside it with A's tenant."""
+    keys = {
+        t: httpx.post(f"{url}/v1/keys", json={}, headers=h).json()["key_id"]
+        for t, h in heads.items()
+    }
+
+    def bodies(tenant: str, nonce: int) -> list[dict[str, Any]]:
+        return [
+            {
+                "key_id": keys[tenant],
+                "messages": messages,
+                "max_new_tokens": args.tenants_tokens,
+                "method": "mpfr",
+                "drafter": "ngram",
+                "drafts": args.tenants_drafts,
+                "lookahead": args.tenants_drafts,
+                "nonce": nonce + i,
+            }
+            for i, messages in enumerate(eli5_messages(8))
+        ]
+
+    a = (heads["A"], bodies("A", 1000))
+    warm = (heads["B"], [dict(bodies("B", 3000)[0], max_new_tokens=8)])
+    asyncio.run(tenants_phase(url, None, warm, 1, 2))  # first forwards, pool threads
+    phases = {}
+    for name, other, b in [
+        ("b_alone", None, (heads["B"], bodies("B", 2000))),
+        ("b_beside_a_burst", a, (heads["B"], bodies("B", 2000))),
+        ("b_beside_a_burst_as_tenant_a", a, (heads["A"], bodies("A", 2000))),
+    ]:
+        phase = asyncio.run(
+            tenants_phase(url, other, b, args.tenants_burst, args.tenants_b_requests)
+        )
+        phase["load_average"] = os.getloadavg()
+        print(name, json.dumps(phase), flush=True)
+        phases[name] = phase
+    return phases
+
+
+def write_tenants(
+    args: argparse.Namespace,
+    phases: dict[str, Any],
+    server_settings: dict[str, str],
+    load_at_start: tuple[float, float, float],
+) -> None:
+    """The ``--tenants`` JSON, with B's ratios to B alone and the share check."""
+
+    def p50(phase: str, who: str, what: str) -> float:
+        return float(phases[phase][who][what]["p50_ms"])
+
+    alone, fair, fifo = "b_alone", "b_beside_a_burst", "b_beside_a_burst_as_tenant_a"
+    batch = int(server_settings.get("generation_batch", "8"))
+    report = {
+        "benchmark": "service_load_tenants",
+        **_provenance(load_at_start),
+        "model": "smollm2-135m-instruct (CPU, precision "
+        f"{server_settings.get('precision', 'auto')})",
+        "machine_load": args.machine_load,
+        "server_settings": {k: v for k, v in server_settings.items() if k != "redis_url"},
+        "generate": {
+            "max_new_tokens": args.tenants_tokens,
+            "method": "mpfr",
+            "drafter": "ngram",
+            "B": args.tenants_drafts,
+            "L": args.tenants_drafts,
+            "stream": True,
+            "prompts": "data/prompts-eli5.jsonl[:8]",
+            "a_in_flight": args.tenants_burst,
+            "b_requests_one_at_a_time": args.tenants_b_requests,
+        },
+        "share": (
+            "a free slot goes to the waiting tenant holding the fewest slots: B's request waits "
+            "for one slot to free (at most one running request's remaining time), never behind "
+            f"A's queue, then holds 1 of the {batch} slots; A keeps the other {batch - 1}"
+        ),
+        "phases": phases,
+        "ratios": {
+            "b_ttft_beside_burst_vs_alone": round(
+                p50(fair, "b", "ttft") / p50(alone, "b", "ttft"), 2
+            ),
+            "b_latency_beside_burst_vs_alone": round(
+                p50(fair, "b", "latency") / p50(alone, "b", "latency"), 2
+            ),
+            "b_latency_as_tenant_a_vs_alone": round(
+                p50(fifo, "b", "latency") / p50(alone, "b", "latency"), 2
+            ),
+            "b_latency_as_tenant_a_vs_own_tenant": round(
+                p50(fifo, "b", "latency") / p50(fair, "b", "latency"), 2
+            ),
+            "b_ttft_max_vs_a_running_max": round(
+                phases[fair]["b"]["ttft"]["max_ms"] / phases[fair]["a"]["running"]["max_ms"], 2
+            ),
+        },
+        "ratios_from": "medians (p50) of each phase; b_ttft_max_vs_a_running_max <= 1 is the "
+        "share: B's wait for a slot is at most one of A's requests' running time",
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")

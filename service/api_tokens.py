@@ -12,7 +12,10 @@ Glossary:
   tenant and scopes, so that whoever can write to Redis cannot add a token record of their own
   or move a record to another tenant or scope. Compared with ``hmac.compare_digest``.
 - **digest key**: 32 bytes derived from the KEK (``digest_key``), so the CLI and every
-  replica that hold the KEK agree on it, and nothing else needs to be kept.
+  replica that hold the KEK agree on it, and nothing else needs to be kept. While a KEK is
+  rotated out (``Settings.kek_previous``) the digest key of the previous KEK verifies too:
+  a digest cannot be re-made without the token, so tokens made before the rotation work
+  until the previous KEK is removed and must be reissued by then (docs/deployment.md).
 - **unkeyed digest**: the earlier form, SHA-256 of the token alone. Refused unless the service
   allows it for a transition (``Settings.legacy_token_digests``): then anyone who can write to
   Redis can mint tokens again, so reissue such tokens and turn it off.
@@ -153,16 +156,23 @@ def admin_principal(token: str, admin_token: str | None, tenant: str) -> Princip
     return None
 
 
-def _principal(token: str, raw: Mapping[Any, Any], key: bytes, legacy: bool) -> Principal | None:
+def _principal(
+    token: str,
+    raw: Mapping[Any, Any],
+    key: bytes,
+    legacy: bool,
+    previous_keys: tuple[bytes, ...] = (),
+) -> Principal | None:
     fields = {as_text(k): as_text(v) for k, v in raw.items()}
     stored = fields.get("digest", "")
     tenant, scopes = fields.get("tenant", ""), fields.get("scopes", "").split(",")
     if stored.startswith(DIGEST_VERSION) or not legacy:
-        expected = keyed_digest(key, token, tenant, scopes)
+        expected = [keyed_digest(k, token, tenant, scopes) for k in (key, *previous_keys)]
     else:
-        expected = digest(token)
+        expected = [digest(token)]
     # compare_digest first and unconditionally, so a missing or revoked record costs the same
-    if not hmac.compare_digest(expected, stored) or fields.get("revoked") != "0":
+    matches = [hmac.compare_digest(e, stored) for e in expected]
+    if not any(matches) or fields.get("revoked") != "0":
         return None
     return Principal(fields["token_id"], tenant, frozenset(scopes))
 
@@ -174,12 +184,14 @@ async def verify_token(
     prefix: str = DEFAULT_PREFIX,
     *,
     legacy: bool = False,
+    previous_keys: tuple[bytes, ...] = (),
 ) -> Principal | None:
     """The principal of a valid, unrevoked token; None for anything else (never says why).
 
     Args:
         key: the digest key (``digest_key``).
         legacy: also accept records with an unkeyed digest (module docstring).
+        previous_keys: digest keys of previous KEKs that also verify (a rotation).
     Raises:
         KeyStoreUnavailable: Redis failed (the caller answers 503, not 401).
     """
@@ -190,7 +202,7 @@ async def verify_token(
         raw = await client.hgetall(f"{prefix}token:{match.group(1)}")
     except redis.RedisError as exc:
         raise KeyStoreUnavailable("redis (token lookup)", type(exc).__name__) from exc
-    return _principal(token, raw, key, legacy)
+    return _principal(token, raw, key, legacy, previous_keys)
 
 
 class TokenStore:

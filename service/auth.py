@@ -42,6 +42,7 @@ async def authenticate(
         resources.token_key,
         settings.redis_prefix,
         legacy=settings.legacy_token_digests,
+        previous_keys=resources.previous_token_keys,
     )
     if principal is None:
         raise NotAuthenticated("invalid or revoked bearer token")

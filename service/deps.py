@@ -58,18 +58,23 @@ async def get_limiter(resources: ResourcesDep) -> RateLimiter:
     return resources.limiter
 
 
+async def get_generate_limiter(resources: ResourcesDep) -> RateLimiter:
+    return resources.generate_limiter
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 StoreDep = Annotated[KeyStore, Depends(get_store)]
 WorkerDep = Annotated[GenerationWorker, Depends(get_worker)]
 PoolDep = Annotated[DetectionPool, Depends(get_pool)]
 LimiterDep = Annotated[RateLimiter, Depends(get_limiter)]
+GenerateLimiterDep = Annotated[RateLimiter, Depends(get_generate_limiter)]
 
 
 @dataclass(frozen=True)
 class ServiceDeps:
     """Everything a generate or detect route reads besides its body, its caller and the
-    request: one parameter (``ServiceDep``) instead of seven. Each field comes from its own
+    request: one parameter (``ServiceDep``) instead of eight. Each field comes from its own
     dependency above, so a test's override of one (``get_worker``, ``get_limiter``…) holds."""
 
     settings: Settings
@@ -79,6 +84,7 @@ class ServiceDeps:
     worker: GenerationWorker
     pool: DetectionPool
     limiter: RateLimiter
+    generate_limiter: RateLimiter
 
 
 async def get_service(
@@ -89,8 +95,9 @@ async def get_service(
     worker: WorkerDep,
     pool: PoolDep,
     limiter: LimiterDep,
+    generate_limiter: GenerateLimiterDep,
 ) -> ServiceDeps:
-    return ServiceDeps(settings, metrics, resources, store, worker, pool, limiter)
+    return ServiceDeps(settings, metrics, resources, store, worker, pool, limiter, generate_limiter)
 
 
 ServiceDep = Annotated[ServiceDeps, Depends(get_service)]

@@ -203,20 +203,44 @@ class ScopeMissing(PoissonmarkError):
 
 
 class RateLimited(PoissonmarkError):
-    """The caller's token spent its budget of work for the current window."""
+    """The caller's token spent its budget of work for the current window.
 
-    def __init__(self, limit: int, window_s: int, retry_after_s: int) -> None:
-        super().__init__(limit, window_s, retry_after_s)
+    ``setting`` names the limit (``detect_rate_limit``, ``generate_rate_limit``), ``unit`` what
+    it counts."""
+
+    def __init__(
+        self,
+        limit: int,
+        window_s: int,
+        retry_after_s: int,
+        setting: str = "detect_rate_limit",
+        unit: str = "detection work units (tokens × keys)",
+    ) -> None:
+        super().__init__(limit, window_s, retry_after_s, setting, unit)
         self.limit = limit
         self.window_s = window_s
         self.retry_after_s = retry_after_s
+        self.setting = setting
+        self.unit = unit
 
     def __str__(self) -> str:
         return (
-            f"rate limit: at most {self.limit} detection work units (tokens × keys) per "
-            f"{self.window_s} s per token; "
-            f"retry in {self.retry_after_s} s"
+            f"rate limit ({self.setting}): at most {self.limit} {self.unit} per "
+            f"{self.window_s} s per token; retry in {self.retry_after_s} s"
         )
+
+
+class DeadlineExceeded(PoissonmarkError):
+    """A request ran past its deadline (``setting``, seconds); its work was stopped (a
+    generation) or its result dropped (a detection)."""
+
+    def __init__(self, setting: str, limit_s: float) -> None:
+        super().__init__(setting, limit_s)
+        self.setting = setting
+        self.limit_s = limit_s
+
+    def __str__(self) -> str:
+        return f"the request ran past its deadline of {self.limit_s:g} s ({self.setting})"
 
 
 class QueueFull(PoissonmarkError):
@@ -336,6 +360,7 @@ PROBLEMS: Final[dict[type[BaseException], ProblemType]] = {
     NotAuthenticated: ProblemType("unauthenticated", 401, "Not authenticated"),
     ScopeMissing: ProblemType("insufficient-scope", 403, "Insufficient scope"),
     RateLimited: ProblemType("rate-limited", 429, "Too many requests"),
+    DeadlineExceeded: ProblemType("deadline-exceeded", 504, "Deadline exceeded"),
     QueueFull: ProblemType("queue-full", 503, "Generation queue full"),
     NotReady: ProblemType("not-ready", 503, "Service not ready"),
     KeyStoreUnavailable: ProblemType(

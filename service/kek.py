@@ -3,16 +3,21 @@
 Glossary:
 - **KEK**: 32 bytes; ``Settings.kek`` (a managed secret) when set, else the file
   ``<data dir>/kek`` (mode 0600) that ``load_or_create_kek`` generates on first use.
-- **sealed secret**: ``"v2:" + base64(nonce ‖ AES-256-GCM(KEK, nonce, secret, aad))`` with a
-  fresh random 12-byte nonce. The associated data (``associated_data``) binds the key id and
-  the record's bound fields — its tenant and the parameters detection uses (context width,
-  masking, PRF version, tokenizer) — so a ciphertext copied into another record, a record
-  moved to another tenant or a parameter changed in Redis does not decrypt. The key store
-  keeps secrets only in this form.
-- **v1 seal**: the earlier form, ``"v1:"`` with the key id alone as associated data. It is
-  never unsealed for use (a v1 record could be moved to another tenant unnoticed); the key
-  store re-seals such records as v2 (``KeyStore.reseal``, run at service start and by
-  ``poissonmark keys reseal``).
+- **KEK id**: ``"kek_"`` + 16 hex digits of HMAC-SHA256(KEK, a fixed label): names a KEK
+  without revealing it, so a sealed secret says which KEK sealed it.
+- **current / previous KEK**: seals are made under the current KEK only; a previous KEK
+  (``Settings.kek_previous``, during a rotation) still opens what it sealed.
+- **sealed secret**: ``"v3:" + KEK id + ":" + base64(nonce ‖ AES-256-GCM(KEK, nonce, secret,
+  aad))`` with a fresh random 12-byte nonce. The associated data (``associated_data``) binds
+  the key id, the KEK id and the record's bound fields — its tenant and the parameters
+  detection uses (context width, masking, PRF version, tokenizer) — so a ciphertext copied
+  into another record, a record moved to another tenant or a parameter changed in Redis does
+  not decrypt. The key store keeps secrets only in this form.
+- **v2 seal**: the same without the KEK id (``"v2:"``); opened with whichever configured KEK
+  opens it. **v1 seal**: the earliest form, ``"v1:"`` with the key id alone as associated
+  data; never unsealed for use (a v1 record could be moved to another tenant unnoticed). The
+  key store re-seals v1, v2 and other KEKs' v3 records as v3 under the current KEK
+  (``KeyStore.reseal``, run at service start and by ``poissonmark keys reseal``).
 """
 
 from __future__ import annotations
@@ -20,11 +25,14 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import hashlib
+import hmac
 import json
 import os
+import re
 import secrets
 import stat
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -37,43 +45,83 @@ from service.errors import InvalidInput, KekFileError, KeyDecryptionFailed
 KEK_BYTES: Final = 32
 KEK_FILENAME: Final = "kek"
 
-_SEALED_VERSION: Final = "v2:"
+_SEALED_VERSION: Final = "v3:"
+_SEALED_V2: Final = "v2:"
 _SEALED_V1: Final = "v1:"
-_AAD_TAG: Final = b"poissonmark sealed key v2\x00"
+_AAD_TAGS: Final = {
+    _SEALED_VERSION: b"poissonmark sealed key v3\x00",
+    _SEALED_V2: b"poissonmark sealed key v2\x00",
+}
+_KEK_ID_LABEL: Final = b"poissonmark kek id v1"
+KEK_ID_PATTERN: Final = re.compile(r"kek_[0-9a-f]{16}")
 _NONCE_BYTES: Final = 12
 _TAG_BYTES: Final = 16
 
 
-class Sealer:
-    """Seals and unseals key secrets under one KEK (module docstring: the sealed form).
+def _check_kek(kek: object, name: str) -> bytes:
+    if not isinstance(kek, bytes | bytearray) or len(kek) != KEK_BYTES:
+        size = len(kek) if isinstance(kek, bytes | bytearray) else type(kek).__name__
+        raise InvalidInput(name, f"expected {KEK_BYTES} bytes, got {size}")
+    return bytes(kek)
+
+
+def kek_id(kek: bytes) -> str:
+    """The KEK's public name (module docstring).
 
     Raises:
         InvalidInput: a KEK that is not 32 bytes.
     """
+    mac = hmac.new(_check_kek(kek, "kek"), _KEK_ID_LABEL, hashlib.sha256).hexdigest()
+    return "kek_" + mac[:16]
 
-    def __init__(self, kek: bytes) -> None:
-        if not isinstance(kek, bytes | bytearray) or len(kek) != KEK_BYTES:
-            size = len(kek) if isinstance(kek, bytes | bytearray) else type(kek).__name__
-            raise InvalidInput("kek", f"expected {KEK_BYTES} bytes, got {size}")
-        self._aead = AESGCM(bytes(kek))
+
+class Sealer:
+    """Seals key secrets under the current KEK and unseals them under it or a previous one
+    (module docstring: the sealed forms).
+
+    Args:
+        kek: the current KEK (32 bytes).
+        previous: KEKs that may have sealed stored secrets (a rotation under way).
+    Raises:
+        InvalidInput: a KEK that is not 32 bytes.
+    """
+
+    def __init__(self, kek: bytes, previous: Sequence[bytes] = ()) -> None:
+        current = _check_kek(kek, "kek")
+        self.kek_id = kek_id(current)
+        self._aeads = {self.kek_id: AESGCM(current)}  # current first
+        for old in previous:
+            self._aeads.setdefault(kek_id(_check_kek(old, "kek_previous")), AESGCM(bytes(old)))
 
     def __repr__(self) -> str:
-        return "Sealer(<kek>)"
+        return f"Sealer(<kek {self.kek_id}>, {len(self._aeads) - 1} previous)"
 
     def seal(self, key_id: str, secret: Secret, bound: Mapping[str, str]) -> str:
-        """The v2 sealed form of ``secret`` (module docstring), bound to ``key_id`` and
-        ``bound`` (field name -> the value as stored)."""
+        """The v3 sealed form of ``secret`` under the current KEK (module docstring), bound to
+        ``key_id``, the KEK id and ``bound`` (field name -> the value as stored)."""
         nonce = secrets.token_bytes(_NONCE_BYTES)
-        aad = associated_data(key_id, bound)
-        sealed = nonce + self._aead.encrypt(nonce, secret.reveal(), aad)
-        return _SEALED_VERSION + base64.b64encode(sealed).decode("ascii")
+        aad = associated_data(key_id, bound, self.kek_id)
+        sealed = nonce + self._aeads[self.kek_id].encrypt(nonce, secret.reveal(), aad)
+        return f"{_SEALED_VERSION}{self.kek_id}:{base64.b64encode(sealed).decode('ascii')}"
+
+    def is_current(self, stored: str) -> bool:
+        """Whether ``stored`` is a v3 seal of the current KEK (nothing to re-seal)."""
+        return stored.startswith(f"{_SEALED_VERSION}{self.kek_id}:")
+
+    def sealed_by(self, stored: str) -> str | None:
+        """The KEK id a v3 seal names (None for other forms)."""
+        if not stored.startswith(_SEALED_VERSION):
+            return None
+        named = stored[len(_SEALED_VERSION) :].split(":", 1)[0]
+        return named if KEK_ID_PATTERN.fullmatch(named) else None
 
     def unseal(self, key_id: str, stored: str, bound: Mapping[str, str]) -> Secret:
-        """The secret of a v2 seal made with the same ``key_id`` and ``bound``.
+        """The secret of a v3 (or v2) seal made with the same ``key_id`` and ``bound``, under
+        the current or a previous KEK.
 
         Raises:
-            KeyDecryptionFailed: another KEK, a tampered, moved or changed record, a v1 seal
-                (re-seal it first: ``KeyStore.reseal``), or not sealed at all.
+            KeyDecryptionFailed: a KEK that is not configured, a tampered, moved or changed
+                record, a v1 seal (re-seal it first: ``KeyStore.reseal``), or not sealed at all.
         """
         if stored.startswith(_SEALED_V1):
             raise KeyDecryptionFailed(
@@ -81,7 +129,22 @@ class Sealer:
                 "sealed in the v1 form, which binds only the key id; re-seal the store's "
                 "records (`poissonmark keys reseal`, also run when the service starts)",
             )
-        return self._open(key_id, stored, _SEALED_VERSION, associated_data(key_id, bound))
+        if stored.startswith(_SEALED_V2):
+            return self._open_any(key_id, stored, _SEALED_V2, associated_data(key_id, bound))
+        sealer = self.sealed_by(stored)
+        if sealer is None:
+            raise KeyDecryptionFailed(
+                key_id, f"unknown sealed-secret format (expected {_SEALED_VERSION!r})"
+            )
+        aead = self._aeads.get(sealer)
+        if aead is None:
+            raise KeyDecryptionFailed(
+                key_id,
+                f"sealed under {sealer}, which is neither the current KEK ({self.kek_id}) "
+                "nor a previous one (POISSONMARK_KEK_PREVIOUS)",
+            )
+        nonce, ciphertext = _split(key_id, stored[len(_SEALED_VERSION) + len(sealer) + 1 :])
+        return _decrypt(key_id, aead, nonce, ciphertext, associated_data(key_id, bound, sealer))
 
     def unseal_v1(self, key_id: str, stored: str) -> Secret:
         """The secret of a v1 seal (the key id alone as associated data), to re-seal it.
@@ -89,25 +152,38 @@ class Sealer:
         Raises:
             KeyDecryptionFailed: as ``unseal``.
         """
-        return self._open(key_id, stored, _SEALED_V1, key_id.encode("ascii"))
+        return self._open_any(key_id, stored, _SEALED_V1, key_id.encode("ascii"))
 
-    def _open(self, key_id: str, stored: str, version: str, aad: bytes) -> Secret:
+    def _open_any(self, key_id: str, stored: str, version: str, aad: bytes) -> Secret:
+        """A seal that names no KEK: the first configured KEK that opens it."""
         if not stored.startswith(version):
             raise KeyDecryptionFailed(
                 key_id, f"unknown sealed-secret format (expected {version!r})"
             )
-        try:
-            sealed = base64.b64decode(stored[len(version) :], validate=True)
-        except binascii.Error:
-            raise KeyDecryptionFailed(key_id, "sealed secret is not valid base64") from None
-        if len(sealed) != _NONCE_BYTES + SECRET_BYTES + _TAG_BYTES:
-            raise KeyDecryptionFailed(key_id, "sealed secret has the wrong length")
-        nonce, ciphertext = sealed[:_NONCE_BYTES], sealed[_NONCE_BYTES:]
-        try:
-            material = self._aead.decrypt(nonce, ciphertext, aad)
-        except InvalidTag:
-            raise KeyDecryptionFailed(key_id) from None
-        return Secret(material)
+        nonce, ciphertext = _split(key_id, stored[len(version) :])
+        for aead in self._aeads.values():
+            with contextlib.suppress(KeyDecryptionFailed):
+                return _decrypt(key_id, aead, nonce, ciphertext, aad)
+        raise KeyDecryptionFailed(key_id)
+
+
+def _split(key_id: str, encoded: str) -> tuple[bytes, bytes]:
+    """(nonce, ciphertext ‖ tag) of a seal's base64 part."""
+    try:
+        sealed = base64.b64decode(encoded, validate=True)
+    except binascii.Error:
+        raise KeyDecryptionFailed(key_id, "sealed secret is not valid base64") from None
+    if len(sealed) != _NONCE_BYTES + SECRET_BYTES + _TAG_BYTES:
+        raise KeyDecryptionFailed(key_id, "sealed secret has the wrong length")
+    return sealed[:_NONCE_BYTES], sealed[_NONCE_BYTES:]
+
+
+def _decrypt(key_id: str, aead: AESGCM, nonce: bytes, ciphertext: bytes, aad: bytes) -> Secret:
+    try:
+        material = aead.decrypt(nonce, ciphertext, aad)
+    except InvalidTag:
+        raise KeyDecryptionFailed(key_id) from None
+    return Secret(material)
 
 
 def is_v1_seal(stored: str) -> bool:
@@ -115,18 +191,30 @@ def is_v1_seal(stored: str) -> bool:
     return stored.startswith(_SEALED_V1)
 
 
-def associated_data(key_id: str, bound: Mapping[str, str]) -> bytes:
-    """The AEAD associated data of a v2 seal: a domain tag, then ``key_id`` and ``bound`` as
-    canonical JSON (sorted names, no spaces, ASCII), so every (id, fields) pair has one
-    encoding and no other pair shares it.
+def associated_data(key_id: str, bound: Mapping[str, str], sealer: str | None = None) -> bytes:
+    """The AEAD associated data of a v3 seal made by the KEK ``sealer`` (None: of a v2 seal):
+    a domain tag, then ``key_id``, the KEK id and ``bound`` as canonical JSON (sorted names,
+    no spaces, ASCII), so every (id, KEK, fields) triple has one encoding and no other shares
+    it.
 
     Raises:
-        InvalidInput: ``bound`` names ``key_id``, or holds a value that is not a string.
+        InvalidInput: ``bound`` names ``key_id`` or ``kek_id``, or holds a value that is not a
+            string.
     """
-    if "key_id" in bound or not all(isinstance(v, str) for v in bound.values()):
-        raise InvalidInput("bound", "expected field names other than key_id, string values")
+    if (
+        "key_id" in bound
+        or "kek_id" in bound
+        or not all(isinstance(v, str) for v in bound.values())
+    ):
+        raise InvalidInput(
+            "bound", "expected field names other than key_id and kek_id, string values"
+        )
     fields = {"key_id": key_id, **bound}
-    return _AAD_TAG + json.dumps(fields, sort_keys=True, separators=(",", ":")).encode("ascii")
+    tag = _AAD_TAGS[_SEALED_V2]
+    if sealer is not None:
+        fields["kek_id"] = sealer
+        tag = _AAD_TAGS[_SEALED_VERSION]
+    return tag + json.dumps(fields, sort_keys=True, separators=(",", ":")).encode("ascii")
 
 
 def load_or_create_kek(home: Path) -> bytes:

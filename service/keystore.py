@@ -5,7 +5,8 @@ Glossary:
   (context width m, repeated-context masking, ``PRF_VERSION``, tokenizer fingerprint).
 - **KEK**, **sealed secret**: the key-encryption key and the only form a secret is stored in
   (``service.kek``: AES-256-GCM with the key id, the tenant and the key's parameters as
-  associated data; ``reseal`` moves records of the earlier key-id-only form to it).
+  associated data, and the id of the KEK that sealed it; ``reseal`` moves records of earlier
+  forms, or sealed by a previous KEK, to the current KEK).
 - **tenant**: the owner of a key; a caller bound to one tenant never sees another's keys
   (a foreign key id is reported exactly like an absent one).
 
@@ -115,19 +116,27 @@ class KeyStore:
     Args:
         client: any ``redis.Redis`` (``decode_responses`` either way); the store does not
             own it — whoever opened it closes it.
-        kek: the 32-byte key-encryption key.
+        kek: the 32-byte key-encryption key (the current one: new seals are made with it).
         prefix: namespace of every Redis key the store touches.
+        previous_keks: KEKs that may have sealed stored records (a rotation: ``reseal`` moves
+            their records to ``kek``).
     Raises:
         InvalidInput: a KEK that is not 32 bytes, or an empty prefix.
 
     Every method turns Redis failures into ``KeyStoreUnavailable`` (location with no password).
     """
 
-    def __init__(self, client: redis.Redis, kek: bytes, prefix: str = DEFAULT_PREFIX) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        kek: bytes,
+        prefix: str = DEFAULT_PREFIX,
+        previous_keks: Sequence[bytes] = (),
+    ) -> None:
         if not isinstance(prefix, str) or not prefix:
             raise InvalidInput("prefix", f"expected a non-empty string, got {prefix!r}")
         self._client = client
-        self._sealer = Sealer(kek)
+        self._sealer = Sealer(kek, previous_keks)
         self._prefix = prefix
         self._where = describe_client(client)
 
@@ -412,16 +421,41 @@ class KeyStore:
         gone = {as_text(m) for m in revoked}
         return [key_id for key_id in ids if key_id not in gone]
 
+    @property
+    def kek_id(self) -> str:
+        """The id of the current KEK (``service.kek.kek_id``)."""
+        return self._sealer.kek_id
+
+    def sealed_by(self) -> dict[str, int]:
+        """How many records each KEK sealed (its id; ``"v2"``/``"v1"`` for the forms that
+        name none): what a rotation still has to re-seal."""
+        with reaching_redis(self._client):
+            ordered: list[Any] = self._client.zrange(f"{self._prefix}order", 0, -1)
+            pipe = self._client.pipeline(transaction=False)
+            for member in ordered:
+                pipe.hget(self._record_key(as_text(member)), "secret")
+            stored = pipe.execute()
+        counts: dict[str, int] = {}
+        for sealed in stored:
+            if sealed is None:
+                continue
+            text = as_text(sealed)
+            name = self._sealer.sealed_by(text) or text.split(":", 1)[0]
+            counts[name] = counts.get(name, 0) + 1
+        return counts
+
     def reseal(self, skip: Callable[[str, PoissonmarkError], object] | None = None) -> int:
-        """Re-seal every record still in the v1 form (``service.kek``: bound to its key id
-        alone) as v2, bound to its tenant and parameters as they are now; each record in its
-        own WATCHed transaction. Idempotent. Returns how many records were re-sealed.
+        """Re-seal every record not sealed by the current KEK in the current form
+        (``service.kek``): v1 (bound to its key id alone), v2 (no KEK id) and a previous KEK's,
+        as v3 under the current KEK, bound to its tenant and parameters as they are now (a v2
+        or v3 record must open with its own); each record in its own WATCHed transaction.
+        Idempotent. Returns how many records were re-sealed.
 
         Args:
             skip: called with (key id, error) for a record that cannot be re-sealed, which is
                 then left as it is (None: raise instead).
         Raises:
-            KeyDecryptionFailed: without ``skip``, a v1 record that does not open under this
+            KeyDecryptionFailed: without ``skip``, a record that opens under no configured
                 KEK (those before it are re-sealed; it and those after are left as they are).
             KeyRecordCorrupt: likewise. KeyStoreUnavailable.
         """
@@ -434,7 +468,7 @@ class KeyStore:
                 pipe.hget(self._record_key(key_id), "secret")
             stored = pipe.execute()
             for key_id, sealed in zip(key_ids, stored, strict=True):
-                if sealed is None or not is_v1_seal(as_text(sealed)):
+                if sealed is None or self._sealer.is_current(as_text(sealed)):
                     continue
                 try:
                     resealed += self._reseal_one(key_id)
@@ -445,7 +479,7 @@ class KeyStore:
         return resealed
 
     def _reseal_one(self, key_id: str) -> bool:
-        """Re-seal one v1 record (``reseal``); False when it is gone or no longer v1."""
+        """Re-seal one record (``reseal``); False when it is gone or already current."""
         key = self._record_key(key_id)
         for _ in range(_WRITE_ATTEMPTS):
             with self._client.pipeline(transaction=True) as pipe:
@@ -455,10 +489,15 @@ class KeyStore:
                     if not raw:
                         return False
                     fields = record_fields(key_id, raw)
-                    if not is_v1_seal(fields["secret"]):
+                    stored, bound = fields["secret"], bound_values(fields)
+                    if self._sealer.is_current(stored):
                         return False
-                    secret = self._sealer.unseal_v1(key_id, fields["secret"])
-                    sealed = self._sealer.seal(key_id, secret, bound_values(fields))
+                    secret = (
+                        self._sealer.unseal_v1(key_id, stored)
+                        if is_v1_seal(stored)
+                        else self._sealer.unseal(key_id, stored, bound)
+                    )
+                    sealed = self._sealer.seal(key_id, secret, bound)
                     pipe.multi()
                     pipe.hset(key, "secret", sealed)
                     pipe.execute()

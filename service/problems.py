@@ -31,6 +31,7 @@ from service.errors import (
     METHOD_NOT_ALLOWED,
     NOT_FOUND,
     BodyTooLarge,
+    DeadlineExceeded,
     GenerationCancelled,
     InvalidInput,
     KeyStoreUnavailable,
@@ -47,8 +48,9 @@ from service.errors import (
 )
 
 PROBLEM_JSON = "application/problem+json"
-_LOAD = (QueueFull, NotReady, GenerationCancelled)
-"""503s that are logged as warnings: a full queue, a start not finished, a client gone."""
+_LOAD = (QueueFull, NotReady, GenerationCancelled, DeadlineExceeded)
+"""503s and 504s that are logged as warnings: a full queue, a start not finished, a client
+gone, a request past its deadline."""
 log = logging.getLogger("poissonmark.service")
 _RETRY_AFTER_UNAVAILABLE_S = 1
 _MEDIA_TYPE = re.compile(r"[a-z0-9][a-z0-9!#$&^_.+-]{0,62}/[a-z0-9][a-z0-9!#$&^_.+-]{0,62}")
@@ -74,6 +76,10 @@ def problem_body(
         body["field"] = "Content-Type"
     elif isinstance(exc, QuotaExceeded):
         body["field"], body["limit"] = "max_keys_per_tenant", exc.quota
+    elif isinstance(exc, RateLimited):
+        body["field"], body["limit"] = exc.setting, exc.limit
+    elif isinstance(exc, DeadlineExceeded):
+        body["field"], body["limit"] = exc.setting, exc.limit_s
     return body
 
 

@@ -1,8 +1,10 @@
-"""Per-token rate limit for detection, counted in Redis (docs/design.md §5: no oracle).
+"""Per-token rate limits of detection and generation, counted in Redis (docs/design.md §5).
 
-A fixed window: ``P ratelimit:detect:<token id>:<window>`` counts the work units of the
-current ``window_s``-second window (what a request costs is the route's: tokens × keys tested,
-``service.routes.detect``); INCRBY and EXPIRE run in one MULTI, so
+A fixed window: ``P ratelimit:<kind>:<token id>:<window>`` counts the work units of the
+current ``window_s``-second window; what a request costs is the route's: for ``detect``
+tokens × keys tested (``service.routes.detect``: the detector is an oracle), for ``generate``
+prompt tokens + new tokens requested (``service.routes.generate``). INCRBY and EXPIRE run in
+one MULTI, so
 every process of a deployment shares the budget and a counter never outlives its window. At
 the limit the request is refused with ``RateLimited`` (429 + Retry-After: the seconds to the
 next window) and counted by ``on_limited`` (the ``poissonmark_rate_limited_total`` counter).
@@ -26,7 +28,8 @@ class RateLimiter:
 
     ``on_limited`` is called once per refused request (the service counts them in its metrics);
     ``clock`` (seconds since the epoch) is replaceable in tests so a window never rolls over
-    mid-test.
+    mid-test. ``kind`` names the budget (``detect``, ``generate``: its counters and its setting
+    ``<kind>_rate_limit``), ``unit`` what a unit is (the 429's detail says both).
     """
 
     def __init__(
@@ -37,6 +40,8 @@ class RateLimiter:
         window_s: int,
         clock: Callable[[], float] = time.time,
         on_limited: Callable[[], object] = lambda: None,
+        kind: str = "detect",
+        unit: str = "detection work units (tokens × keys)",
     ) -> None:
         if limit < 1 or window_s < 1:
             raise ValueError(f"expected limit >= 1 and window_s >= 1, got {limit}, {window_s}")
@@ -46,6 +51,8 @@ class RateLimiter:
         self.window_s = window_s
         self._clock = clock
         self._on_limited = on_limited
+        self.kind = kind
+        self.unit = unit
 
     async def spend(self, token_id: str, cost: int = 1) -> None:
         """Count ``cost`` units for ``token_id``.
@@ -57,7 +64,7 @@ class RateLimiter:
         """
         now = self._clock()
         window = int(now // self.window_s)
-        key = f"{self._prefix}ratelimit:detect:{token_id}:{window}"
+        key = f"{self._prefix}ratelimit:{self.kind}:{token_id}:{window}"
         try:
             async with self._client.pipeline(transaction=True) as pipe:
                 pipe.incrby(key, cost)
@@ -68,4 +75,5 @@ class RateLimiter:
         if int(count) > self.limit:
             self._on_limited()
             retry_after = max(1, int((window + 1) * self.window_s - now + 0.999))
-            raise RateLimited(self.limit, self.window_s, retry_after)
+            setting = f"{self.kind}_rate_limit"
+            raise RateLimited(self.limit, self.window_s, retry_after, setting, self.unit)

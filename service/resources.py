@@ -75,10 +75,12 @@ class Resources:
     redis: redis.Redis
     aredis: AsyncRedis  # not redis.asyncio.Redis: the field `redis` shadows the module here
     store: KeyStore
-    limiter: RateLimiter
+    limiter: RateLimiter  # detection
+    generate_limiter: RateLimiter
     worker: GenerationWorker
     pool: DetectionPool
     token_key: bytes  # the API token digest key (service.api_tokens.digest_key of the KEK)
+    previous_token_keys: tuple[bytes, ...] = ()  # those of the previous KEK (a rotation)
 
 
 def _async_client(sync: redis.Redis, url: str | None, settings: Settings) -> redis.asyncio.Redis:
@@ -176,16 +178,19 @@ async def open_resources(
         log.info("key store: %s, prefix %r", describe_client(sync), settings.redis_prefix)
 
         kek = await asyncio.to_thread(_kek, settings)
-        store = KeyStore(sync, kek, settings.redis_prefix)
+        previous = settings.previous_keks()
+        store = KeyStore(sync, kek, settings.redis_prefix, previous)
         token_key = digest_key(kek)
+        log.info("key-encryption key %s (%d previous)", store.kek_id, len(previous))
 
         def unreadable(key_id: str, exc: Exception) -> None:
             log.warning("key store: %s cannot be re-sealed (%s); it stays unusable", key_id, exc)
 
-        # v1 records: bind tenant and parameters; one that cannot be opened stops no start
+        # earlier forms and a previous KEK's records: under the current KEK, bound to their
+        # tenant and parameters; one that cannot be opened stops no start
         resealed = await asyncio.to_thread(store.reseal, unreadable)
         if resealed:
-            log.info("key store: %d record(s) re-sealed bound to their tenant", resealed)
+            log.info("key store: %d record(s) re-sealed under %s", resealed, store.kek_id)
 
         loaded = await asyncio.to_thread(loader, settings)
         fingerprint = tokenizer_fingerprint(loaded.tokenizer)
@@ -222,6 +227,15 @@ async def open_resources(
             settings.detect_rate_window_s,
             on_limited=metrics.rate_limited.inc,
         )
+        generate_limiter = RateLimiter(
+            aredis,
+            settings.redis_prefix,
+            settings.generate_rate_limit,
+            settings.generate_rate_window_s,
+            on_limited=metrics.rate_limited.inc,
+            kind="generate",
+            unit="tokens (prompt + new tokens requested)",
+        )
         yield Resources(
             settings,
             loaded,
@@ -232,7 +246,9 @@ async def open_resources(
             aredis,
             store,
             limiter,
+            generate_limiter,
             worker,
             pool,
             token_key,
+            tuple(digest_key(old) for old in previous),
         )

@@ -25,6 +25,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 ADMIN_TOKEN_MIN_CHARS = 32
 _SECRET_FILES: dict[str, tuple[str, ...]] = {
     "kek": ("kek",),
+    "kek_previous": ("kek_previous",),
     "admin_token": ("admin_token",),
     "metrics_token": ("metrics_token",),
     "redis_url": ("REDIS_URL", "POISSONMARK_REDIS_URL", "redis_url"),
@@ -40,6 +41,7 @@ class Settings(BaseSettings):
     Environment: ``POISSONMARK_HOME`` (data dir: converted models, embedded Redis, KEK file),
     ``REDIS_URL`` or ``POISSONMARK_REDIS_URL`` (external Redis; unset = embedded),
     ``POISSONMARK_KEK`` (base64 of 32 bytes; unset = a generated one in ``HOME/kek``),
+    ``POISSONMARK_KEK_PREVIOUS`` (the KEK a rotation moves away from),
     each secret also from a file: ``POISSONMARK_KEK_FILE``, ``POISSONMARK_ADMIN_TOKEN_FILE``,
     ``POISSONMARK_METRICS_TOKEN_FILE``, ``POISSONMARK_REDIS_URL_FILE`` (Docker secrets),
     ``POISSONMARK_MODEL``, ``POISSONMARK_DEVICE``, ``POISSONMARK_PRECISION``; for
@@ -62,6 +64,11 @@ class Settings(BaseSettings):
     """A file holding ``kek`` (e.g. a Docker secret, ``/run/secrets/...``): keeps the KEK out
     of the environment that ``docker inspect`` shows. Likewise ``admin_token_file``,
     ``metrics_token_file`` and ``redis_url_file``; giving a secret both ways is an error."""
+    kek_previous: SecretStr | None = None
+    """The KEK being rotated out (base64 of 32 bytes): it still unseals the records and
+    verifies the API tokens it made while ``kek`` seals everything new; ``poissonmark keys
+    reseal`` (and the service's start) moves its records to ``kek`` (docs/deployment.md)."""
+    kek_previous_file: Path | None = None
     admin_token_file: Path | None = None
     metrics_token_file: Path | None = None
     redis_url_file: Path | None = None
@@ -150,6 +157,19 @@ class Settings(BaseSettings):
     (``bench/results/multikey_cost.json``), so the default budget is ~1.2 s of CPU a minute:
     600 texts of up to 1,111 tokens against one key, or 20 of 32,768."""
     detect_rate_window_s: int = Field(default=60, ge=1)
+    detect_deadline_s: float = Field(default=120.0, gt=0, le=86_400)
+    """Seconds a detect request may take (waiting for the detection pool included); past it,
+    504 ``deadline-exceeded``: work not yet started is dropped, work under way (bounded by the
+    limits above) finishes unseen."""
+    generate_rate_limit: int = Field(default=60_000, ge=1)
+    """Tokens of generation per token per ``generate_rate_window_s``: a request costs its
+    prompt's tokens (after the chat template) + the new tokens it asks for (``max_new_tokens``,
+    ``max_tokens``), charged when it is queued, whether it then uses them all or not. Beyond
+    the window's budget: 429 + Retry-After; a request costing more than a whole window: 422."""
+    generate_rate_window_s: int = Field(default=60, ge=1)
+    generation_deadline_s: float = Field(default=600.0, gt=0, le=86_400)
+    """Seconds a generation may take from being queued to its last token; past it the job
+    stops and frees its slot: 504 ``deadline-exceeded`` (streaming: a final ``error`` event)."""
     redis_timeout_s: float = Field(default=2.0, gt=0)
 
     @model_validator(mode="before")
@@ -177,17 +197,18 @@ class Settings(BaseSettings):
     def _expand(cls, value: Path) -> Path:
         return value.expanduser()
 
-    @field_validator("kek")
+    @field_validator("kek", "kek_previous")
     @classmethod
-    def _kek_is_32_bytes(cls, value: SecretStr | None) -> SecretStr | None:
+    def _kek_is_32_bytes(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
         if value is None or not value.get_secret_value():
             return None
+        name = f"POISSONMARK_{(info.field_name or '').upper()}"
         try:
             raw = base64.b64decode(value.get_secret_value(), validate=True)
         except (binascii.Error, ValueError):
-            raise ValueError("POISSONMARK_KEK: expected base64 of 32 bytes") from None
+            raise ValueError(f"{name}: expected base64 of 32 bytes") from None
         if len(raw) != 32:
-            raise ValueError(f"POISSONMARK_KEK: expected 32 bytes, got {len(raw)}")
+            raise ValueError(f"{name}: expected 32 bytes, got {len(raw)}")
         return value
 
     @field_validator("admin_token", "metrics_token")
@@ -208,6 +229,12 @@ class Settings(BaseSettings):
 
     def kek_bytes(self) -> bytes | None:
         return None if self.kek is None else base64.b64decode(self.kek.get_secret_value())
+
+    def previous_keks(self) -> tuple[bytes, ...]:
+        """The KEK being rotated out, if any (``kek_previous``)."""
+        if self.kek_previous is None:
+            return ()
+        return (base64.b64decode(self.kek_previous.get_secret_value()),)
 
 
 @lru_cache

@@ -6,8 +6,18 @@ Glossary:
   Its events (``Tokens`` per decoding step, then ``Finished`` or ``Failed``) reach the event
   loop through an ``asyncio.Queue`` fed with ``call_soon_threadsafe``; each job's queue gets
   only its own tokens.
-- **queue**: jobs waiting for a slot, at most ``queue_size``; one more is refused at once
-  with ``QueueFull`` (the route answers 503 + Retry-After) instead of piling up latency.
+- **tenant**: whose job it is (the API token's tenant). Waiting jobs queue per tenant.
+- **queue**: jobs waiting for a slot, at most ``queue_size`` in all; one more is refused at
+  once with ``QueueFull`` (the route answers 503 + Retry-After) instead of piling up latency.
+- **fair share** (docs/design.md §5): a free slot goes to the waiting tenant that holds the
+  fewest slots (ties: the tenant served longest ago, round-robin), its oldest job first; so
+  while several tenants wait, none holds more than an equal share of the slots that free up.
+  When the queue is full, a job of a tenant holding fewer waiting entries than the largest
+  holder still gets in: the largest holder's newest waiting job is refused instead
+  (``QueueFull``, as if it had come later). With one tenant both rules are plain FIFO.
+- **deadline**: seconds a job may take from its submission to its end; past it, waiting for
+  the job's next event fails with ``DeadlineExceeded`` and cancels the job, which frees its
+  slot at the next step (a queued one never starts).
 - **batch**: the active jobs, at most ``max_batch``; every step advances all of them with ONE
   target forward over all their draft trees (``sampler.batch``). Waiting jobs join between
   steps as soon as slots are free (those joining together prefill in one forward); a finished
@@ -29,8 +39,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import queue
 import threading
+import time
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
@@ -45,6 +56,7 @@ from sampler.drafters import Drafter, fresh_drafter, make_drafter
 from sampler.models import LoadedModel
 from service.errors import (
     INTERNAL,
+    DeadlineExceeded,
     GenerationCancelled,
     InvalidInput,
     NotReady,
@@ -87,9 +99,17 @@ class Job:
     source: KeyedSource
     drafter: str | None
     loop: asyncio.AbstractEventLoop
+    tenant: str = ""
+    deadline_s: float | None = None
+    """Seconds from submission to the end (None: none)."""
+    submitted: float = field(default_factory=time.monotonic)
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     ended: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def expired(self) -> bool:
+        return self.deadline_s is not None and time.monotonic() - self.submitted > self.deadline_s
 
     def cancel(self) -> None:
         """Stop the job at its next step (idempotent; a finished job ignores it)."""
@@ -102,10 +122,23 @@ class Job:
         with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(self.events.put_nowait, event)
 
+    async def next_event(self) -> Event:
+        """The job's next event; past the deadline ``Failed(DeadlineExceeded)``, and the job is
+        cancelled (its slot frees at the worker's next step)."""
+        if self.deadline_s is None:
+            return await self.events.get()
+        left = self.submitted + self.deadline_s - time.monotonic()
+        try:
+            return await asyncio.wait_for(self.events.get(), max(left, 0.0))
+        except TimeoutError:
+            self.cancel()
+            return Failed(DeadlineExceeded("generation_deadline_s", self.deadline_s))
+
     async def result(self) -> Finished:
-        """Wait for the end; the tokens events are skipped. Raises the job's error."""
+        """Wait for the end; the tokens events are skipped. Raises the job's error (past the
+        deadline ``DeadlineExceeded``)."""
         while True:
-            event = await self.events.get()
+            event = await self.next_event()
             if isinstance(event, Finished):
                 return event
             if isinstance(event, Failed):
@@ -159,7 +192,11 @@ class GenerationWorker:
         self._on_waiting = on_waiting
         self._on_batch = on_batch
         self._waiting_lock = threading.Lock()
-        self._queue: queue.Queue[Job | object] = queue.Queue(maxsize=queue_size)
+        self._queued = threading.Condition()  # guards _queues and _stopping
+        self._queues: dict[str, deque[Job]] = {}  # per tenant
+        self._served: dict[str, int] = {}  # tenant -> number of its latest admission
+        self._admissions = 0
+        self._stopping = False
         self._eos = eos_ids(loaded)
         self._drafters: dict[str, Drafter] = {}
         self._batch = Batch(loaded.target, node_budget)
@@ -178,7 +215,8 @@ class GenerationWorker:
     @property
     def waiting(self) -> int:
         """Jobs in the queue (not counting the active ones)."""
-        return self._queue.qsize()
+        with self._queued:
+            return sum(len(q) for q in self._queues.values())
 
     @property
     def active(self) -> int:
@@ -186,16 +224,34 @@ class GenerationWorker:
         return len(self._active)
 
     def submit(
-        self, prompt: list[int], config: SamplerConfig, source: KeyedSource, drafter: str | None
+        self,
+        prompt: list[int],
+        config: SamplerConfig,
+        source: KeyedSource,
+        drafter: str | None,
+        *,
+        tenant: str = "",
+        deadline_s: float | None = None,
     ) -> Job:
-        """Queue a job (call from the event loop). Raises ``QueueFull`` or ``NotReady``."""
+        """Queue ``tenant``'s job (call from the event loop); ``deadline_s``: seconds it may
+        take from now (None: no deadline). Raises ``QueueFull`` or ``NotReady``."""
         if not self.alive:
             raise NotReady("the generation worker is stopped")
-        job = Job(prompt, config, source, drafter, asyncio.get_running_loop())
-        try:
-            self._queue.put_nowait(job)
-        except queue.Full:
-            raise QueueFull(self.queue_size, self.retry_after_s) from None
+        job = Job(prompt, config, source, drafter, asyncio.get_running_loop(), tenant, deadline_s)
+        refused = QueueFull(self.queue_size, self.retry_after_s)
+        with self._queued:
+            queues = self._queues
+            if sum(len(q) for q in queues.values()) >= self.queue_size:
+                mine = len(queues.get(tenant, ()))
+                largest = max(queues, key=lambda t: len(queues[t]))
+                if len(queues[largest]) <= mine + 1:  # no tenant holds more than its share
+                    raise refused
+                evicted = queues[largest].pop()  # its newest: as if it had come later
+                if not queues[largest]:
+                    del queues[largest]
+                evicted._post(Failed(refused))
+            queues.setdefault(tenant, deque()).append(job)
+            self._queued.notify()
         self._waiting_changed()
         return job
 
@@ -215,17 +271,16 @@ class GenerationWorker:
     def close(self, timeout: float = 30.0) -> None:
         """Cancel queued jobs and the active ones, stop the thread and wait for it."""
         self._closed = True
-        while True:
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if isinstance(job, Job):
-                job.cancel()
-                job._post(Failed(GenerationCancelled()))
+        with self._queued:
+            queued = [job for q in self._queues.values() for job in q]
+            self._queues.clear()
+            self._stopping = True
+            self._queued.notify()
+        for job in queued:
+            job.cancel()
+            job._post(Failed(GenerationCancelled()))
         for active in list(self._active):
             active.cancel()
-        self._queue.put(_STOP)
         self._thread.join(timeout)
 
     def _own_threads(self) -> None:
@@ -271,10 +326,10 @@ class GenerationWorker:
         """Move waiting jobs into free slots (block while nothing is active), their prefills
         in one forward; False at stop."""
         joining: list[tuple[Job, Drafter | None]] = []
+        holding = Counter(job.tenant for job in self._active)  # slots per tenant
         while len(self._batch.members) + len(joining) < self.max_batch:
-            try:
-                job = self._queue.get(block=not (self._batch.members or joining))
-            except queue.Empty:
+            job = self._next(holding, block=not (self._batch.members or joining))
+            if job is None:
                 break
             if job is _STOP:
                 for waiting, _ in joining:
@@ -285,6 +340,10 @@ class GenerationWorker:
             if job.cancelled.is_set() or self._closed:
                 job._post(Failed(GenerationCancelled()))
                 continue
+            if job.expired:  # its client got ``DeadlineExceeded`` (or is about to)
+                assert job.deadline_s is not None
+                job._post(Failed(DeadlineExceeded("generation_deadline_s", job.deadline_s)))
+                continue
             try:
                 drafter = self._drafter(job.drafter) if job.config.speculative else None
                 self._batch.check(job.prompt, job.config, drafter)
@@ -292,8 +351,32 @@ class GenerationWorker:
                 self._fail(job, exc)
                 continue
             joining.append((job, drafter))
+            holding[job.tenant] += 1
         self._join(joining)
         return True
+
+    def _next(self, holding: Counter[str], block: bool) -> Job | object | None:
+        """The next waiting job by fair share (module docstring): the oldest of the tenant
+        holding the fewest slots in ``holding``, ties to the one served longest ago
+        (round-robin); ``_STOP`` at stop; None when nothing waits and ``block`` is False."""
+        with self._queued:
+            while block and not self._queues and not self._stopping:
+                self._queued.wait()
+            if self._stopping:
+                return _STOP
+            if not self._queues:
+                return None
+            tenant = min(self._queues, key=lambda t: (holding[t], self._served.get(t, -1)))
+            waiting = self._queues[tenant]
+            job = waiting.popleft()
+            if not waiting:
+                del self._queues[tenant]
+            self._served[tenant] = self._admissions
+            self._admissions += 1
+            if len(self._served) > 4 * (len(self._queues) + self.max_batch) + 64:
+                # forget tenants with nothing waiting (an active one's count is in holding)
+                self._served = {t: n for t, n in self._served.items() if t in self._queues}
+            return job
 
     def _join(self, joining: list[tuple[Job, Drafter | None]]) -> None:
         """Prefill the checked jobs together and add them to the batch; where that fails, each

@@ -102,7 +102,8 @@ def key_store(settings: Settings) -> Iterator[KeyStore]:
 
     with _redis(settings) as client:
         kek = settings.kek_bytes()
-        yield KeyStore(client, load_or_create_kek(settings.home) if kek is None else kek)
+        current = load_or_create_kek(settings.home) if kek is None else kek
+        yield KeyStore(client, current, settings.redis_prefix, settings.previous_keks())
 
 
 @contextlib.contextmanager

@@ -137,12 +137,21 @@ def revoke(key_id: str, as_json: Json = False) -> None:
 
 @app.command("reseal")
 def reseal(as_json: Json = False) -> None:
-    """Re-seal stored secrets of the earlier form (bound to the key id alone) bound to their
-    tenant and parameters too; the service also does it when it starts. Idempotent."""
+    """Re-seal every stored secret under the current KEK, bound to its tenant and parameters:
+    those of earlier forms and those a previous KEK sealed (POISSONMARK_KEK_PREVIOUS, during a
+    rotation); the service also does it when it starts. Idempotent. Reports how many records
+    each KEK now seals (a rotation is done when only the current one is left)."""
     settings = Settings()
     with errors(), key_store(settings) as store:
         count = store.reseal()
-    report({"resealed": count}, as_json, f"re-sealed {count} key record(s)")
+        sealed_by = store.sealed_by()
+    others = sum(n for kek, n in sealed_by.items() if kek != store.kek_id)
+    report(
+        {"resealed": count, "kek_id": store.kek_id, "sealed_by": sealed_by},
+        as_json,
+        f"re-sealed {count} key record(s) under {store.kek_id}; "
+        f"{others} sealed otherwise (unreadable under the configured KEKs)",
+    )
 
 
 @app.command("delete")

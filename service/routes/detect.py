@@ -8,9 +8,14 @@ ceil(tokens × keys / ``detect_work_unit``) per item, at most a whole window's b
 the request then passes its limits or not (its tokenizing was work). A request over
 ``max_tokens``, ``max_evidence_tokens`` or a whole window's budget is refused (422). The
 work itself — key lookups and the detector — runs on the detection pool, off the event loop.
+A request that takes more than ``detect_deadline_s`` (waiting for a pool thread included) is
+answered 504 ``deadline-exceeded``: its work not yet started on the pool never starts; work
+under way (bounded by the limits above) finishes and is dropped.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from fastapi import APIRouter
 
@@ -18,7 +23,7 @@ from service.api_tokens import Principal
 from service.auth import CanDetect, raw_evidence
 from service.deps import ServiceDep, ServiceDeps
 from service.detection import DetectPlan
-from service.errors import LimitExceeded
+from service.errors import DeadlineExceeded, LimitExceeded
 from service.limits import check_batch, check_detect_input
 from service.schemas.common import problem_responses
 from service.schemas.detect import (
@@ -31,10 +36,32 @@ from service.schemas.detect import (
 )
 
 router = APIRouter(prefix="/v1/detect", tags=["detect"])
-_ERRORS = problem_responses(400, 401, 403, 404, 409, 413, 415, 422, 429, 503)
+_ERRORS = problem_responses(400, 401, 403, 404, 409, 413, 415, 422, 429, 503, 504)
 
 
 async def _detect(
+    items: list[DetectInput],
+    options: DetectOptions,
+    *,
+    batch: bool,
+    principal: Principal,
+    service: ServiceDeps,
+) -> list[DetectResponse]:
+    """``_charged_detect`` within the deadline (``detect_deadline_s``; module docstring)."""
+    limit = service.settings.detect_deadline_s
+    deadline = asyncio.timeout(limit)
+    try:
+        async with deadline:
+            return await _charged_detect(
+                items, options, batch=batch, principal=principal, service=service
+            )
+    except TimeoutError:
+        if not deadline.expired():  # another timeout, not the deadline's
+            raise
+        raise DeadlineExceeded("detect_deadline_s", limit) from None
+
+
+async def _charged_detect(
     items: list[DetectInput],
     options: DetectOptions,
     *,

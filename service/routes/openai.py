@@ -2,8 +2,10 @@
 
 What the OpenAI SDK, LangChain and chat UIs speak, over poissonmark's one generation path: the
 body becomes a ``GenerateRequest`` (so the schema's ranges and the server's limits are those of
-``POST /v1/generate``), ``service.generation`` binds it to the caller's key, the worker's queue
-runs it (503 + Retry-After when full) and ``service.streaming`` decodes the stream.
+``POST /v1/generate``), ``service.generation`` binds it to the caller's key, it is charged
+to the token's generation budget as there (prompt tokens + ``max_tokens``: 429 + Retry-After
+beyond it), the worker's queue runs it (503 + Retry-After when full; 504 past
+``generation_deadline_s``) and ``service.streaming`` decodes the stream.
 
 - chat completions go through the model's chat template, as ``/v1/generate`` messages do;
   completions continue ``prompt`` as raw text (no template), as OpenAI's legacy endpoint does.
@@ -59,7 +61,13 @@ from service.openai_compat import (
 )
 from service.openai_errors import ModelNotFound, OpenAIRoute, openai_error
 from service.resources import Resources
-from service.routes.generate import encode_chat_prompt, result_unless_gone
+from service.routes.generate import (
+    charge_new_tokens,
+    charge_prompt,
+    encode_chat_prompt,
+    result_unless_gone,
+    submit,
+)
 from service.schemas.generate import GenerateRequest
 from service.schemas.openai import (
     AssistantMessage,
@@ -108,7 +116,9 @@ _ERROR_DESCRIPTIONS: dict[int | str, str] = {
     409: "The key cannot generate (revoked, made for another tokenizer).",
     413: "Request body over the size limit.",
     415: "The body is not JSON (`Content-Type` other than `application/json`).",
+    429: "The token's generation budget (`generate_rate_limit`) is spent; see Retry-After.",
     503: "Generation queue full, key store unreachable or not ready; see Retry-After.",
+    504: "The generation ran past its deadline (`generation_deadline_s`).",
     "default": "Any other error (405 for another method, 500), in the same shape.",
 }
 
@@ -119,7 +129,7 @@ def _errors(*statuses: int | str) -> dict[int | str, dict[str, Any]]:
     return {s: {"model": OpenAIError, "description": _ERROR_DESCRIPTIONS[s]} for s in statuses}
 
 
-_GENERATION_ERRORS = _errors(400, 401, 403, 404, 409, 413, 415, 503, "default")
+_GENERATION_ERRORS = _errors(400, 401, 403, 404, 409, 413, 415, 429, 503, 504, "default")
 
 
 def _stream_doc(chunk: str) -> dict[str, Any]:
@@ -133,19 +143,23 @@ def _stream_doc(chunk: str) -> dict[str, Any]:
 async def _start(
     wanted: GenerateRequest,
     raw: bool,
+    max_name: str,
     principal: Principal,
     service: ServiceDeps,
 ) -> Served:
     request = from_body(wanted)
-    resources, pool = service.resources, service.pool
+    resources, pool, limiter = service.resources, service.pool, service.generate_limiter
     record = await to_thread.run_sync(service.store.get_active, wanted.key_id, principal.tenant)
     generation = prepare(record, resources.fingerprint, request)
+    new_tokens = wanted.max_new_tokens
+    await charge_new_tokens(limiter, principal, new_tokens, max_name)
     ids = await pool.run(
         encode_raw_prompt if raw else encode_chat_prompt, pool, wanted, resources.loaded
     )
+    await charge_prompt(limiter, principal, len(ids), new_tokens, max_name)
     prompt_field = "prompt" if raw else "messages"
     check_prompt_tokens(len(ids), service.settings.max_prompt_tokens, prompt_field)
-    job = service.worker.submit(ids, generation.config, generation.source, generation.drafter)
+    job = submit(service.worker, ids, generation, principal, service.settings)
     loaded = resources.loaded
     model = served_model(resources)
     return Served(generation, job, len(ids), model, loaded.tokenizer)
@@ -158,7 +172,7 @@ async def _chunks(
     decoder = IncrementalDecoder(served.tokenizer)
     yield data_line(chunk("", facts=WatermarkStart(**served.generation.start_json()), first=True))
     while True:
-        event = await served.job.events.get()
+        event = await served.job.next_event()
         if isinstance(event, Tokens):
             text = decoder.push(event.ids)
             if text:
@@ -272,7 +286,7 @@ async def chat_completions(
         body, key_id_of(body, request), max_name, max_tokens, messages=messages
     )
     wanted = checked(wanted, settings, resources, max_name)
-    served = await _start(wanted, False, principal, service)
+    served = await _start(wanted, False, max_name, principal, service)
     return await _answer(
         served, body, request, service.metrics, "chatcmpl", chat_chunk, _chat_reply
     )
@@ -299,7 +313,7 @@ async def completions(
         body, key_id_of(body, request), max_name, max_tokens, prompt=body.prompt
     )
     wanted = checked(wanted, settings, resources, max_name)
-    served = await _start(wanted, True, principal, service)
+    served = await _start(wanted, True, max_name, principal, service)
     return await _answer(
         served, body, request, service.metrics, "cmpl", completion_chunk, _completion_reply
     )

@@ -118,8 +118,9 @@ PROBLEM_DESCRIPTIONS: dict[int, str] = {
     413: "Request body over the size limit.",
     415: "The body is not JSON (`Content-Type` other than `application/json`; see Accept-Post).",
     422: "Invalid field, or a field over a limit (`field`, `limit`).",
-    429: "Per-token rate limit reached; see Retry-After.",
+    429: "Per-token rate limit reached (`field` names it); see Retry-After.",
     503: "Generation queue full, key store unreachable or service not ready; see Retry-After.",
+    504: "The request ran past its deadline (`field` names the setting, `limit` its seconds).",
 }
 
 

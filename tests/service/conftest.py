@@ -106,6 +106,9 @@ def make_settings(home: Path, redis_url: str | None = None, **overrides: Any) ->
         "admin_token": secrets.token_urlsafe(32),
         "redis_prefix": f"pmtest:{secrets.token_hex(6)}:",
         "detect_threads": 2,
+        # wiring tests generate hundreds of times a minute with one token; the budget's own
+        # tests (test_generation_costs.py) set theirs
+        "generate_rate_limit": 10_000_000,
     }
     values.update(overrides)
     return Settings(**values)

@@ -38,7 +38,7 @@ from service.errors import (
     PoissonmarkError,
     UnknownKey,
 )
-from service.kek import KEK_BYTES, load_or_create_kek
+from service.kek import KEK_BYTES, kek_id, load_or_create_kek
 from service.key_record import KeyRecord, new_key_id
 from service.keystore import KeyStore
 from service.redis import (
@@ -303,8 +303,9 @@ def test_secret_is_not_stored_in_the_clear(backend: Backend) -> None:
             assert form not in at_rest
         assert base64.b64encode(secret) not in at_rest
         sealed = backend.client.hget(f"{backend.prefix}key:{record.key_id}", "secret")
-        assert sealed.startswith(b"v2:")
-        assert len(base64.b64decode(sealed[3:])) == 12 + 32 + 16  # nonce + ciphertext + tag
+        head = f"v3:{kek_id(backend.kek)}:".encode()  # the form, then the sealing KEK's id
+        assert sealed.startswith(head)
+        assert len(base64.b64decode(sealed[len(head) :])) == 12 + 32 + 16  # nonce, text, tag
 
 
 def test_wrong_kek_fails_to_decrypt(backend: Backend) -> None:
@@ -388,7 +389,7 @@ def test_v1_records_are_refused_until_resealed_then_bound_to_their_tenant(
     with pytest.raises(KeyDecryptionFailed, match="v1"):
         store.get(old.key_id, "acme")
     assert store.reseal() == 1
-    assert backend.client.hget(record_key, "secret").startswith(b"v2:")
+    assert backend.client.hget(record_key, "secret").startswith(b"v3:")
     assert store.get(old.key_id, "acme").secret.reveal() == old.secret.reveal()
     assert store.get(new.key_id, "acme").secret.reveal() == new.secret.reveal()
     assert store.reseal() == 0  # idempotent
@@ -409,7 +410,8 @@ def test_v1_records_are_refused_until_resealed_then_bound_to_their_tenant(
 @pytest.mark.parametrize(
     ("stored", "reason"),
     [
-        pytest.param(b"v3:AAAA", "format", id="unknown_version"),
+        pytest.param(b"v9:AAAA", "format", id="unknown_version"),
+        pytest.param(b"v3:AAAA", "format", id="no_kek_id"),
         pytest.param(b"v2:not base64!", "base64", id="not_base64"),
         pytest.param(b"v2:" + base64.b64encode(b"short"), "length", id="truncated"),
         # No plaintext secret is ever read (0.1 has no pre-encryption records to migrate).

@@ -82,7 +82,7 @@ def test_invalid_fields_are_named(
 
 
 class FullWorker:
-    def submit(self, *args: object) -> None:
+    def submit(self, *args: object, **kwargs: object) -> None:
         raise QueueFull(8, 2)
 
 
