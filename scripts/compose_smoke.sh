@@ -148,7 +148,7 @@ torch_info=$(docker run --rm --user root --entrypoint sh "$POISSONMARK_IMAGE" -c
 [ "$torch_info" = "2.13.0+cpu None" ] || fail "image: expected only 'torch 2.13.0+cpu None', got: $torch_info"
 log "   torch $torch_info (CPU); no wheel, no build secret in the image"
 # llama.cpp: the patched build (AMX repacking safe), its CPU backend chosen for this CPU at
-# import among the instruction-set levels it ships
+# import among the instruction-set levels it ships and registered where libllama looks for it
 llama_info=$(docker run --rm --entrypoint python "$POISSONMARK_IMAGE" -c '
 import re, llama_cpp
 from pathlib import Path
@@ -156,10 +156,11 @@ from sampler.gguf_target import repacking_safe
 lib = Path(llama_cpp.__file__).parent / "lib"
 levels = sorted(p.name[len("libggml-cpu-"):-3] for p in lib.glob("libggml-cpu-*.so"))
 chosen = sorted(set(re.findall(r"libggml-cpu-([\w.]+)\.so", Path("/proc/self/maps").read_text())))
-print(llama_cpp.__version__, "repacking_safe", repacking_safe(), "cpu", ",".join(chosen), "of", ",".join(levels))
+registered = "CPU :" in llama_cpp.llama_print_system_info().decode()
+print(llama_cpp.__version__, "repacking_safe", repacking_safe(), "cpu", ",".join(chosen) if registered else "-", "of", ",".join(levels))
 ' 2>/dev/null) || fail "image: llama_cpp does not import"
 case "$llama_info" in
-  *"+poissonmark.amx2 repacking_safe True cpu "?*" of "*haswell*) ;;
+  *"+poissonmark.amx2 repacking_safe True cpu "[!-]*" of "*haswell*) ;;
   *) fail "image: expected the patched llama-cpp-python with a CPU backend loaded, got: $llama_info" ;;
 esac
 log "   llama-cpp-python $llama_info"
