@@ -191,7 +191,7 @@ def main() -> None:
     parser.add_argument("--container", help="the running service container (id or name)")
     parser.add_argument("--native-python", help="python of the native install (.venv/bin/python)")
     parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=4)
     parser.add_argument("--methods", nargs="+", default=["mpfr", "basic-uwm"])
     parser.add_argument("--out", type=Path, help="write the result here (JSON)")
     args = parser.parse_args()

@@ -16,7 +16,7 @@
 # on failure, to look at it), COMPOSE_SMOKE_PRECISION (the precision the service must serve,
 # default gguf), COMPOSE_SMOKE_NATIVE_PYTHON (the native install's python, default
 # .venv/bin/python of this checkout; missing: the container's speed alone),
-# COMPOSE_SMOKE_TOKENS (default 128) and COMPOSE_SMOKE_REPS (default 5) for the speed
+# COMPOSE_SMOKE_TOKENS (default 128) and COMPOSE_SMOKE_REPS (default 4) for the speed
 # comparison, COMPOSE_SMOKE_MIN_RATIO (fail below this container/native tokens/s ratio; default:
 # report only), POISSONMARK_IMAGE, POISSONMARK_BASE_IMAGE (see docker/build_image.sh).
 set -euo pipefail
@@ -203,7 +203,7 @@ served=$(dc logs --no-color poissonmark 2>&1 | sed -n 's/.*: precision \([a-z0-9
 [ "$served" = "$EXPECT_PRECISION" ] || fail "the service serves precision '${served:-?}' (expected $EXPECT_PRECISION; COMPOSE_SMOKE_PRECISION)"
 log "   the service serves precision $served"
 speed_args=(--container "$(dc ps -q poissonmark)" --tokens "${COMPOSE_SMOKE_TOKENS:-128}"
-  --reps "${COMPOSE_SMOKE_REPS:-5}" --out "$work/speed.json")
+  --reps "${COMPOSE_SMOKE_REPS:-4}" --out "$work/speed.json")
 if [ -x "$NATIVE_PYTHON" ] && "$NATIVE_PYTHON" -c 'import llama_cpp' >/dev/null 2>&1; then
   python3 bench/compose_speed.py "${speed_args[@]}" --native-python "$NATIVE_PYTHON" \
     >"$work/speed.txt" 2>"$work/speed.log" \
