@@ -2,16 +2,23 @@
 # End-to-end check of the Docker Compose deployment on a real engine:
 #   engine (installed with apt and started when missing, if root) -> build (base image from
 #   Debian packages when missing, then the service image) -> `up -d` -> /readyz -> keys, an API
-#   token, generate, detect `watermarked` over HTTP -> Redis killed (SIGKILL) -> /v1/detect is
+#   token, generate, detect `watermarked` over HTTP -> the served precision (gguf: llama.cpp in
+#   the image) and the decoding speed of the container beside the native install, same prompt and
+#   token count, interleaved (bench/compose_speed.py) -> Redis killed (SIGKILL) -> /v1/detect is
 #   503 application/problem+json and /readyz 503 -> Redis back: every key still there (AOF),
 #   detection works -> service container restarted: keys and tokens still work -> no secret in
 #   the containers' logs -> `down -v`.
 # Exits non-zero at the first failure (with the containers' logs); prints each phase's time.
 #   bash scripts/compose_smoke.sh
 # Environment: COMPOSE_SMOKE_PROJECT (compose project, default pmsmoke), COMPOSE_SMOKE_PORT
-# (published port, default 18000), COMPOSE_SMOKE_JSON (also write the timings there),
-# COMPOSE_SMOKE_KEEP=1 (leave the project up on failure, to look at it), POISSONMARK_IMAGE,
-# POISSONMARK_BASE_IMAGE (see docker/build_image.sh).
+# (published port, default 18000), COMPOSE_SMOKE_JSON (where the result goes, default
+# bench/results/compose_smoke.json; empty: nowhere), COMPOSE_SMOKE_KEEP=1 (leave the project up
+# on failure, to look at it), COMPOSE_SMOKE_PRECISION (the precision the service must serve,
+# default gguf), COMPOSE_SMOKE_NATIVE_PYTHON (the native install's python, default
+# .venv/bin/python of this checkout; missing: the container's speed alone),
+# COMPOSE_SMOKE_TOKENS (default 128) and COMPOSE_SMOKE_REPS (default 4) for the speed
+# comparison, COMPOSE_SMOKE_MIN_RATIO (fail below this container/native tokens/s ratio; default:
+# report only), POISSONMARK_IMAGE, POISSONMARK_BASE_IMAGE (see docker/build_image.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PROJECT=${COMPOSE_SMOKE_PROJECT:-pmsmoke}
@@ -20,6 +27,9 @@ URL=http://127.0.0.1:$PORT
 export POISSONMARK_IMAGE=${POISSONMARK_IMAGE:-poissonmark:latest}
 export POISSONMARK_BASE_IMAGE=${POISSONMARK_BASE_IMAGE:-poissonmark-base:bookworm}
 export POISSONMARK_PUBLISH_PORT=$PORT
+RESULT_JSON=${COMPOSE_SMOKE_JSON-bench/results/compose_smoke.json}
+EXPECT_PRECISION=${COMPOSE_SMOKE_PRECISION:-gguf}
+NATIVE_PYTHON=${COMPOSE_SMOKE_NATIVE_PYTHON:-.venv/bin/python}
 work=$(mktemp -d /tmp/compose-smoke.XXXXXX)
 
 log() { printf '[%s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
@@ -137,6 +147,23 @@ torch_info=$(docker run --rm --user root --entrypoint sh "$POISSONMARK_IMAGE" -c
   || fail "could not run the image"
 [ "$torch_info" = "2.13.0+cpu None" ] || fail "image: expected only 'torch 2.13.0+cpu None', got: $torch_info"
 log "   torch $torch_info (CPU); no wheel, no build secret in the image"
+# llama.cpp: the patched build (AMX repacking safe), its CPU backend chosen for this CPU at
+# import among the instruction-set levels it ships and registered where libllama looks for it
+llama_info=$(docker run --rm --entrypoint python "$POISSONMARK_IMAGE" -c '
+import re, llama_cpp
+from pathlib import Path
+from sampler.gguf_target import repacking_safe
+lib = Path(llama_cpp.__file__).parent / "lib"
+levels = sorted(p.name[len("libggml-cpu-"):-3] for p in lib.glob("libggml-cpu-*.so"))
+chosen = sorted(set(re.findall(r"libggml-cpu-([\w.]+)\.so", Path("/proc/self/maps").read_text())))
+registered = "CPU :" in llama_cpp.llama_print_system_info().decode()
+print(llama_cpp.__version__, "repacking_safe", repacking_safe(), "cpu", ",".join(chosen) if registered else "-", "of", ",".join(levels))
+' 2>/dev/null) || fail "image: llama_cpp does not import"
+case "$llama_info" in
+  *"+poissonmark.amx2 repacking_safe True cpu "[!-]*" of "*haswell*) ;;
+  *) fail "image: expected the patched llama-cpp-python with a CPU backend loaded, got: $llama_info" ;;
+esac
+log "   llama-cpp-python $llama_info"
 end
 
 # --- up -------------------------------------------------------------------------------------
@@ -162,9 +189,33 @@ dc exec -T poissonmark poissonmark tokens create --tenant default --scope genera
 TOKEN=$(python3 -c "import json; print(json.load(open('$work/token.json'))['token'])")
 call POST /v1/generate "$TOKEN" "{\"key_id\": \"${keys[0]}\", \"prompt\": \"Explain in detail why the sky is blue.\", \"max_new_tokens\": 64, \"nonce\": 7}"
 expect 200 "generate (API token)"
+cp "$work/body" "$work/gen.json"
 field "['text']" >"$work/text"
 log "   generated $(field "['stats']['emitted_tokens']") tokens: $(head -c 80 "$work/text" | tr '\n' ' ')..."
 detect_watermarked "$TOKEN" "${keys[0]}" "$work/text" "detect (API token)"
+served_tps=$(python3 -c "import json; print(round(json.load(open('$work/gen.json'))['stats']['tokens_per_second'], 1))")
+log "   /v1/generate: $served_tps tokens/s (stats.tokens_per_second)"
+end
+
+# --- precision and speed, container beside the native install ----------------------------------
+begin speed
+served=$(dc logs --no-color poissonmark 2>&1 | sed -n 's/.*: precision \([a-z0-9]*\) (asked: .*/\1/p' | tail -n 1)
+[ "$served" = "$EXPECT_PRECISION" ] || fail "the service serves precision '${served:-?}' (expected $EXPECT_PRECISION; COMPOSE_SMOKE_PRECISION)"
+log "   the service serves precision $served"
+speed_args=(--container "$(dc ps -q poissonmark)" --tokens "${COMPOSE_SMOKE_TOKENS:-128}"
+  --reps "${COMPOSE_SMOKE_REPS:-4}" --out "$work/speed.json")
+if [ -x "$NATIVE_PYTHON" ] && "$NATIVE_PYTHON" -c 'import llama_cpp' >/dev/null 2>&1; then
+  python3 bench/compose_speed.py "${speed_args[@]}" --native-python "$NATIVE_PYTHON" \
+    >"$work/speed.txt" 2>"$work/speed.log" \
+    || { tail -n 30 "$work/speed.log" >&2; fail "speed comparison (bench/compose_speed.py)"; }
+  while read -r line; do log "   $line"; done <"$work/speed.txt"
+  if [ -n "${COMPOSE_SMOKE_MIN_RATIO:-}" ]; then
+    python3 -c "import json, sys; r = json.load(open('$work/speed.json'))['ratio_container_to_native']; sys.exit(min(r.values()) < $COMPOSE_SMOKE_MIN_RATIO)" \
+      || fail "container/native tokens/s below $COMPOSE_SMOKE_MIN_RATIO (COMPOSE_SMOKE_MIN_RATIO)"
+  fi
+else
+  log "   no native install with llama.cpp at $NATIVE_PYTHON (scripts/setup.sh): no speed comparison"
+fi
 end
 
 # --- Redis killed -------------------------------------------------------------------------------
@@ -253,17 +304,36 @@ for p in "${phases[@]}"; do
   total=$(python3 -c "print($total + ${p#*=})")
 done
 printf '%-18s %8.1f\n' total "$total"
-if [ -n "${COMPOSE_SMOKE_JSON:-}" ]; then
-  python3 - "$COMPOSE_SMOKE_JSON" "${phases[@]}" <<'PY'
-import json, platform, subprocess, sys
-phases = {p.split("=")[0]: float(p.split("=")[1]) for p in sys.argv[2:]}
-cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "")
-amx = "amx_tile" in open("/proc/cpuinfo").read()
-commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+if [ -n "$RESULT_JSON" ]; then
+  image_bytes=$(docker image inspect "$POISSONMARK_IMAGE" --format '{{.Size}}')
+  python3 - "$RESULT_JSON" "$work/speed.json" "$served" "$served_tps" "$image_bytes" "${phases[@]}" <<'PY'
+import datetime, json, os, subprocess, sys
+out, speed_file, served, served_tps, image_bytes = sys.argv[1:6]
+phases = {p.split("=")[0]: float(p.split("=")[1]) for p in sys.argv[6:]}
+cpuinfo = open("/proc/cpuinfo").read()
+cpu = next((l.split(":", 1)[1].strip() for l in cpuinfo.splitlines() if l.startswith("model name")), "")
+flags = set(next((l.split(":", 1)[1].split() for l in cpuinfo.splitlines() if l.startswith("flags")), []))
+git = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True).stdout.strip()
 engine = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True, text=True).stdout.strip()
-json.dump({"phases_s": phases, "total_s": round(sum(phases.values()), 1), "engine": engine,
-           "hardware": {"cpu": cpu, "amx": amx, "cores": __import__("os").cpu_count()},
-           "commit": commit, "machine_load": open("/proc/loadavg").read().split()[:3]},
-          open(sys.argv[1], "w"), indent=2)
+speed = json.load(open(speed_file)) if os.path.exists(speed_file) else None
+json.dump({
+    "what": "scripts/compose_smoke.sh: phase times, the precision the service serves and the "
+            "decoding speed of the container beside the native install (bench/compose_speed.py)",
+    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    "commit": git("rev-parse", "HEAD"),
+    "tree_clean": git("status", "--porcelain", "--untracked-files=no") == "",
+    "model": "smollm2-135m-instruct",
+    "hardware": {"cpu": cpu, "cores": os.cpu_count(),
+                 "avx2": "avx2" in flags, "avx512f": "avx512f" in flags, "amx": "amx_tile" in flags},
+    "engine": engine,
+    "machine_load": open("/proc/loadavg").read().split()[:3],
+    "image_bytes": int(image_bytes),
+    "phases_s": phases,
+    "total_s": round(sum(phases.values()), 1),
+    "served": {"precision": served, "generate_64_tokens_per_second": float(served_tps)},
+    "speed": speed,
+}, open(out, "w"), indent=2)
+open(out, "a").write("\n")
 PY
+  log "result: $RESULT_JSON"
 fi

@@ -60,7 +60,15 @@ def load_served_model(settings: Settings) -> LoadedModel:
     thread at its first such request, at the worker's thread count (~2 s once per machine,
     then read from the data dir)."""
     precision = settings.precision
-    return load_model(settings.model, settings.home, settings.device, precision=precision)
+    loaded = load_model(settings.model, settings.home, settings.device, precision=precision)
+    log.info(
+        "model %s on %s: precision %s (asked: %s)",
+        settings.model,
+        loaded.device,
+        loaded.precision,
+        precision,
+    )
+    return loaded
 
 
 @dataclass
