@@ -4,7 +4,7 @@
 #   Debian packages when missing, then the service image) -> `up -d` -> /readyz -> keys, an API
 #   token, generate, detect `watermarked` over HTTP -> the served precision (gguf: llama.cpp in
 #   the image) and the decoding speed of the container beside the native install, same prompt and
-#   token count, interleaved (bench/compose_speed.py) -> Redis killed (SIGKILL) -> /v1/detect is
+#   token count, interleaved (scripts/compose_speed.py) -> Redis killed (SIGKILL) -> /v1/detect is
 #   503 application/problem+json and /readyz 503 -> Redis back: every key still there (AOF),
 #   detection works -> service container restarted: keys and tokens still work -> no secret in
 #   the containers' logs -> `down -v`.
@@ -205,9 +205,9 @@ log "   the service serves precision $served"
 speed_args=(--container "$(dc ps -q poissonmark)" --tokens "${COMPOSE_SMOKE_TOKENS:-128}"
   --reps "${COMPOSE_SMOKE_REPS:-4}" --out "$work/speed.json")
 if [ -x "$NATIVE_PYTHON" ] && "$NATIVE_PYTHON" -c 'import llama_cpp' >/dev/null 2>&1; then
-  python3 bench/compose_speed.py "${speed_args[@]}" --native-python "$NATIVE_PYTHON" \
+  python3 scripts/compose_speed.py "${speed_args[@]}" --native-python "$NATIVE_PYTHON" \
     >"$work/speed.txt" 2>"$work/speed.log" \
-    || { tail -n 30 "$work/speed.log" >&2; fail "speed comparison (bench/compose_speed.py)"; }
+    || { tail -n 30 "$work/speed.log" >&2; fail "speed comparison (scripts/compose_speed.py)"; }
   while read -r line; do log "   $line"; done <"$work/speed.txt"
   if [ -n "${COMPOSE_SMOKE_MIN_RATIO:-}" ]; then
     python3 -c "import json, sys; r = json.load(open('$work/speed.json'))['ratio_container_to_native']; sys.exit(min(r.values()) < $COMPOSE_SMOKE_MIN_RATIO)" \
@@ -318,7 +318,7 @@ engine = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"]
 speed = json.load(open(speed_file)) if os.path.exists(speed_file) else None
 json.dump({
     "what": "scripts/compose_smoke.sh: phase times, the precision the service serves and the "
-            "decoding speed of the container beside the native install (bench/compose_speed.py)",
+            "decoding speed of the container beside the native install (scripts/compose_speed.py)",
     "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     "commit": git("rev-parse", "HEAD"),
     "tree_clean": git("status", "--porcelain", "--untracked-files=no") == "",

@@ -16,7 +16,7 @@ repetition's two runs are neighbours in time).
 The driver needs only the standard library (it runs under the host's ``python3``); the same
 file is the worker (``python -c SOURCE worker``), so nothing has to be copied into the image.
 
-    python3 bench/compose_speed.py --container ID --native-python .venv/bin/python \\
+    python3 scripts/compose_speed.py --container ID --native-python .venv/bin/python \\
         --out speed.json
 """
 
