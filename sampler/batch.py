@@ -19,9 +19,10 @@ batched forward, which in float64 never changed a token in the tests): its token
 keyed race winners at its own contexts.
 
 Node budget: with ``node_budget`` set, a step whose trees could exceed it (Σ 1 + B·ℓ) caps
-each keyed-race request's tree at ``node_budget // R`` nodes (``loop.new_tree``): a smaller B
-and ℓ, the same output (Thm. 5.1: the keyed race's output is invariant of B and L). Methods
-whose output depends on the tree (``vsps``, ``gls``) are never capped.
+each keyed-race request's tree at ``node_budget // R`` nodes (``loop.new_tree``; one node: a
+one-token step): a smaller B and ℓ, the same output (Thm. 5.1: the keyed race's output is
+invariant of B and L). Methods whose output depends on the tree (``vsps``, ``gls``) are never
+capped.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def step_many(seqs: list[SequenceState], node_budget: int | None = None) -> list
         seqs: R >= 1 sequences on the same target, none done.
         node_budget: cap on the tree nodes of one verification forward of R >= 2 sequences
             (``None``: none); only keyed-race sequences are capped, each at
-            ``node_budget // R`` nodes (at least 2).
+            ``node_budget // R`` nodes (at least 1: a one-token step).
     Returns:
         Per sequence, the ids its step emitted (EOS excluded).
     """
@@ -75,7 +76,7 @@ def step_many(seqs: list[SequenceState], node_budget: int | None = None) -> list
     if node_budget is not None and len(seqs) > 1:  # a lone request steps as ``loop.step``
         bound = sum(1 + s.config.effective_drafts * s.config.effective_lookahead for s in seqs)
         if bound > node_budget:
-            cap = max(node_budget // len(seqs), 2)
+            cap = max(node_budget // len(seqs), 1)
     planned = [new_tree(s, cap if budget_invariant(s) else None) for s in seqs]
     trees: list[DraftTree] = [tree for tree, _ in planned]
     depths = [depth for _, depth in planned]

@@ -205,7 +205,7 @@ def new_tree(seq: SequenceState, nodes: int | None = None) -> tuple[DraftTree, i
     Args:
         nodes: a cap on the tree's size (root included; ``None``: none). A draft tree of B
             drafts and depth ℓ has at most 1 + B·ℓ nodes; over the cap, B and then ℓ shrink
-            (to at least one draft of depth 1). For the keyed race this never changes the
+            (a cap of 1: no drafts, a one-token step). For the keyed race this never changes the
             output (Thm. 5.1: the emitted tokens are invariant of B and L); the batched step
             applies it to keyed-race methods only (``sampler.batch``).
     Returns:
@@ -218,8 +218,10 @@ def new_tree(seq: SequenceState, nodes: int | None = None) -> tuple[DraftTree, i
     else:
         depth = min(config.effective_lookahead, remaining)
         drafts = config.effective_drafts
-    if nodes is not None and depth > 0 and 1 + drafts * depth > nodes:
-        room = max(nodes - 1, 1)
+    if nodes is not None and nodes <= 1:
+        depth = 0  # the root alone: a one-token step
+    elif nodes is not None and depth > 0 and 1 + drafts * depth > nodes:
+        room = nodes - 1
         drafts = max(1, min(drafts, room // depth))  # B first: depth carries long accepts
         depth = max(1, min(depth, room // drafts))
     if seq.chooser is not None:

@@ -132,12 +132,15 @@ class Settings(BaseSettings):
     generation_batch: int = Field(default=8, ge=1, le=256)
     """Generation requests that step together (continuous batching: one target forward over
     all their draft trees per step); more wait in the queue (``queue_size``)."""
-    generation_node_budget: int = Field(default=16, ge=0)
+    generation_node_budget: int = Field(default=8, ge=0)
     """Draft-tree nodes per batched target forward of two or more requests (0: no cap). When
     a step's trees could exceed it, each keyed-race request's tree is capped at
-    budget / batch nodes (B, then L, shrink); its output stays the same (Thm. 5.1). A lone
-    request is never capped. 16 gave the most tokens/s of 0, 16, 24 and 48 for 8 ngram and
-    8 heads requests (``bench/results/service_load_steps_budgets.json``)."""
+    budget / batch nodes (B, then L, shrink; one node: a one-token step); its output stays the
+    same (Thm. 5.1). A lone request is never capped. On llama.cpp (the CPU default) a
+    forward's rows cost nearly a one-row forward each on 2 AMD EPYC cores, so beside others a
+    request's draft nodes rarely pay: 8 clients of the default generation got 1.24-1.40x one
+    client's tokens/s at p50 4.5-5.2x a lone request with 8, against 1.24-1.34x at 5.7-6.1x
+    with 16 (``bench/results/service_load_shared.json``, ``service_load_shared_budget16.json``)."""
     generation_threads: int = Field(default=0, ge=0, le=256)
     """torch threads of the generation worker (0: the process's count at startup)."""
     detect_threads: int = Field(default=2, ge=1, le=64)
