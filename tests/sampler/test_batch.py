@@ -183,6 +183,22 @@ def test_node_budget_keeps_keyed_output_and_shrinks_trees(target, other_drafter_
             assert batched[i].stats.drafted_per_level == solo[i].stats.drafted_per_level
 
 
+def test_a_budget_under_two_nodes_a_request_steps_one_token(target, other_drafter_model):
+    """A node budget of one node per request: every keyed-race request steps one token at a
+    time (nothing drafted while batched), the same tokens as alone."""
+    requests = _mixed_requests(target, other_drafter_model)
+    keyed = [i for i, (_, c, _, _) in enumerate(requests) if c.method in ("mpfr", "pfr")]
+    solo = _solo(target, requests)
+    batched = _batched(target, requests, node_budget=len(requests))
+    assert [r.token_ids for r in batched] == [r.token_ids for r in solo]
+    assert sum(sum(solo[i].stats.drafted_per_level) for i in keyed) > 0
+    drafted = [sum(batched[i].stats.drafted_per_level) for i in keyed]
+    # a request drafts again only once it steps alone (the others finished)
+    assert min(drafted) == 0 and sum(drafted) < sum(
+        sum(solo[i].stats.drafted_per_level) for i in keyed
+    )
+
+
 def test_join_and_leave_between_steps(target):
     """Requests added to a running batch and one removed mid-way: the others are unaffected."""
     config = SamplerConfig("mpfr", 4, 2, 12)
