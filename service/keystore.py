@@ -38,7 +38,6 @@ import dataclasses
 import re
 import secrets
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Final
 
 import redis
@@ -56,6 +55,7 @@ from service.errors import (
     UnknownKey,
 )
 from service.kek import Sealer, is_v1_seal
+from service.key_page import KeyPage, parse_cursor
 from service.key_record import (
     DEFAULT_CONTEXT_WIDTH,
     DEFAULT_TENANT,
@@ -76,35 +76,7 @@ _WRITE_ATTEMPTS: Final = 5
 PAGE_DEFAULT: Final = 100
 PAGE_MAX: Final = 1000
 KEY_PREFIX_MAX_CHARS: Final = 20  # "pmk_" + 16 hex digits
-CURSOR_PATTERN: Final = r"(0|[1-9][0-9]{0,17})-(pmk_[0-9a-f]{16})"
-"""A cursor: the (score, id) position of the last key shown, ``<µs>-<key id>``. Any string of
-this form is a valid position (keys after it), so the schema's pattern is the whole contract;
-clients treat it as opaque."""
-_CURSOR: Final = re.compile(CURSOR_PATTERN)
 _PREFIX_PATTERN: Final = re.compile(r"[a-z0-9_]{1,20}")
-
-
-@dataclass(frozen=True)
-class KeyPage:
-    """One page of a listing.
-
-    Attributes:
-        records: the page's keys in the listing's order (creation order; key-id order with a
-            prefix). May hold fewer than the limit — even none, when revoked keys are left out
-            — while ``next_cursor`` is set.
-        next_cursor: the opaque cursor of the next page, or None after the last one.
-    """
-
-    records: list[KeyRecord]
-    next_cursor: str | None
-
-
-def _parse_cursor(cursor: str) -> tuple[int, str]:
-    """(score, key id) of a cursor, or ``InvalidInput`` for anything not of its form."""
-    match = _CURSOR.fullmatch(cursor) if isinstance(cursor, str) else None
-    if match is None:
-        raise InvalidInput("cursor", "expected a next_cursor from a previous page")
-    return int(match.group(1)), match.group(2)
 
 
 # --- The store -----------------------------------------------------------------------------
@@ -339,7 +311,7 @@ class KeyStore:
                 "prefix",
                 f"expected 1..{KEY_PREFIX_MAX_CHARS} characters from [a-z0-9_], got {prefix!r:.40}",
             )
-        after = None if cursor is None else _parse_cursor(cursor)
+        after = None if cursor is None else parse_cursor(cursor)
         scope = self._scope(tenant)
         with reaching_redis(self._client):
             if prefix is None:
@@ -429,20 +401,22 @@ class KeyStore:
     def sealed_by(self) -> dict[str, int]:
         """How many records each KEK sealed (its id; ``"v2"``/``"v1"`` for the forms that
         name none): what a rotation still has to re-seal."""
-        with reaching_redis(self._client):
-            ordered: list[Any] = self._client.zrange(f"{self._prefix}order", 0, -1)
-            pipe = self._client.pipeline(transaction=False)
-            for member in ordered:
-                pipe.hget(self._record_key(as_text(member)), "secret")
-            stored = pipe.execute()
         counts: dict[str, int] = {}
-        for sealed in stored:
-            if sealed is None:
-                continue
-            text = as_text(sealed)
-            name = self._sealer.sealed_by(text) or text.split(":", 1)[0]
+        for _, sealed in self._sealed_secrets():
+            name = self._sealer.sealed_by(sealed) or sealed.split(":", 1)[0]
             counts[name] = counts.get(name, 0) + 1
         return counts
+
+    def _sealed_secrets(self) -> list[tuple[str, str]]:
+        """(key id, sealed secret) of every record, in creation order (one round trip)."""
+        with reaching_redis(self._client):
+            ordered: list[Any] = self._client.zrange(f"{self._prefix}order", 0, -1)
+            key_ids = [as_text(m) for m in ordered]
+            pipe = self._client.pipeline(transaction=False)
+            for key_id in key_ids:
+                pipe.hget(self._record_key(key_id), "secret")
+            stored = pipe.execute()
+        return [(k, as_text(v)) for k, v in zip(key_ids, stored, strict=True) if v is not None]
 
     def reseal(self, skip: Callable[[str, PoissonmarkError], object] | None = None) -> int:
         """Re-seal every record not sealed by the current KEK in the current form
@@ -460,22 +434,16 @@ class KeyStore:
             KeyRecordCorrupt: likewise. KeyStoreUnavailable.
         """
         resealed = 0
-        with reaching_redis(self._client):
-            ordered: list[Any] = self._client.zrange(f"{self._prefix}order", 0, -1)
-            key_ids = [as_text(m) for m in ordered]
-            pipe = self._client.pipeline(transaction=False)
-            for key_id in key_ids:
-                pipe.hget(self._record_key(key_id), "secret")
-            stored = pipe.execute()
-            for key_id, sealed in zip(key_ids, stored, strict=True):
-                if sealed is None or self._sealer.is_current(as_text(sealed)):
-                    continue
-                try:
+        for key_id, sealed in self._sealed_secrets():
+            if self._sealer.is_current(sealed):
+                continue
+            try:
+                with reaching_redis(self._client):
                     resealed += self._reseal_one(key_id)
-                except (KeyDecryptionFailed, KeyRecordCorrupt) as exc:
-                    if skip is None:
-                        raise
-                    skip(key_id, exc)
+            except (KeyDecryptionFailed, KeyRecordCorrupt) as exc:
+                if skip is None:
+                    raise
+                skip(key_id, exc)
         return resealed
 
     def _reseal_one(self, key_id: str) -> bool:

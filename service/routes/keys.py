@@ -16,8 +16,9 @@ from fastapi import APIRouter, Path, Query, Response, status
 
 from service.auth import CanManageKeys
 from service.deps import PoolDep, ResourcesDep, SettingsDep, StoreDep
+from service.key_page import CURSOR_PATTERN
 from service.key_record import KeyRecord
-from service.keystore import CURSOR_PATTERN, KEY_PREFIX_MAX_CHARS, PAGE_DEFAULT, PAGE_MAX
+from service.keystore import KEY_PREFIX_MAX_CHARS, PAGE_DEFAULT, PAGE_MAX
 from service.schemas.common import KeyId, problem_responses
 from service.schemas.keys import KeyCreateRequest, KeyList, KeyOut
 
