@@ -83,8 +83,10 @@ class KvStore:
 
     def __del__(self) -> None:
         target = getattr(self, "target", None)
-        if target is not None and getattr(self, "ctx", None) is not None:
-            target._release(self.ctx, pooled=self.pooled)
+        ctx = getattr(self, "ctx", None)
+        if target is not None and ctx is not None:
+            self.ctx = None  # the target frees a shared context it outlives only once
+            target._release(ctx, pooled=self.pooled)
 
     # ids -------------------------------------------------------------------------------
 

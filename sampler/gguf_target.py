@@ -224,7 +224,7 @@ class GgufTarget(Target):
         if lib is None:
             return
         shared = getattr(self, "_shared", None)
-        if shared is not None:
+        if shared is not None and shared.ctx is not None:
             lib.llama_free(shared.ctx)
             shared.ctx = None
         for ctx in getattr(self, "_free", []):
