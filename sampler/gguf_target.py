@@ -21,9 +21,10 @@ fails):
   sequence and compaction by copying cells).
 
 Continuous batching: the caches of ``new_batch_cache`` share one context (``KvStore``), and
-``forward`` over many of them is ONE ``llama_decode`` of all their rows: a q-row forward costs
-far less than q one-row ones (``bench/results/gguf_forward_costs.json``), and each row gets
-the bits it gets alone (``probe`` checks it at load, ``tests/sampler/test_gguf_target.py``
+``forward`` over many of them is ONE ``llama_decode`` of all their rows: where the CPU has
+batched kernels for the file's types a q-row forward costs far less than q one-row ones
+(Xeon with AMX repacking: 9 rows ~2.7 one-row forwards, ``bench/results/gguf_forward_costs.json``;
+on AVX2 alone Q4_1 rows cost nearly a forward each), and each row gets the bits it gets alone (``probe`` checks it at load, ``tests/sampler/test_gguf_target.py``
 over the decoder).
 
 Tree attention maps to llama.cpp's sequence ids (``sampler.gguf_cache``).
@@ -63,8 +64,10 @@ UBATCH = 512
 CONTEXT_CELLS = 8192
 """KV cells of a private context, and the most positions of one sequence (capped at the
 model's training context): ~100 MB in Q8_0 for SmolLM2-135M."""
-SHARED_CELLS = 16384
-"""KV cells of the context the continuous batch shares (~200 MB in Q8_0)."""
+SHARED_CELLS = 8192
+"""KV cells of the context the continuous batch shares (~100 MB in Q8_0; more than the model's
+training context draws llama.cpp's overflow warning). A sequence that does not fit moves to a
+context of its own."""
 SHARED_SEQ_MAX = 256
 """Sequence ids of the shared context (llama.cpp's LLAMA_MAX_SEQ): one per live sequence,
 one per extra leaf of a pending draft tree, and the tomb."""
