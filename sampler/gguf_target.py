@@ -21,11 +21,11 @@ fails):
   sequence and compaction by copying cells).
 
 Continuous batching: the caches of ``new_batch_cache`` share one context (``KvStore``), and
-``forward`` over many of them is ONE ``llama_decode`` of all their rows: where the CPU has
-batched kernels for the file's types a q-row forward costs far less than q one-row ones
-(Xeon with AMX repacking: 9 rows ~2.7 one-row forwards, ``bench/results/gguf_forward_costs.json``;
-on AVX2 alone Q4_1 rows cost nearly a forward each), and each row gets the bits it gets alone (``probe`` checks it at load, ``tests/sampler/test_gguf_target.py``
-over the decoder).
+``forward`` over many of them is ONE ``llama_decode`` of all their rows, each row the bits it
+gets alone (``probe`` checks it at load, ``tests/sampler/test_gguf_target.py`` through the
+decoder). It pays where the CPU has batched kernels for the file's types (Xeon with AMX
+repacking: 9 rows ~2.7 one-row forwards, ``bench/results/gguf_forward_costs.json``); on AVX2
+alone Q4_1 rows cost nearly a forward each.
 
 Tree attention maps to llama.cpp's sequence ids (``sampler.gguf_cache``).
 
