@@ -132,8 +132,11 @@ def test_build_pulls_nothing_and_bakes_no_ca_or_wheel() -> None:
     # a `# syntax=` directive makes BuildKit pull the frontend image from a registry
     assert not re.search(r"^#\s*syntax\s*=", text, re.MULTILINE | re.IGNORECASE)
     steps = _instructions(text)
-    froms = [arg.split()[0] for op, arg in steps if op == "FROM"]
-    assert froms == ["scratch", "${BASE_IMAGE}"]
+    froms = [arg.split() for op, arg in steps if op == "FROM"]
+    # the wheels stage from scratch, the llama.cpp builder and the final stage on the local
+    # base image: nothing else to pull
+    assert [f[0] for f in froms] == ["scratch", "${BASE_IMAGE}", "${BASE_IMAGE}"]
+    assert [f[-1] for f in froms[:2]] == ["wheels", "llama-cpp"] and len(froms[2]) == 1
     copies = [arg for op, arg in steps if op == "COPY"]
     # the wheel reaches only the `wheels` stage, mounted into the pip step; no COPY of the
     # whole context (it holds docker/wheels) or of a CA file
