@@ -25,7 +25,7 @@ Continuous batching: the caches of ``new_batch_cache`` share one context (``KvSt
 gets alone (``probe`` checks it at load, ``tests/sampler/test_gguf_target.py`` through the
 decoder). It pays where the CPU has batched kernels for the file's types (Xeon with AMX
 repacking: 9 rows ~2.7 one-row forwards, ``bench/results/gguf_forward_costs.json``); on AVX2
-alone Q4_1 rows cost nearly a forward each.
+alone 9 rows cost ~5.2 (AMD EPYC, ``gguf_forward_costs_amd.json``).
 
 Tree attention maps to llama.cpp's sequence ids (``sampler.gguf_cache``).
 

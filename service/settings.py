@@ -137,10 +137,11 @@ class Settings(BaseSettings):
     a step's trees could exceed it, each keyed-race request's tree is capped at
     budget / batch nodes (B, then L, shrink; one node: a one-token step); its output stays the
     same (Thm. 5.1). A lone request is never capped. On llama.cpp (the CPU default) a
-    forward's rows cost nearly a one-row forward each on 2 AMD EPYC cores, so beside others a
-    request's draft nodes rarely pay: 8 clients of the default generation got 1.24-1.40x one
-    client's tokens/s at p50 4.5-5.2x a lone request with 8, against 1.24-1.34x at 5.7-6.1x
-    with 16 (``bench/results/service_load_shared.json``, ``service_load_shared_budget16.json``)."""
+    9-row forward costs 5.2 one-row ones on 2 AMD EPYC cores (``gguf_forward_costs_amd.json``),
+    so beside others a request's draft nodes rarely pay: 8 clients of the default generation
+    got 1.24-1.40x one client's tokens/s at p50 4.5-5.2x a lone request with 8, against
+    1.24-1.34x at 5.7-6.1x with 16 (``bench/results/service_load_shared.json``,
+    ``service_load_shared_budget16.json``)."""
     generation_threads: int = Field(default=0, ge=0, le=256)
     """torch threads of the generation worker (0: the process's count at startup)."""
     detect_threads: int = Field(default=2, ge=1, le=64)
