@@ -103,6 +103,13 @@ tokens, which no probe can catch; the earlier ``amx1`` patch loaded it once per
 thread, and died after another AMX user (torch's oneDNN bfloat16 matmul) released the tiles."""
 
 
+Q4_1_KERNEL_BUILD = "+poissonmark.amx2.q41"
+"""The version label of ``scripts/setup.sh``'s build once it also carries
+``scripts/llama-cpp-q4_1-gemm.patch``: a Q4_1 x Q8_1 matrix kernel (AVX2 + FMA CPUs) that
+llama.cpp takes for every row count, one row included, so a forward of q rows costs far less
+than q one-row forwards and each row's logits are the same bits whatever the batch."""
+
+
 def repacking_safe() -> bool:
     """Whether llama.cpp's weight repacking into its extra CPU buffer types (AMX tiles where the
     CPU has them) can be switched on: the installed llama-cpp-python is ``scripts/setup.sh``'s

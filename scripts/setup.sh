@@ -31,11 +31,18 @@ pipq -e ".[test,bench]"
 # the whole config to the compiler, loads it before every kernel (torch's oneDNN releases the
 # tiles on the same thread) and marks the version `+poissonmark.amx2`, which is how
 # sampler/gguf_target.py knows that llama.cpp's AMX weight repacking is safe to switch on.
+# scripts/llama-cpp-q4_1-gemm.patch: a Q4_1 x Q8_1 matrix kernel for AVX2 CPUs (tinyBLAS had
+# none, so a forward of q rows cost ~q one-row forwards), taken for one row too so that a row's
+# logits are the same bits alone or in a batch; the version becomes `+poissonmark.amx2.q41`.
 LLAMA_CPP_VERSION=0.3.36
-LLAMA_CPP_BUILD="$LLAMA_CPP_VERSION+poissonmark.amx2"
-LLAMA_CPP_PATCH="$PWD/scripts/llama-cpp-amx-tilecfg.patch"
+LLAMA_CPP_BUILD="$LLAMA_CPP_VERSION+poissonmark.amx2.q41"
+LLAMA_CPP_PATCHES=("$PWD/scripts/llama-cpp-amx-tilecfg.patch" "$PWD/scripts/llama-cpp-q4_1-gemm.patch")
+apply_patches() {
+  local p
+  for p in "${LLAMA_CPP_PATCHES[@]}"; do patch -s -d "$1" -p1 <"$p" || return 1; done
+}
 LLAMA_CPP_CMAKE="-DGGML_NATIVE=ON -DGGML_OPENMP=OFF -DLLAVA_BUILD=OFF -DLLAMA_CURL=OFF"
-cpu_key=$( { grep -m1 '^model name' /proc/cpuinfo; grep -m1 '^flags' /proc/cpuinfo; python -VV; echo "$LLAMA_CPP_BUILD $LLAMA_CPP_CMAKE"; cat "$LLAMA_CPP_PATCH"; } | sha256sum | cut -c1-16)
+cpu_key=$( { grep -m1 '^model name' /proc/cpuinfo; grep -m1 '^flags' /proc/cpuinfo; python -VV; echo "$LLAMA_CPP_BUILD $LLAMA_CPP_CMAKE"; cat "${LLAMA_CPP_PATCHES[@]}"; } | sha256sum | cut -c1-16)
 wheels="${XDG_CACHE_HOME:-$HOME/.cache}/poissonmark/wheels/$cpu_key"
 stamp=.venv/llama-cpp-build
 if [ "$(cat "$stamp" 2>/dev/null)" != "$cpu_key" ]; then
@@ -47,7 +54,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$cpu_key" ]; then
     if ! { python -m pip download -q --no-deps --no-binary llama-cpp-python -d "$src" \
              "llama-cpp-python==$LLAMA_CPP_VERSION" \
            && tar -xzf "$src/llama_cpp_python-$LLAMA_CPP_VERSION.tar.gz" -C "$src" \
-           && patch -s -d "$tree" -p1 <"$LLAMA_CPP_PATCH" \
+           && apply_patches "$tree" \
            && CMAKE_ARGS="$LLAMA_CPP_CMAKE" python -m pip wheel -q \
              --no-deps --no-cache-dir -w "$wheels" "$tree"; } >>"$log" 2>&1; then
       tail -n 30 "$log" >&2

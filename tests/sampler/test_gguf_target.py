@@ -20,6 +20,7 @@ from sampler.completion import CompletionRequest, complete, complete_many, promp
 from sampler.decoder import SamplerConfig
 from sampler.gguf_target import (
     PATCHED_BUILD,
+    Q4_1_KERNEL_BUILD,
     GgufCache,
     GgufTarget,
     RowInvarianceError,
@@ -420,6 +421,39 @@ def test_the_patched_build_repacks_and_stays_row_invariant(target: GgufTarget) -
         cache.extend(PREFIX)
     one = torch.cat([alone.extend([t]) for t in chain])
     assert torch.equal(joint.extend(chain), one)
+
+
+def test_the_built_llama_cpp_batches_q4_1_rows_in_one_kernel(target: GgufTarget) -> None:
+    """scripts/setup.sh's build carries the Q4_1 matrix kernel (``Q4_1_KERNEL_BUILD``): the
+    loaded CPU backend lists it among its features, and nine sequences' one-token steps decoded
+    together (one nine-row product per layer) equal each sequence stepped alone (one-row
+    products) bit for bit, which holds only because the kernel is taken for one row as for
+    many."""
+    import llama_cpp
+
+    from sampler.cpu_features import cpu_flags
+
+    assert Q4_1_KERNEL_BUILD in llama_cpp.__version__, "not scripts/setup.sh's build"
+    if not {"avx2", "fma"} <= cpu_flags():
+        pytest.skip("the kernel is built for AVX2 + FMA CPUs")
+    assert "Q4_1_GEMM = 1" in llama_cpp.llama_print_system_info().decode()
+    alone = [target.new_cache() for _ in range(9)]
+    batch = [target.new_batch_cache() for _ in range(9)]
+    for k, (a, b) in enumerate(zip(alone, batch, strict=True)):
+        for cache in (a, b):
+            cache.extend(PREFIX[k:])
+    for step in range(3):
+        tokens = [[CHAIN[(step + k) % len(CHAIN)]] for k in range(9)]
+        want = [a.extend(t) for a, t in zip(alone, tokens, strict=True)]
+        got = target.forward(
+            batch,
+            tokens,
+            [[0]] * 9,
+            [torch.ones((1, b.cached + 1), dtype=torch.bool) for b in batch],
+            [b.cached for b in batch],
+        )
+        for k in range(9):
+            assert torch.equal(got[k], want[k]), f"step {step}, sequence {k}"
 
 
 def test_repacking_is_switched_off_when_the_probe_fails(gguf_model, data_dir, monkeypatch) -> None:  # type: ignore[no-untyped-def]
