@@ -38,7 +38,7 @@ from sampler.gguf_target import GgufTarget, RowInvarianceError, repacking_safe
 from sampler.model_files import gguf_path
 from sampler.models import DEFAULT_MODEL
 
-SIZES = (1, 2, 3, 5, 9, 17, 33)
+SIZES = (1, 2, 3, 5, 8, 9, 17, 33)
 
 
 def _probe(target: GgufTarget) -> str:
