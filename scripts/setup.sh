@@ -31,9 +31,10 @@ pipq -e ".[test,bench]"
 # the whole config to the compiler, loads it before every kernel (torch's oneDNN releases the
 # tiles on the same thread) and marks the version `+poissonmark.amx2`, which is how
 # sampler/gguf_target.py knows that llama.cpp's AMX weight repacking is safe to switch on.
-# scripts/llama-cpp-q4_1-gemm.patch: a Q4_1 x Q8_1 matrix kernel for AVX2 CPUs (tinyBLAS had
-# none, so a forward of q rows cost ~q one-row forwards), taken for one row too so that a row's
-# logits are the same bits alone or in a batch; the version becomes `+poissonmark.amx2.q41`.
+# scripts/llama-cpp-q4_1-gemm.patch: a Q4_1 x Q8_1 matrix kernel for AVX2 CPUs (tinyBLAS has
+# none: without it a forward of q rows costs ~q one-row forwards), taken for one row too so that
+# a row's logits are the same bits alone or in a batch; the version becomes
+# `+poissonmark.amx2.q41`.
 LLAMA_CPP_VERSION=0.3.36
 LLAMA_CPP_BUILD="$LLAMA_CPP_VERSION+poissonmark.amx2.q41"
 LLAMA_CPP_PATCHES=("$PWD/scripts/llama-cpp-amx-tilecfg.patch" "$PWD/scripts/llama-cpp-q4_1-gemm.patch")
