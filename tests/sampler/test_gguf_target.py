@@ -427,8 +427,8 @@ def test_the_built_llama_cpp_batches_q4_1_rows_in_one_kernel(target: GgufTarget)
     """scripts/setup.sh's build carries the Q4_1 matrix kernel (``Q4_1_KERNEL_BUILD``): the
     loaded CPU backend lists it among its features, and nine sequences' one-token steps decoded
     together (one nine-row product per layer) equal each sequence stepped alone (one-row
-    products) bit for bit, which holds only because the kernel is taken for one row as for
-    many."""
+    products) bit for bit: the kernel is taken for one row as for nine, with the same
+    per-element arithmetic."""
     import llama_cpp
 
     from sampler.cpu_features import cpu_flags
