@@ -23,9 +23,11 @@ fails):
 Continuous batching: the caches of ``new_batch_cache`` share one context (``KvStore``), and
 ``forward`` over many of them is ONE ``llama_decode`` of all their rows, each row the bits it
 gets alone (``probe`` checks it at load, ``tests/sampler/test_gguf_target.py`` through the
-decoder). It pays where the CPU has batched kernels for the file's types (Xeon with AMX
-repacking: 9 rows ~2.7 one-row forwards, ``bench/results/gguf_forward_costs.json``); on AVX2
-alone 9 rows cost ~5.2 (AMD EPYC, ``gguf_forward_costs_amd.json``).
+decoder). It pays where the CPU has batched kernels for the file's types: with
+``scripts/setup.sh``'s row kernels (``ROW_KERNELS_BUILD``) 8 rows cost ~2.0 one-row forwards and
+9 rows ~2.3 on an AVX-512 AMD EPYC (``bench/results/gguf_forward_costs_zen4_row_kernels.json``),
+with AMX repacking on a Xeon 9 rows ~2.7 (``gguf_forward_costs.json``); a build without them
+on AVX2 alone pays ~5.2 for 9 rows (AMD EPYC, ``gguf_forward_costs_amd.json``).
 
 Tree attention maps to llama.cpp's sequence ids (``sampler.gguf_cache``).
 
@@ -103,11 +105,13 @@ tokens, which no probe can catch; the earlier ``amx1`` patch loaded it once per
 thread, and died after another AMX user (torch's oneDNN bfloat16 matmul) released the tiles."""
 
 
-Q4_1_KERNEL_BUILD = "+poissonmark.amx2.q41"
+ROW_KERNELS_BUILD = "+poissonmark.amx2.rows"
 """The version label of ``scripts/setup.sh``'s build once it also carries
-``scripts/llama-cpp-q4_1-gemm.patch``: a Q4_1 x Q8_1 matrix kernel (AVX2 + FMA CPUs) that
-llama.cpp takes for every row count, one row included, so a forward of q rows costs far less
-than q one-row forwards and each row's logits are the same bits whatever the batch."""
+``scripts/llama-cpp-row-kernels.patch``: Q4_1 x Q8_1 and Q8_0 x Q8_0 matrix kernels (AVX2 + FMA
+CPUs) that llama.cpp takes for every row count, one row included, so a forward of q rows costs
+far less than q one-row forwards and each row's logits are the same bits whatever the batch;
+and flash attention over the Q8_0 KV cache that reads a row's visible cells only, so that
+sequences sharing one context do not pay for each other's cells."""
 
 
 def repacking_safe() -> bool:

@@ -160,7 +160,7 @@ registered = "CPU :" in llama_cpp.llama_print_system_info().decode()
 print(llama_cpp.__version__, "repacking_safe", repacking_safe(), "cpu", ",".join(chosen) if registered else "-", "of", ",".join(levels))
 ' 2>/dev/null) || fail "image: llama_cpp does not import"
 case "$llama_info" in
-  *"+poissonmark.amx2.q41 repacking_safe True cpu "[!-]*" of "*haswell*) ;;
+  *"+poissonmark.amx2.rows repacking_safe True cpu "[!-]*" of "*haswell*) ;;
   *) fail "image: expected the patched llama-cpp-python with a CPU backend loaded, got: $llama_info" ;;
 esac
 log "   llama-cpp-python $llama_info"

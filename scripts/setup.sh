@@ -31,13 +31,14 @@ pipq -e ".[test,bench]"
 # the whole config to the compiler, loads it before every kernel (torch's oneDNN releases the
 # tiles on the same thread) and marks the version `+poissonmark.amx2`, which is how
 # sampler/gguf_target.py knows that llama.cpp's AMX weight repacking is safe to switch on.
-# scripts/llama-cpp-q4_1-gemm.patch: a Q4_1 x Q8_1 matrix kernel for AVX2 CPUs (tinyBLAS has
-# none: without it a forward of q rows costs ~q one-row forwards), taken for one row too so that
-# a row's logits are the same bits alone or in a batch; the version becomes
-# `+poissonmark.amx2.q41`.
+# scripts/llama-cpp-row-kernels.patch: Q4_1 x Q8_1 and Q8_0 x Q8_0 matrix kernels for AVX2
+# CPUs (tinyBLAS has no Q4_1 one: without it a forward of q rows costs ~q one-row forwards),
+# taken for one row too so that a row's logits are the same bits alone or in a batch, and an
+# attention kernel over the Q8_0 KV cache that reads only a row's own cells (sequences sharing
+# one context); the version becomes `+poissonmark.amx2.rows`.
 LLAMA_CPP_VERSION=0.3.36
-LLAMA_CPP_BUILD="$LLAMA_CPP_VERSION+poissonmark.amx2.q41"
-LLAMA_CPP_PATCHES=("$PWD/scripts/llama-cpp-amx-tilecfg.patch" "$PWD/scripts/llama-cpp-q4_1-gemm.patch")
+LLAMA_CPP_BUILD="$LLAMA_CPP_VERSION+poissonmark.amx2.rows"
+LLAMA_CPP_PATCHES=("$PWD/scripts/llama-cpp-amx-tilecfg.patch" "$PWD/scripts/llama-cpp-row-kernels.patch")
 apply_patches() {
   local p
   for p in "${LLAMA_CPP_PATCHES[@]}"; do patch -s -d "$1" -p1 <"$p" || return 1; done

@@ -20,7 +20,7 @@ from sampler.completion import CompletionRequest, complete, complete_many, promp
 from sampler.decoder import SamplerConfig
 from sampler.gguf_target import (
     PATCHED_BUILD,
-    Q4_1_KERNEL_BUILD,
+    ROW_KERNELS_BUILD,
     GgufCache,
     GgufTarget,
     RowInvarianceError,
@@ -423,20 +423,24 @@ def test_the_patched_build_repacks_and_stays_row_invariant(target: GgufTarget) -
     assert torch.equal(joint.extend(chain), one)
 
 
-def test_the_built_llama_cpp_batches_q4_1_rows_in_one_kernel(target: GgufTarget) -> None:
-    """scripts/setup.sh's build carries the Q4_1 matrix kernel (``Q4_1_KERNEL_BUILD``): the
-    loaded CPU backend lists it among its features, and nine sequences' one-token steps decoded
-    together (one nine-row product per layer) equal each sequence stepped alone (one-row
-    products) bit for bit: the kernel is taken for one row as for nine, with the same
-    per-element arithmetic."""
+def test_the_built_llama_cpp_batches_rows_in_one_kernel(target: GgufTarget) -> None:
+    """scripts/setup.sh's build carries the row kernels (``ROW_KERNELS_BUILD``): the loaded CPU
+    backend lists the Q4_1 and Q8_0 (LM head) matrix kernels and the Q8_0 attention among its
+    features, and nine sequences' one-token steps decoded together in one shared context (one
+    nine-row product per layer, each row's attention beside eight other sequences' cells) equal
+    each sequence stepped alone in a context of its own (one-row products) bit for bit: the
+    kernels are taken for one row as for nine, with the same per-element arithmetic."""
     import llama_cpp
 
     from sampler.cpu_features import cpu_flags
 
-    assert Q4_1_KERNEL_BUILD in llama_cpp.__version__, "not scripts/setup.sh's build"
+    assert ROW_KERNELS_BUILD in llama_cpp.__version__, "not scripts/setup.sh's build"
+    features = llama_cpp.llama_print_system_info().decode()
+    assert "Q8_0_FLASH_ATTN = 1" in features
     if not {"avx2", "fma"} <= cpu_flags():
-        pytest.skip("the kernel is built for AVX2 + FMA CPUs")
-    assert "Q4_1_GEMM = 1" in llama_cpp.llama_print_system_info().decode()
+        pytest.skip("the matrix kernels are built for AVX2 + FMA CPUs")
+    assert "Q4_1_GEMM = 1" in features
+    assert "Q8_0_GEMM = 1" in features
     alone = [target.new_cache() for _ in range(9)]
     batch = [target.new_batch_cache() for _ in range(9)]
     for k, (a, b) in enumerate(zip(alone, batch, strict=True)):
