@@ -36,14 +36,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 from transformers import DynamicCache, LlamaConfig, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from sampler.cached_lm import as_target
-from sampler.heads import output_head, target_fingerprint
+from sampler.heads import load_for_target, output_head, target_fingerprint
 from sampler.target import Target
 from sampler.tree import DraftTree
 
@@ -177,28 +177,7 @@ class EagleHead(nn.Module):
         Raises:
             ValueError: missing files, another format, or a head trained for another target.
         """
-        config_path, weights_path = directory / "eagle.json", directory / "eagle.safetensors"
-        if not config_path.is_file() or not weights_path.is_file():
-            raise ValueError(f"{directory} must hold eagle.json and eagle.safetensors")
-        try:
-            config = EagleConfig(**json.loads(config_path.read_text()))
-        except (json.JSONDecodeError, TypeError) as exc:
-            raise ValueError(f"{config_path}: not an eagle config ({exc})") from None
-        if config.format != FORMAT:
-            raise ValueError(f"{config_path}: format {config.format!r}, expected {FORMAT!r}")
-        fingerprint = target_fingerprint(target)
-        if config.target != fingerprint:
-            raise ValueError(
-                f"the eagle head in {directory} was trained for target {config.target}, "
-                f"this target is {fingerprint}"
-            )
-        param = next(target.parameters())
-        head = cls(config).to(param.device, param.dtype)
-        try:  # load_state_dict copies, converting the dtype
-            head.load_state_dict(load_file(str(weights_path)))
-        except Exception as exc:  # safetensors' own error type, or shapes that do not fit
-            raise ValueError(f"{weights_path}: unreadable or not {config} ({exc})") from None
-        return head.eval()
+        return load_for_target(cls, EagleConfig, directory, "eagle", FORMAT, target)
 
 
 def new_eagle(target: PreTrainedModel, objective: str = "") -> EagleHead:

@@ -32,9 +32,10 @@ from __future__ import annotations
 import hashlib
 import json
 import weakref
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import cast
+from typing import TypeVar, cast
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -46,6 +47,9 @@ from sampler.target import Target
 from sampler.tree import DraftTree
 
 FORMAT = "poissonmark-heads/2"
+
+C = TypeVar("C")
+M = TypeVar("M", bound=nn.Module)
 SHIPPED_HEADS = Path(__file__).resolve().parent / "heads_data" / "smollm2-135m-instruct"
 """Heads trained for SmolLM2-135M-Instruct by ``scripts/train_drafter.sh`` (spec ``heads``)."""
 
@@ -56,6 +60,49 @@ def output_head(target: PreTrainedModel) -> nn.Linear:
 
 
 _fingerprints: weakref.WeakKeyDictionary[PreTrainedModel, str] = weakref.WeakKeyDictionary()
+
+
+def load_for_target(
+    make: Callable[[C], M],
+    config_type: Callable[..., C],
+    directory: Path,
+    stem: str,
+    fmt: str,
+    target: PreTrainedModel,
+) -> M:
+    """A drafter saved as ``<stem>.json`` (its config, with ``format`` and ``target`` fields)
+    and ``<stem>.safetensors`` in ``directory``, built by ``make(config)`` on ``target``'s
+    device and dtype, in eval mode.
+
+    Raises:
+        ValueError: a file missing, a config that does not parse, a format other than ``fmt``,
+            a drafter trained for another target (``target_fingerprint``), or weights that do not
+            load into ``make(config)``.
+    """
+    config_path, weights_path = directory / f"{stem}.json", directory / f"{stem}.safetensors"
+    if not config_path.is_file() or not weights_path.is_file():
+        raise ValueError(f"{directory} must hold {stem}.json and {stem}.safetensors")
+    try:
+        config = config_type(**json.loads(config_path.read_text()))
+    except (json.JSONDecodeError, TypeError) as exc:
+        raise ValueError(f"{config_path}: not a {stem} config ({exc})") from None
+    found = getattr(config, "format", None)
+    if found != fmt:
+        raise ValueError(f"{config_path}: format {found!r}, expected {fmt!r}")
+    fingerprint = target_fingerprint(target)
+    trained_for = getattr(config, "target", None)
+    if trained_for != fingerprint:
+        raise ValueError(
+            f"the {stem} drafter in {directory} was trained for target {trained_for}, "
+            f"this target is {fingerprint}"
+        )
+    param = next(target.parameters())
+    module = make(config).to(param.device, param.dtype)
+    try:  # load_state_dict copies, converting the dtype
+        module.load_state_dict(load_file(str(weights_path)))
+    except Exception as exc:  # safetensors' own error type, or shapes that do not fit
+        raise ValueError(f"{weights_path}: unreadable or not {config} ({exc})") from None
+    return module.eval()
 
 
 def target_fingerprint(target: PreTrainedModel) -> str:
@@ -181,28 +228,7 @@ class ParallelHeads(nn.Module):
             ValueError: missing files, another format, or heads trained for another target
                 (fingerprint, hidden size or vocabulary differ).
         """
-        config_path, weights_path = directory / "heads.json", directory / "heads.safetensors"
-        if not config_path.is_file() or not weights_path.is_file():
-            raise ValueError(f"{directory} must hold heads.json and heads.safetensors")
-        try:
-            config = HeadsConfig(**json.loads(config_path.read_text()))
-        except (json.JSONDecodeError, TypeError) as exc:
-            raise ValueError(f"{config_path}: not a heads config ({exc})") from None
-        if config.format != FORMAT:
-            raise ValueError(f"{config_path}: format {config.format!r}, expected {FORMAT!r}")
-        fingerprint = target_fingerprint(target)
-        if config.target != fingerprint:
-            raise ValueError(
-                f"heads in {directory} were trained for target {config.target}, "
-                f"this target is {fingerprint}"
-            )
-        param = next(target.parameters())
-        heads = cls(config).to(param.device, param.dtype)
-        try:  # load_state_dict copies, converting the dtype
-            heads.load_state_dict(load_file(str(weights_path)))
-        except Exception as exc:  # safetensors' own error type, or shapes that do not fit
-            raise ValueError(f"{weights_path}: unreadable or not {config} ({exc})") from None
-        return heads.eval()
+        return load_for_target(cls, HeadsConfig, directory, "heads", FORMAT, target)
 
 
 def new_heads(target: PreTrainedModel, lookahead: int, objective: str = "") -> ParallelHeads:
