@@ -171,7 +171,8 @@ def set_profile_dir(target: Target | PreTrainedModel, directory: Path) -> None:
 
 def machine_fingerprint(target: Target | PreTrainedModel) -> dict[str, str]:
     """What a forward profile depends on: CPU model and flags, threads, torch, the backend
-    (runner or transformers, dtype) and the model."""
+    (runner, llama.cpp or transformers, dtype), its build where it has one (llama.cpp's
+    kernels: ``GgufTarget.build``) and the model."""
     served = as_target(target)
     model = served.model
     params = sum(p.numel() for p in model.parameters())
@@ -183,6 +184,7 @@ def machine_fingerprint(target: Target | PreTrainedModel) -> dict[str, str]:
         "threads": str(torch.get_num_threads()),
         "torch": torch.__version__,
         "backend": served.backend(),
+        "build": str(getattr(served, "build", "")),
         "device": str(served.device),
         "model": f"{getattr(model.config, 'model_type', '?')}:{params}",
     }

@@ -460,6 +460,24 @@ def test_the_built_llama_cpp_batches_rows_in_one_kernel(target: GgufTarget) -> N
             assert torch.equal(got[k], want[k]), f"step {step}, sequence {k}"
 
 
+def test_a_forward_profile_belongs_to_one_llama_cpp_build(target: GgufTarget) -> None:
+    """Tree ``auto`` prices trees from a forward profile cached per machine fingerprint; another
+    llama.cpp build (other kernels: other forward costs) must not reuse it."""
+    import llama_cpp
+
+    from sampler.autotree import machine_fingerprint
+
+    assert target.build == llama_cpp.__version__
+    here = machine_fingerprint(target)
+    assert here["build"] == target.build
+    built = target.build
+    try:
+        target.build = built + ".other"
+        assert machine_fingerprint(target) != here
+    finally:
+        target.build = built
+
+
 def test_repacking_is_switched_off_when_the_probe_fails(gguf_model, data_dir, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """``sampler.models.gguf_target`` keeps a repacked target only if the row-invariance
     probe passes on it; else it reloads without repacking (and probes that). The probe is
