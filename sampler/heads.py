@@ -50,6 +50,7 @@ FORMAT = "poissonmark-heads/2"
 
 C = TypeVar("C")
 M = TypeVar("M", bound=nn.Module)
+
 SHIPPED_HEADS = Path(__file__).resolve().parent / "heads_data" / "smollm2-135m-instruct"
 """Heads trained for SmolLM2-135M-Instruct by ``scripts/train_drafter.sh`` (spec ``heads``)."""
 
