@@ -189,10 +189,8 @@ class GgufTarget(Target):
         stay batch-invariant with it is for ``probe`` to say (``sampler.models.gguf_target``
         falls back to ``repack=False`` when it fails)."""
         self.lib = _lib()
-        import llama_cpp
-
         # the build's kernels set every forward cost (``sampler.autotree.machine_fingerprint``)
-        self.build = str(getattr(llama_cpp, "__version__", "?"))
+        self.build = str(getattr(self.lib, "__version__", "?"))
         if not path.is_file():
             raise FileNotFoundError(path)
         self.path = path

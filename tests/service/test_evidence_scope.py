@@ -70,8 +70,7 @@ def test_a_detect_token_gets_bands_and_no_pivot_score_or_term(
         else:
             assert token["band"] is None
     # the watermark shows in the bands: without it a block reaches band 1 with probability 0.22
-    # (detector.bands), a mean band of ~0.25; this answer's blocks average well above that (over
-    # 40 random keys the mean band of such an answer ran from 1.8 to 3.0)
+    # (detector.bands), a mean band of ~0.25; this fixed answer's blocks average 2.7
     assert np.mean([t["band"] for t in scored(tokens)]) >= 1
     # nothing in the whole response is a per-token pivot
     assert '"pivot": 0' not in json.dumps(body) and '"pivot":0' not in json.dumps(body)
