@@ -1,7 +1,9 @@
-"""Drafters compared in the real decoder: AATPS and acceptance per level of ``mpfr`` (T = 1,
-top-k 50) for ngram, the shipped parallel heads and eagle heads (``sampler.eagle``), on
-held-out prompts (``sampler.rollouts.split_of``: never trained on), every output checked
-identical to ``basic-uwm`` for the same key and nonce.
+"""Drafters compared in the real decoder: AATPS and acceptance per level of ``mpfr`` (top-k
+50, each of ``--temperatures``) for ngram, the shipped parallel heads, the shipped eagle head
+and eagle heads given by ``--eagle`` (``sampler.eagle``), on held-out prompts
+(``sampler.rollouts.split_of``: never trained on), every output checked identical to
+``basic-uwm`` for the same key and nonce. Drafting cost: the wall seconds of the drafter's
+calls per level and node count, measured inside the same runs.
 
 AATPS = emitted tokens / target forwards (``GenerationStats.aatps``), pooled over the prompts
 of a cell; acceptance at level ℓ = P(the target's token at depth ℓ − 1 was drafted | the walk
@@ -10,8 +12,8 @@ drafted). Wall seconds are this shared CPU's and only indicative.
 
 Writes ``bench/results/drafters.json`` and ``drafters.md``.
 
-    python -m bench.drafters --eagle NAME=DIR [--eagle NAME=DIR ...] [--prompts 4]
-        [--tokens 64] [--cells 4x4,8x6] [--precision gguf]
+    python -m bench.drafters [--eagle NAME=DIR ...] [--prompts 20] [--tokens 128]
+        [--cells 4x4,8x6] [--temperatures 1 0.7] [--precision gguf]
 """
 
 from __future__ import annotations
@@ -34,7 +36,26 @@ from sampler.drafters import make_drafter
 from sampler.models import DEFAULT_MODEL, load_model
 from sampler.processing import Processing
 
-PROCESSING = Processing(1.0, 50, 1.0)
+TOP_K = 50
+MAX_TREE_NODES = 64
+
+
+class TimedDrafter:
+    """A drafter whose ``propose`` calls are timed: (level, nodes) -> wall seconds."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.costs: dict[tuple[int, int], list[float]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def propose(self, tree: Any, level: int, committed: list[int]) -> torch.Tensor:
+        started = time.perf_counter()
+        out: torch.Tensor = self.inner.propose(tree, level, committed)
+        key = (level, len(tree.levels[level - 1]))
+        self.costs.setdefault(key, []).append(time.perf_counter() - started)
+        return out
 
 
 def _cell(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -63,90 +84,143 @@ def _cell(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _costs(timed: list[TimedDrafter]) -> dict[str, dict[str, float]]:
+    """Mean seconds per call by level and node count, pooled over runs."""
+    pooled: dict[tuple[int, int], list[float]] = {}
+    for t in timed:
+        for key, values in t.costs.items():
+            pooled.setdefault(key, []).extend(values)
+    return {
+        f"level {level}, {nodes} nodes": {"mean_ms": 1e3 * sum(v) / len(v), "calls": len(v)}
+        for (level, nodes), v in sorted(pooled.items())
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--eagle", action="append", default=[], help="NAME=DIR")
     parser.add_argument("--home", type=Path, default=Path("~/.local/share/poissonmark"))
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--precision", default="gguf")
-    parser.add_argument("--prompts", type=int, default=4)
-    parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--cells", default="4x4,8x6")
+    parser.add_argument("--prompts", type=int, default=20)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--cells", default="4x4,8x6", help="BxL,... for every drafter")
+    parser.add_argument(
+        "--cells-for", action="append", default=[], help="NAME=BxL,...: that drafter's cells"
+    )
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 0.7])
     parser.add_argument("--out", default="drafters")
     args = parser.parse_args()
     torch.set_num_threads(1)
     loaded = load_model(args.model, args.home.expanduser(), device="cpu", precision=args.precision)
     target = loaded.target
-    cells = [tuple(int(x) for x in c.split("x")) for c in args.cells.split(",")]
-    drafters = {"ngram": "ngram", "heads (shipped)": "heads"}
+
+    def parse_cells(text: str) -> list[tuple[int, int]]:
+        cells = [(int(b), int(n)) for b, _, n in (c.partition("x") for c in text.split(","))]
+        for b, lookahead in cells:
+            if not 1 <= b <= 8 or b * lookahead + 1 > MAX_TREE_NODES:
+                raise SystemExit(f"cell {b}x{lookahead}: B <= 8 and B·L + 1 <= {MAX_TREE_NODES}")
+        return cells
+
+    drafters = {"ngram": "ngram", "heads (shipped)": "heads", "eagle (shipped)": "eagle"}
     for item in args.eagle:
         name, _, path = item.partition("=")
         drafters[name] = f"eagle:{path}"
+    cells_of = {name: parse_cells(args.cells) for name in drafters}
+    for item in args.cells_for:
+        name, _, text = item.partition("=")
+        if name not in drafters:
+            raise SystemExit(f"--cells-for {name}: not a drafter here ({', '.join(drafters)})")
+        cells_of[name] = parse_cells(text)
     prompts = chosen_prompts(0, args.prompts)
     eos = frozenset({loaded.tokenizer.eos_token_id})
-    refs = []
-    for i, record in enumerate(prompts):
-        ids = chat_prompt_ids(loaded.tokenizer, record.get("prompt"), record.get("messages"))
-        source = KeyedSource(Secret(hashlib.sha256(b"drafters-bench-%d" % i).digest()), 4, True, i)
-        config = SamplerConfig("basic-uwm", max_new_tokens=args.tokens, processing=PROCESSING)
-        refs.append((ids, source, generate(target, ids, config, source, eos_ids=eos)))
     results: dict[str, Any] = {}
-    for name, spec in drafters.items():
-        for b, lookahead in cells:
-            runs = []
-            for (ids, source, ref), record in zip(refs, prompts, strict=True):
-                config = SamplerConfig("mpfr", b, lookahead, args.tokens, PROCESSING)
-                drafter = make_drafter(spec, target)
-                started = time.perf_counter()
-                out = generate(target, ids, config, source, drafter, eos_ids=eos)
-                runs.append(
-                    {
-                        "prompt": record["id"],
-                        "emitted": out.stats.emitted_tokens,
-                        "forwards": out.stats.target_forward_passes,
-                        "accepted_per_level": list(out.stats.accepted_per_level),
-                        "drafted_per_level": list(out.stats.drafted_per_level),
-                        "identical": out.token_ids == ref.token_ids,
-                        "seconds": time.perf_counter() - started,
-                    }
+    costs: dict[str, Any] = {}
+    for temperature in args.temperatures:
+        processing = Processing(temperature, TOP_K, 1.0)
+        refs = []
+        for i, record in enumerate(prompts):
+            ids = chat_prompt_ids(loaded.tokenizer, record.get("prompt"), record.get("messages"))
+            secret = Secret(hashlib.sha256(b"drafters-bench-%d" % i).digest())
+            source = KeyedSource(secret, 4, True, i)
+            config = SamplerConfig("basic-uwm", max_new_tokens=args.tokens, processing=processing)
+            refs.append((ids, source, generate(target, ids, config, source, eos_ids=eos)))
+        for name, spec in drafters.items():
+            timed: list[TimedDrafter] = []
+            for b, lookahead in cells_of[name]:
+                runs = []
+                for (ids, source, ref), record in zip(refs, prompts, strict=True):
+                    config = SamplerConfig("mpfr", b, lookahead, args.tokens, processing)
+                    drafter = TimedDrafter(make_drafter(spec, target))
+                    timed.append(drafter)
+                    started = time.perf_counter()
+                    out = generate(target, ids, config, source, drafter, eos_ids=eos)
+                    runs.append(
+                        {
+                            "prompt": record["id"],
+                            "emitted": out.stats.emitted_tokens,
+                            "forwards": out.stats.target_forward_passes,
+                            "accepted_per_level": list(out.stats.accepted_per_level),
+                            "drafted_per_level": list(out.stats.drafted_per_level),
+                            "identical": out.token_ids == ref.token_ids,
+                            "seconds": time.perf_counter() - started,
+                        }
+                    )
+                key = f"{name} T={temperature:g} B={b} L={lookahead}"
+                results[key] = cell = _cell(runs)
+                print(
+                    f"{key}: AATPS {cell['aatps']:.3f} "
+                    f"acc {[round(a, 2) for a in cell['acceptance_per_level']]} "
+                    f"identical {cell['identical_to_basic_uwm']} {cell['seconds']:.0f}s",
+                    flush=True,
                 )
-            results[f"{name} B={b} L={lookahead}"] = cell = _cell(runs)
-            print(
-                f"{name} B={b} L={lookahead}: AATPS {cell['aatps']:.3f} "
-                f"acc {[round(a, 2) for a in cell['acceptance_per_level']]} "
-                f"identical {cell['identical_to_basic_uwm']} {cell['seconds']:.0f}s",
-                flush=True,
-            )
+            if temperature == args.temperatures[0]:
+                costs[name] = _costs(timed)
     payload = {
-        "what": "mpfr AATPS per drafter, T = 1, top-k 50, held-out prompts",
+        "what": "mpfr AATPS per drafter, top-k 50, held-out prompts",
         "model": args.model,
         "precision": args.precision,
         "backend": target.backend(),
         "prompts": [p["id"] for p in prompts],
         "max_new_tokens": args.tokens,
+        "temperatures": args.temperatures,
         "drafters": drafters,
         "cells": results,
+        "drafting_cost": costs,
         **environment(),
     }
     (RESULTS / f"{args.out}.json").write_text(json.dumps(payload, indent=1) + "\n")
     lines = [
-        "# Drafters in the real decoder: AATPS at T = 1, top-k 50",
+        "# Drafters in the real decoder: AATPS at top-k 50",
         "",
         f"Model {args.model} ({target.backend()}), {len(prompts)} held-out prompts × up to "
         f"{args.tokens} tokens (EOS stops), mpfr; CPU {payload['hardware']['cpu']} "
-        f"(shared, wall times indicative only); commit {payload['commit']}"
-        f"{' (dirty tree)' if payload['dirty_tree'] else ''}, {payload['date']}.",
+        f"(wall times indicative only); commit {payload['commit']}"
+        f"{' (dirty tree)' if payload['dirty_tree'] else ''}, {payload['date']}. "
+        f"Record: [`{args.out}.json`]({args.out}.json).",
         "",
-        "| drafter | B | L | AATPS | acceptance per level | = basic-uwm | seconds |",
-        "|---|---|---|---|---|---|---|",
+        "| drafter | T | B | L | AATPS | acceptance per level | = basic-uwm | seconds |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for key, cell in results.items():
-        name, b, lookahead = key.rsplit(" ", 2)
+        name, t, b, lookahead = key.rsplit(" ", 3)
         acceptance = ", ".join(f"{a:.2f}" for a in cell["acceptance_per_level"])
         lines.append(
-            f"| {name} | {b[2:]} | {lookahead[2:]} | {cell['aatps']:.3f} | {acceptance} | "
-            f"{'yes' if cell['identical_to_basic_uwm'] else 'NO'} | {cell['seconds']:.0f} |"
+            f"| {name} | {t[2:]} | {b[2:]} | {lookahead[2:]} | {cell['aatps']:.3f} | "
+            f"{acceptance} | {'yes' if cell['identical_to_basic_uwm'] else 'NO'} | "
+            f"{cell['seconds']:.0f} |"
         )
+    lines += [
+        "",
+        f"Drafting cost at T = {args.temperatures[0]:g} (mean ms per drafter call, by level "
+        "and the level's node count; one torch thread):",
+        "",
+        "| drafter | level, nodes | ms | calls |",
+        "|---|---|---|---|",
+    ]
+    for name, table in costs.items():
+        for where, value in table.items():
+            lines.append(f"| {name} | {where} | {value['mean_ms']:.2f} | {value['calls']} |")
     (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
 
 

@@ -1,20 +1,22 @@
 """Train the eagle head (``sampler.eagle``) for the real target on this CPU, both objectives.
 
-1. Data: ``--train-prompts`` prompts of the train split and ``--heldout-prompts`` of the
-   held-out split (``sampler.rollouts.split_of``; half ELI5, half summarisation, in a fixed
-   hash order), target rollouts at T = 1 and their hidden states (``rollouts.prepare_data``,
-   cached under the data dir). Held-out prompts are never trained on.
-2. ``ce``: the cross-entropy baseline from a fresh head (``--ce-steps``).
+1. Data: the rollout shards of ``bench.eagle_data`` in ``--data`` (train-split prompts only,
+   at T = 1 and T = 0.7, with the target's hidden states). The ``--validation-prompts`` last
+   prompts in SHA-256 order of their ids are kept out of training and measure the heads.
+2. ``ce``: the cross-entropy baseline from a fresh head (``sampler.eagle_train.fit``): the
+   target's processed law (top-k 50) at every level of the head's own unrolled states,
+   ``--ce-steps`` × ``--batch`` roots, L = ``--lookahead``.
 3. ``mdraft``: MDraft (α = 0.9, K = ``--proposals``, survival weights) post-training from the
-   ``ce`` head (``--mdraft-steps``), as the MDraft paper post-trains an off-policy drafter.
-4. Held-out τ at T = 1 (one chain of L = 4 drafts, ``eagle_train.evaluate``) for both and
-   for the shipped parallel heads on the same rollouts (``distill.evaluate``).
+   ``ce`` head (``sampler.eagle_train.train``), as the MDraft paper post-trains an off-policy
+   drafter: the head's own sampled chains scored by the target.
+4. Validation: one-draft acceptance per level, 1 − TV of the processed laws on the target's
+   path (``sampler.eagle_train.validate``), at T = 1 and T = 0.7.
 
 Each head goes to ``<out>/<objective>/`` (``eagle.json``, ``eagle.safetensors``,
-``provenance.json``: data, steps, objective, seconds, evaluation, commit). Torch runs on one
-thread (``--threads``).
+``provenance.json``: data, steps, objective, seconds, validation, commit); ``ce`` is rewritten
+every ``--checkpoint`` steps so an interrupted run keeps its progress.
 
-    python -m bench.train_eagle --out DIR [--ce-steps 120] [--mdraft-steps 50 (0: none)]
+    python -m bench.train_eagle --data DIR --out DIR [--ce-steps 2000] [--mdraft-steps 300]
 """
 
 from __future__ import annotations
@@ -30,13 +32,20 @@ from typing import Any
 import torch
 
 from bench.common import DATA, environment
-from sampler.distill import evaluate as heads_evaluate
 from sampler.eagle import EagleHead
-from sampler.eagle_train import EagleTrainConfig, TrainLog, evaluate, train
-from sampler.heads import SHIPPED_HEADS, ParallelHeads, target_fingerprint
+from sampler.eagle_train import (
+    AnchorData,
+    DistillConfig,
+    EagleTrainConfig,
+    TrainLog,
+    fit,
+    train,
+    validate,
+)
+from sampler.heads import target_fingerprint
 from sampler.mdraft import Objective
 from sampler.models import DEFAULT_MODEL, load_model
-from sampler.rollouts import prepare_data, split_of
+from sampler.rollouts import Rollout, RolloutShard, split_of
 
 PROMPT_FILES = ("prompts-eli5.jsonl", "prompts-summarize.jsonl")
 
@@ -53,7 +62,35 @@ def chosen_prompts(train: int, heldout: int) -> list[dict[str, Any]]:
     return chosen
 
 
-def _stage(name: str, config: EagleTrainConfig, log: TrainLog, init: str | None) -> dict[str, Any]:
+def _rollouts(shards: list[RolloutShard]) -> tuple[list[Rollout], list[torch.Tensor]]:
+    """The shards as ``Rollout``s with (T, d) hidden states (zeros before prompt_len − 2,
+    where no anchor reads)."""
+    rollouts, hidden = [], []
+    for shard in shards:
+        for i, (ids, h) in enumerate(zip(shard.ids, shard.hidden, strict=True)):
+            rollouts.append(
+                Rollout(
+                    f"{shard.prompt_id}#{shard.temperature:g}#{i}",
+                    shard.prompt_len,
+                    tuple(ids.tolist()),
+                )
+            )
+            full = torch.zeros((len(ids), h.shape[1]), dtype=h.dtype)
+            full[shard.prompt_len - 2 :] = h
+            hidden.append(full)
+    return rollouts, hidden
+
+
+def _validation(head: EagleHead, target: Any, data: AnchorData, lookahead: int) -> dict[str, Any]:
+    return {
+        f"T={t:g}": [round(a, 4) for a in validate(head, target, data, lookahead, temperature=t)]
+        for t in (1.0, 0.7)
+    }
+
+
+def _stage(
+    name: str, config: EagleTrainConfig | DistillConfig, log: TrainLog, init: str | None
+) -> dict[str, Any]:
     losses = [e["loss"] for e in log.log]
     tail = losses[-10:]
     return {
@@ -69,95 +106,123 @@ def _stage(name: str, config: EagleTrainConfig, log: TrainLog, init: str | None)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data", type=Path, required=True, help="bench.eagle_data's shards")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--home", type=Path, default=Path("~/.local/share/poissonmark"))
     parser.add_argument("--model", default=DEFAULT_MODEL)
-    parser.add_argument("--train-prompts", type=int, default=40)
-    parser.add_argument("--heldout-prompts", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--ce-steps", type=int, default=120)
-    parser.add_argument("--ce-anchors", type=int, default=32)
-    parser.add_argument("--mdraft-steps", type=int, default=50)
-    parser.add_argument("--mdraft-anchors", type=int, default=8)
+    parser.add_argument("--validation-prompts", type=int, default=8)
+    parser.add_argument("--lookahead", type=int, default=6)
+    parser.add_argument("--ce-steps", type=int, default=2000)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--lr", type=float, default=1e-3, help="ce's peak learning rate")
+    parser.add_argument("--mdraft-steps", type=int, default=300)
+    parser.add_argument("--mdraft-anchors", type=int, default=16)
     parser.add_argument("--proposals", type=int, default=4)
-    parser.add_argument("--lookahead", type=int, default=4)
-    parser.add_argument("--lr", type=float, default=2e-3, help="ce's peak learning rate")
-    parser.add_argument("--mdraft-lr", type=float, default=1e-3)
+    parser.add_argument("--mdraft-lr", type=float, default=2e-4)
+    parser.add_argument("--checkpoint", type=int, default=250)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    home = args.home.expanduser()
     out: Path = args.out.expanduser()
     out.mkdir(parents=True, exist_ok=True)
-    prompts = chosen_prompts(args.train_prompts, args.heldout_prompts)
-    prompt_file = out / "prompts.jsonl"
-    prompt_file.write_text("".join(json.dumps(p) + "\n" for p in prompts))
-    loaded = load_model(args.model, home, device="cpu", precision="float32")
+    files = sorted(args.data.expanduser().glob("*.pt"))
+    shards = [RolloutShard.load(f) for f in files]
+    if not shards:
+        raise SystemExit(f"--data {args.data}: no rollout shard (*.pt); run bench.eagle_data")
+    for shard in shards:
+        if split_of(shard.prompt_id) != "train":
+            raise SystemExit(f"--data: {shard.prompt_id} is a held-out prompt")
+    ids = sorted({s.prompt_id for s in shards}, key=lambda i: hashlib.sha256(i.encode()).digest())
+    held = set(ids[len(ids) - args.validation_prompts :])
+    train_shards = [s for s in shards if s.prompt_id not in held]
+    valid_shards = [s for s in shards if s.prompt_id in held]
+    loaded = load_model(args.model, args.home.expanduser(), device="cpu", dtype=torch.bfloat16)
     target = loaded.model
-    data = prepare_data(
-        target, loaded.tokenizer, [prompt_file], home, args.max_new_tokens, args.seed
-    )
-    rollouts = json.dumps([r.ids for r in data.train]).encode()
+    started = time.perf_counter()
+    data = AnchorData.from_shards(target, train_shards)
+    valid = AnchorData.from_shards(target, valid_shards)
+    print(f"data: {data.roots.numel()} roots, teachers in {time.perf_counter() - started:.0f}s")
+    digest = hashlib.sha256()
+    for shard in train_shards:
+        for row in shard.ids:
+            digest.update(row.numpy().tobytes())
     provenance_data = {
+        "made_by": "python -m bench.eagle_data",
         "prompt_files": list(PROMPT_FILES),
-        "train_prompt_ids": [r.id for r in data.train],
-        "heldout_prompt_ids": [r.id for r in data.heldout],
-        "rollouts": len(data.train),
-        "rollout_tokens": sum(len(r.ids) - r.prompt_len for r in data.train),
-        "rollout_temperature": 1.0,
-        "max_new_tokens": args.max_new_tokens,
-        "rollouts_sha256": hashlib.sha256(rollouts).hexdigest(),
+        "train_prompt_ids": sorted({s.prompt_id for s in train_shards}),
+        "validation_prompt_ids": sorted(held),
+        "temperatures": sorted({s.temperature for s in shards}),
+        "top_k": sorted({s.top_k for s in shards}),
+        "rollouts": sum(len(s.ids) for s in train_shards),
+        "rollout_tokens": sum(s.continuation_tokens() for s in train_shards),
+        "rollouts_sha256": digest.hexdigest(),
     }
     stages: list[dict[str, Any]] = []
     heads: dict[str, EagleHead] = {}
-    plan = [
-        ("ce", args.ce_steps, args.ce_anchors, args.lr, None),
-        ("mdraft", args.mdraft_steps, args.mdraft_anchors, args.mdraft_lr, "ce"),
-    ]
-    for name, steps, anchors, lr, init in [stage for stage in plan if stage[1] > 0]:
-        config = EagleTrainConfig(
-            Objective.named(name, proposals=args.proposals),
+    validation: dict[str, Any] = {}
+    if args.ce_steps:
+        config = DistillConfig(
             args.lookahead,
-            steps,
-            anchors,
-            lr,
-            warmup=max(1, steps // 10),
+            args.ce_steps,
+            args.batch,
+            args.lr,
+            warmup=max(1, args.ce_steps // 20),
             seed=args.seed,
         )
-        started = time.perf_counter()
+        begun = time.perf_counter()
 
-        def progress(log: TrainLog, name: str = name, started: float = started) -> None:
-            if log.steps % 10 == 0:
-                entry = log.log[-1] if log.log else {}
-                wall = time.perf_counter() - started
-                print(f"{name} step {log.steps} loss {entry.get('loss', 0):.3f} {wall:.0f}s")
+        def progress(head: EagleHead, log: TrainLog) -> None:
+            if log.steps % 25 == 0:
+                recent = [e["loss"] for e in log.log[-25:]]
+                print(
+                    f"ce step {log.steps} loss {sum(recent) / len(recent):.4f} "
+                    f"{time.perf_counter() - begun:.0f}s",
+                    flush=True,
+                )
+            if log.steps % args.checkpoint == 0 or log.steps == config.steps:
+                head.eval()
+                print("  validation", _validation(head, target, valid, args.lookahead), flush=True)
+                head.save(out / "ce")
+                head.train()
 
-        head, log = train(
-            target,
-            data.train,
-            data.train_hidden,
-            config,
-            heads[init] if init else None,
-            progress,
+        head, log = fit(target, data, config, None, progress)
+        heads["ce"] = head
+        stages.append(_stage("ce", config, log, None))
+    else:
+        heads["ce"] = EagleHead.load(out / "ce", target)
+    validation["ce"] = _validation(heads["ce"], target, valid, args.lookahead)
+    if args.mdraft_steps:
+        rollouts, hidden = _rollouts(train_shards)
+        mconfig = EagleTrainConfig(
+            Objective.named("mdraft", proposals=args.proposals),
+            args.lookahead,
+            args.mdraft_steps,
+            args.mdraft_anchors,
+            args.mdraft_lr,
+            warmup=max(1, args.mdraft_steps // 10),
+            seed=args.seed,
         )
-        heads[name] = head
-        head.save(out / name)  # kept even if a later stage is interrupted
-        stages.append(_stage(name, config, log, init))
-    evaluation: dict[str, Any] = {}
-    for name, head in heads.items():
-        evaluation[f"eagle-{name}"] = evaluate(
-            head, target, data.heldout, data.heldout_hidden, args.lookahead
-        )["T=1"]
-    shipped = ParallelHeads.load(SHIPPED_HEADS, target)
-    evaluation["heads (shipped)"] = heads_evaluate(
-        shipped, target, data.heldout, data.heldout_hidden, (1.0,)
-    )["T=1"]
-    for key, value in evaluation.items():
-        print(key, f"tau {value['tau']:.3f}", [round(c, 3) for c in value["conditional"]])
+        begun = time.perf_counter()
+
+        def mprogress(log: TrainLog) -> None:
+            if log.steps % 25 == 0:
+                recent = [e.get("train_tau", 0.0) for e in log.log[-25:]]
+                print(
+                    f"mdraft step {log.steps} train tau {sum(recent) / len(recent):.3f} "
+                    f"{time.perf_counter() - begun:.0f}s",
+                    flush=True,
+                )
+
+        head, log = train(target, rollouts, hidden, mconfig, heads["ce"], mprogress)
+        head.save(out / "mdraft")
+        heads["mdraft"] = head
+        stages.append(_stage("mdraft", mconfig, log, "ce"))
+        validation["mdraft"] = _validation(head, target, valid, args.lookahead)
+    for name, value in validation.items():
+        print(name, value)
     env = environment()
     for index, name in enumerate(heads):
-        directory = out / name
         provenance = {
             "drafter": "eagle",
             "model": args.model,
@@ -165,10 +230,10 @@ def main() -> None:
             "objective": name,
             "data": provenance_data,
             "training": stages[: index + 1],
-            "evaluation_heldout": {
-                "measure": "tau, one chain of L drafts, T = 1 (sampler.eagle_train.evaluate)",
-                "rollouts": len(data.heldout),
-                **evaluation,
+            "validation": {
+                "measure": "one-draft acceptance per level, 1 - TV of the top-k 50 laws on the "
+                "target's path (sampler.eagle_train.validate), validation prompts",
+                **validation[name],
             },
             "commit": env["commit"],
             "dirty_tree": env["dirty_tree"],
@@ -177,7 +242,7 @@ def main() -> None:
             "command": "python -m bench.train_eagle "
             + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
         }
-        (directory / "provenance.json").write_text(json.dumps(provenance, indent=1) + "\n")
+        (out / name / "provenance.json").write_text(json.dumps(provenance, indent=1) + "\n")
     print(f"heads written to {', '.join(str(out / name) for name in heads)}")
 
 

@@ -15,7 +15,7 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 from keyed import KeyedSource
 from sampler.batch import generate_many
 from sampler.decoder import GenerationResult, SamplerConfig, generate
-from sampler.drafters import Drafter, fresh_drafter, make_drafter
+from sampler.drafters import Drafter, default_drafter, fresh_drafter, make_drafter
 from sampler.models import LoadedModel
 
 MAX_MESSAGES = 256
@@ -94,13 +94,14 @@ def complete(
     """Generate a completion of ``ids`` (from ``prompt_ids``).
 
     Args:
-        drafter: a drafter spec (``self:N``, ``ngram``, ``model:PATH``) or instance; required for
-            speculative methods and ignored otherwise.
+        drafter: a drafter spec (``eagle``, ``ngram``, ``self:N``, ``model:PATH``…) or instance
+            for a speculative method (``None``: ``sampler.drafters.default_drafter``); ignored
+            otherwise.
     """
     instance: Drafter | None = None
     if config.speculative:
         if drafter is None:
-            raise ValueError(f"drafter: method {config.method!r} needs one (e.g. ngram, self:8)")
+            drafter = default_drafter(loaded.target)
         instance = make_drafter(drafter, loaded.target) if isinstance(drafter, str) else drafter
     result = generate(loaded.target, ids, config, source, instance, eos_ids(loaded))
     text = loaded.tokenizer.decode(list(result.token_ids), skip_special_tokens=False)
@@ -111,7 +112,8 @@ def complete(
 @dataclass(frozen=True)
 class CompletionRequest:
     """One request of ``complete_many``: prompt ids (``prompt_ids``), config, keyed source and
-    drafter (a spec or an instance; ``None`` for a method that does not draft)."""
+    drafter (a spec or an instance; ``None``: ``sampler.drafters.default_drafter`` for a
+    speculative method, none otherwise)."""
 
     ids: list[int]
     config: SamplerConfig
@@ -137,18 +139,18 @@ def complete_many(
         node_budget: cap on draft-tree nodes per target forward (``step_many``; keyed-race
             requests only, their output unchanged).
     Raises:
-        ValueError: a speculative request without a drafter, or ``complete``'s errors.
+        ValueError: ``complete``'s errors.
     """
     built: dict[str, Drafter] = {}
+    default: str | None = None
     runs: list[tuple[list[int], SamplerConfig, KeyedSource, Drafter | None]] = []
-    for i, request in enumerate(requests):
+    for request in requests:
         instance: Drafter | None = None
         if request.config.speculative:
             spec = request.drafter
             if spec is None:
-                raise ValueError(
-                    f"requests[{i}].drafter: method {request.config.method!r} needs one"
-                )
+                default = default or default_drafter(loaded.target)
+                spec = default
             if isinstance(spec, str):
                 if spec not in built:
                     built[spec] = make_drafter(spec, loaded.target)

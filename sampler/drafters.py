@@ -4,7 +4,7 @@ Specs: ``model:PATH`` (an autoregressive HF model sharing the tokenizer), ``self
 target's first N layers + its norm and head), ``heads:PATH`` (parallel heads on the target's
 hidden state, ``sampler.heads``, trained by ``poissonmark distill``; plain ``heads`` = the
 shipped ones), ``eagle:PATH`` (an autoregressive draft head on the target's features,
-``sampler.eagle``; plain ``eagle`` = an untrained one), ``ngram`` (prompt lookup over
+``sampler.eagle``; plain ``eagle`` = the shipped one), ``ngram`` (prompt lookup over
 prompt + output), ``fixed:TOKEN`` (always proposes one token; a test drafter for case C11).
 A drafter's logits may put -inf everywhere (no proposal): the tree simply stops growing there.
 
@@ -280,6 +280,18 @@ class FixedTokenDrafter:
 
     def finish_step(self, tree: DraftTree, visited: list[int], committed: list[int]) -> None:
         return None
+
+
+def default_drafter(target: Target | PreTrainedModel) -> str:
+    """The drafter spec a speculative request gets when it names none: ``eagle`` (the shipped
+    head, ``sampler.eagle.SHIPPED_EAGLE``) where it was trained for ``target`` and the backend
+    gives hidden states, else ``ngram``. With tree ``auto`` the cost model still steps one
+    token at a time where trees do not pay (``sampler.autotree``)."""
+    try:
+        eagle_drafter("", target)
+    except ValueError:
+        return "ngram"
+    return "eagle"
 
 
 def make_drafter(spec: str, target: Target | PreTrainedModel) -> Drafter:

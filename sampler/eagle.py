@@ -49,6 +49,10 @@ from sampler.tree import DraftTree
 
 FORMAT = "poissonmark-eagle/1"
 
+SHIPPED_EAGLE = Path(__file__).resolve().parent / "eagle_data" / "smollm2-135m-instruct"
+"""The eagle head trained for SmolLM2-135M-Instruct by ``scripts/train_eagle.sh`` (spec
+``eagle``; its ``provenance.json`` says on what data, objective, steps and commit)."""
+
 PathCache = tuple[torch.Tensor, torch.Tensor]
 """The keys and values of n paths of s entries: ((n, H_kv, s, D), (n, H_kv, s, D))."""
 
@@ -313,8 +317,8 @@ def prime_eagle(drafters: list[EagleDrafter], trees: list[DraftTree], level: int
 
 
 def eagle_drafter(path: str, target: Target | PreTrainedModel) -> EagleDrafter:
-    """Load ``eagle:PATH`` for ``target``; an empty ``path`` means a fresh, untrained head
-    (``new_eagle``).
+    """Load ``eagle:PATH`` for ``target``; an empty ``path`` means the shipped head
+    (``SHIPPED_EAGLE``).
 
     Raises:
         ValueError: a backend that gives no hidden states (``Target.gives_hidden``), or
@@ -326,7 +330,6 @@ def eagle_drafter(path: str, target: Target | PreTrainedModel) -> EagleDrafter:
             f"eagle drafting needs the target's hidden states; backend {served.backend()} "
             "gives none"
         )
-    if not path:
-        return EagleDrafter(new_eagle(served.model).eval(), served, "eagle")
-    head = EagleHead.load(Path(path).expanduser(), served.model)
-    return EagleDrafter(head, served, f"eagle:{path}")
+    directory = Path(path).expanduser() if path else SHIPPED_EAGLE
+    head = EagleHead.load(directory, served.model)
+    return EagleDrafter(head, served, f"eagle:{path}" if path else "eagle")

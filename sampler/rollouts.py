@@ -77,7 +77,7 @@ def load_prompts(paths: Sequence[Path]) -> list[dict[str, Any]]:
     return records
 
 
-def _prompt_ids(tokenizer: PreTrainedTokenizerBase, record: dict[str, Any]) -> list[int]:
+def prompt_ids(tokenizer: PreTrainedTokenizerBase, record: dict[str, Any]) -> list[int]:
     """The ids generation would see for this record (chat template, as ``generate`` uses)."""
     return chat_prompt_ids(tokenizer, record.get("prompt"), record.get("messages"))
 
@@ -112,7 +112,7 @@ def generate_sequences(
     with cache.open("a") as out:
         for start in range(0, len(todo), batch_size):
             batch = todo[start : start + batch_size]
-            encoded = [_prompt_ids(tokenizer, p) for p in batch]
+            encoded = [prompt_ids(tokenizer, p) for p in batch]
             width = max(map(len, encoded))
             ids = torch.tensor([[pad] * (width - len(e)) + e for e in encoded], device=device)
             mask = torch.tensor(
@@ -229,3 +229,105 @@ def prepare_data(
         )
         splits[split] = (rollouts, hidden)
     return DistillData(*splits["train"], *splits["heldout"])
+
+
+@dataclass(frozen=True)
+class RolloutShard:
+    """Several target continuations of one prompt at one temperature, with the target's final
+    (normed) hidden states over each from position ``prompt_len − 2`` on.
+
+    Attributes:
+        prompt_id: the prompt's id; prompt_len: its token count P (P >= 2).
+        temperature, top_k: how the continuations were sampled.
+        ids: N int32 tensors (P + n_i,): prompt + continuation i (EOS kept when drawn).
+        hidden: N bfloat16 tensors (P + n_i − (P − 2), d): hidden[i][j] is the hidden state at
+            position P − 2 + j.
+    """
+
+    prompt_id: str
+    prompt_len: int
+    temperature: float
+    top_k: int
+    ids: list[torch.Tensor]
+    hidden: list[torch.Tensor]
+
+    def continuation_tokens(self) -> int:
+        return sum(len(x) - self.prompt_len for x in self.ids)
+
+    def save(self, path: Path) -> None:
+        """Write atomically (a temporary file, then a rename)."""
+        partial = path.with_suffix(".partial")
+        torch.save(self.__dict__, partial)
+        partial.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> RolloutShard:
+        return cls(**torch.load(path, weights_only=True))
+
+
+@torch.inference_mode()
+def sample_shards(
+    target: PreTrainedModel,
+    prompts: Sequence[tuple[str, list[int]]],
+    samples: int,
+    temperature: float,
+    top_k: int,
+    max_new_tokens: int,
+    pad_id: int,
+    eos_id: int,
+    seed: int = 0,
+) -> list[RolloutShard]:
+    """``samples`` continuations of each prompt (id, token ids) sampled by the target at
+    ``temperature`` with top-k ``top_k`` (0: off): one transformers ``generate`` over all
+    prompts × samples (left-padded with ``pad_id``), training randomness seeded by ``seed``,
+    the prompt ids and the temperature (unkeyed); a continuation ends after ``eos_id`` or
+    ``max_new_tokens`` tokens. Then one forward per prompt for the hidden states
+    (continuations right-padded: causal attention leaves every position before the padding
+    as it is).
+
+    Raises:
+        ValueError: a prompt of fewer than 2 tokens.
+    """
+    for prompt_id, ids in prompts:
+        if len(ids) < 2:
+            raise ValueError(f"prompt {prompt_id!r} has {len(ids)} tokens; at least 2 needed")
+    device = next(target.parameters()).device
+    tag = f"{seed}:{','.join(i for i, _ in prompts)}:{temperature:g}".encode()
+    torch.manual_seed(int(hashlib.sha256(tag).hexdigest()[:12], 16))
+    width = max(len(ids) for _, ids in prompts)
+    rows = [[pad_id] * (width - len(ids)) + ids for _, ids in prompts for _ in range(samples)]
+    mask = [[0] * (width - len(ids)) + [1] * len(ids) for _, ids in prompts for _ in range(samples)]
+    outputs = cast(GenerationMixin, target).generate(
+        input_ids=torch.tensor(rows, device=device),
+        attention_mask=torch.tensor(mask, device=device),
+        do_sample=True,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=1.0,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=pad_id,
+        eos_token_id=eos_id,
+    )
+    new = outputs[:, width:].tolist()
+    shards: list[RolloutShard] = []
+    for index, (prompt_id, prefix) in enumerate(prompts):
+        sequences: list[torch.Tensor] = []
+        for row in new[index * samples : (index + 1) * samples]:
+            continuation = []
+            for token in row:
+                continuation.append(token)
+                if token == eos_id:
+                    break
+            sequences.append(torch.tensor(prefix + continuation, dtype=torch.int32))
+        longest = max(len(r) for r in sequences)
+        batch = torch.full((len(sequences), longest), pad_id, dtype=torch.long)
+        for i, r in enumerate(sequences):
+            batch[i, : len(r)] = r
+        hidden = target.model(input_ids=batch.to(device)).last_hidden_state
+        start = len(prefix) - 2
+        kept = [
+            hidden[i, start : len(r)].to("cpu", torch.bfloat16).clone()
+            for i, r in enumerate(sequences)
+        ]
+        shards.append(RolloutShard(prompt_id, len(prefix), temperature, top_k, sequences, kept))
+    return shards

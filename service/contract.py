@@ -24,6 +24,7 @@ from typing import Any
 from transformers import PreTrainedModel
 
 from sampler.completion import MAX_MESSAGES
+from sampler.eagle import eagle_drafter
 from sampler.heads import SHIPPED_HEADS, heads_drafter
 from service.settings import Settings
 
@@ -33,13 +34,19 @@ _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 
 def served_drafters(model: PreTrainedModel) -> tuple[str, ...]:
     """The drafter specs ``POST /v1/generate`` accepts for ``model``: ``ngram``, ``self:N``
-    for every N below its depth, and ``heads`` when the shipped heads were trained for it."""
+    for every N below its depth, and ``eagle`` and ``heads`` when the shipped head and heads
+    were trained for it."""
     depth = int(model.config.num_hidden_layers)
     specs = ["ngram", *(f"self:{n}" for n in range(1, depth))]
+    try:
+        eagle_drafter("", model)
+        specs.insert(0, "eagle")
+    except ValueError:
+        pass  # trained for another target
     if SHIPPED_HEADS.is_dir():
         try:
             heads_drafter("", model)
-            specs.insert(1, "heads")
+            specs.insert(specs.index("ngram") + 1, "heads")
         except ValueError:
             pass  # trained for another target
     return tuple(specs)

@@ -65,10 +65,11 @@ def check_prompt(
         )
 
 
-def check_drafter(spec: str, drafters: tuple[str, ...]) -> None:
-    """``spec`` is one of the served model's drafters (whatever the method: the schema's enum
-    holds for every request, so a drafter the method does not use is checked too)."""
-    if spec not in drafters:
+def check_drafter(spec: str | None, drafters: tuple[str, ...]) -> None:
+    """``spec`` is one of the served model's drafters, or None (the served model's default;
+    whatever the method: the schema's enum holds for every request, so a drafter the method
+    does not use is checked too)."""
+    if spec is not None and spec not in drafters:
         raise InvalidInput("drafter", f"expected one of {', '.join(drafters)} for the served model")
 
 

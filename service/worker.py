@@ -52,7 +52,7 @@ from keyed import KeyedSource
 from sampler.batch import Batch, Member
 from sampler.completion import eos_ids
 from sampler.decoder import GenerationResult, SamplerConfig
-from sampler.drafters import Drafter, fresh_drafter, make_drafter
+from sampler.drafters import Drafter, default_drafter, fresh_drafter, make_drafter
 from sampler.models import LoadedModel
 from service.errors import (
     INTERNAL,
@@ -199,6 +199,7 @@ class GenerationWorker:
         self._stopping = False
         self._eos = eos_ids(loaded)
         self._drafters: dict[str, Drafter] = {}
+        self._default_drafter: str | None = None
         self._batch = Batch(loaded.target, node_budget)
         self._active: list[Job] = []
         self._reported_batch = -1
@@ -423,9 +424,12 @@ class GenerationWorker:
             job._post(event)
 
     def _drafter(self, spec: str | None) -> Drafter:
-        """This job's own drafter: a fresh instance of the spec's (built once per spec)."""
+        """This job's own drafter: a fresh instance of the spec's (built once per spec); no spec
+        means the served model's default (``sampler.drafters.default_drafter``)."""
         if spec is None:
-            raise ValueError("drafter: a speculative method needs one (ngram, heads or self:N)")
+            if self._default_drafter is None:
+                self._default_drafter = default_drafter(self.loaded.target)
+            spec = self._default_drafter
         if spec not in self._drafters:
             try:
                 self._drafters[spec] = make_drafter(spec, self.loaded.target)

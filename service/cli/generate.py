@@ -58,13 +58,14 @@ def generate(
     ] = None,
     method: Annotated[str, typer.Option(help=METHOD_HELP)] = "mpfr",
     drafter: Annotated[
-        str,
+        str | None,
         typer.Option(
-            help="The cheap model that guesses ahead: ngram (copies from the prompt and answer), "
-            "self:N, heads:PATH, eagle:PATH or model:PATH. With a watermarked method it changes "
-            "the speed, never the text."
+            help="The cheap model that guesses ahead: eagle (the shipped draft head, the default "
+            "where it fits the model), ngram (copies from the prompt and answer; the default "
+            "otherwise), heads, self:N, heads:PATH, eagle:PATH or model:PATH. With a "
+            "watermarked method it changes the speed, never the text."
         ),
-    ] = "ngram",
+    ] = None,
     drafts: Annotated[
         int,
         typer.Option(

@@ -41,11 +41,13 @@ class GenerateRequest(RequestModel):
     prompt: Text | None = None
     messages: list[ChatMessage] | None = Field(default=None, min_length=1)
     method: Method = "mpfr"
-    drafter: str = Field(
-        default="ngram",
-        pattern=r"^(ngram|heads|self:[1-9][0-9]?)$",
-        description="`ngram` (prompt lookup), `heads` (the shipped MDraft-trained parallel heads "
-        "for SmolLM2-135M-Instruct) or `self:N` (the target's first N layers).",
+    drafter: str | None = Field(
+        default=None,
+        pattern=r"^(eagle|ngram|heads|self:[1-9][0-9]?)$",
+        description="`eagle` (the shipped autoregressive draft head for SmolLM2-135M-Instruct), "
+        "`ngram` (prompt lookup), `heads` (the shipped parallel heads) or `self:N` (the "
+        "target's first N layers). Omitted: `eagle` where the served model has it, else "
+        "`ngram`. It changes the speed, never the text.",
     )
     drafts: int = Field(default=4, ge=1, le=MAX_DRAFTS, description="B, drafts per step.")
     lookahead: int = Field(default=4, ge=1, le=MAX_LOOKAHEAD, description="L, draft length.")

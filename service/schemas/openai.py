@@ -186,9 +186,9 @@ class OpenAIRequest(RequestModel):
     logit_bias: Annotated[Any, Neutral({}, _LOGIT_BIAS)] = None
     stop: Annotated[Any, Neutral([], _STOP)] = None
     method: Method = "mpfr"
-    drafter: str = Field(
-        default="ngram",
-        pattern=r"^(ngram|heads|self:[1-9][0-9]?)$",
+    drafter: str | None = Field(
+        default=None,
+        pattern=r"^(eagle|ngram|heads|self:[1-9][0-9]?)$",
         description="poissonmark: the drafter (as in `POST /v1/generate`).",
     )
     drafts: Int = Field(default=4, alias="B", ge=1, le=MAX_DRAFTS, description="B, drafts.")
