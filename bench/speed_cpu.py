@@ -37,7 +37,7 @@ beside other sequences, which is what makes llama.cpp a backend of ours (precisi
 Writes ``bench/results/speed_cpu.json``, ``speed_cpu.md`` and ``speed_cpu.png``.
 
 ``--busy N`` (contention) instead measures the default generation (precision gguf, mpfr with
-the default drafter ngram, B4 L4, tree auto) quiet and beside N busy processes (a spinning loop
+the default drafter, B4 L4, tree auto) quiet and beside N busy processes (a spinning loop
 each), with llama.cpp's thread count following the free cores (``CoreShare``, the default)
 and fixed at every CPU, the four conditions interleaved per prompt; writes
 ``bench/results/speed_cpu_contention.json`` (tokens/s per condition, busy / quiet ratios).
@@ -63,7 +63,7 @@ from bench.common import RESULTS, environment, shared_prompts
 from keyed import KeyedSource, Secret
 from sampler.completion import complete, eos_ids, prompt_ids
 from sampler.decoder import SamplerConfig
-from sampler.drafters import Drafter, make_drafter
+from sampler.drafters import Drafter, default_drafter, make_drafter
 from sampler.gguf_target import GgufTarget, repacking_safe
 from sampler.methods import TreeMode
 from sampler.model_files import ALIASES, gguf_path
@@ -88,6 +88,8 @@ class Run:
     tokens: int
     seconds: float
     ids: list[int]
+    steps: int = 0  # target forwards (ours)
+    tree_steps: int = 0  # of them, steps that verified a draft tree (ours)
 
 
 def cpu_flags() -> dict[str, bool]:
@@ -119,7 +121,17 @@ def ours(loaded: LoadedModel, name: str, tokens: int) -> Callable[[list[int], in
         source = KeyedSource(Secret(hashlib.sha256(b"speed-%d" % seed).digest()), 4, True, seed)
         out = complete(loaded, ids, config, source, drafter)
         stats = out.result.stats
-        return Run(stats.emitted_tokens, stats.seconds, list(out.result.token_ids))
+        if config.tree == "auto":
+            trees = sum(steps for _, depth, steps in stats.tree_choices if depth > 0)
+        else:
+            trees = stats.target_forward_passes if config.speculative else 0
+        return Run(
+            stats.emitted_tokens,
+            stats.seconds,
+            list(out.result.token_ids),
+            stats.target_forward_passes,
+            trees,
+        )
 
     return run
 
@@ -226,6 +238,9 @@ def _summary(name: str, runs: list[Run], reference: list[Run] | None) -> dict[st
             "max": max(rates),
         },
     }
+    if any(r.steps for r in runs):
+        entry["steps"] = sum(r.steps for r in runs)
+        entry["tree_steps"] = sum(r.tree_steps for r in runs)
     if reference is not None and name.removeprefix(_prefix(name)).startswith("mpfr"):
         entry["identical_to_basic_uwm"] = sum(
             a.ids == b.ids for a, b in zip(runs, reference, strict=True)
@@ -245,17 +260,19 @@ def _report(result: dict[str, Any], out: Path) -> None:
         f"load average {result['load_average']['start']:.1f} -> "
         f"{result['load_average']['end']:.1f} (2 cores: above ~0.5 means other jobs ran).",
         "",
-        "| row | tokens/s (aggregate) | median (min-max) over prompts | identical to basic-uwm |",
-        "|---|---|---|---|",
+        "| row | tokens/s (aggregate) | median (min-max) over prompts | identical to basic-uwm "
+        "| tree steps / steps |",
+        "|---|---|---|---|---|",
     ]
     for name, entry in rows.items():
         s = entry["spread"]
         same = entry.get("identical_to_basic_uwm")
         identical = "" if same is None else f"{same}/{result['config']['prompts']}"
+        trees = f"{entry['tree_steps']}/{entry['steps']}" if "steps" in entry else ""
         lines.append(
             f"| {name} | {entry['tokens_per_second']:.1f} | {s['median']:.1f} "
             f"({s['min']:.1f}-{s['max']:.1f}) | "
-            f"{identical} |"
+            f"{identical} | {trees} |"
         )
     lines += ["", "Ratios (aggregate rates, this run):", ""]
     lines += [f"- {k}: {v:.2f}x" for k, v in result["ratios"].items()]
@@ -295,7 +312,8 @@ def contention(args: argparse.Namespace) -> None:
     loaded = load_model(DEFAULT_MODEL, args.home, "cpu", precision="gguf")
     target = loaded.target
     assert isinstance(target, GgufTarget)
-    run = ours(loaded, "mpfr/ngram/B4L4/auto", args.tokens)
+    default = f"mpfr/{default_drafter(target)}/B4L4/auto"  # the service's default generation
+    run = ours(loaded, default, args.tokens)
     share = target.share
     conditions = ["quiet/share", "busy/share", "quiet/fixed", "busy/fixed"]
     runs: dict[str, list[Run]] = {c: [] for c in conditions}
@@ -326,7 +344,7 @@ def contention(args: argparse.Namespace) -> None:
         "bench": "speed_cpu_contention",
         "model": DEFAULT_MODEL,
         "gguf": ALIASES[DEFAULT_MODEL][1],
-        "row": "gguf:mpfr/ngram/B4L4/auto (the service's default generation)",
+        "row": f"gguf:{default} (the service's default generation)",
         "busy_processes": args.busy,
         "threads": target.threads,
         "share_available": share is not None,

@@ -38,9 +38,11 @@ from sampler.eagle_train import (
     DistillConfig,
     EagleTrainConfig,
     TrainLog,
+    draft_vocabulary,
     fit,
     train,
     validate,
+    vocabulary_coverage,
 )
 from sampler.heads import target_fingerprint
 from sampler.mdraft import Objective
@@ -115,6 +117,9 @@ def main() -> None:
     parser.add_argument("--ce-steps", type=int, default=2000)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--lr", type=float, default=1e-3, help="ce's peak learning rate")
+    parser.add_argument(
+        "--draft-vocab", type=int, default=16384, help="tokens the head drafts (0: all)"
+    )
     parser.add_argument("--mdraft-steps", type=int, default=300)
     parser.add_argument("--mdraft-anchors", type=int, default=16)
     parser.add_argument("--proposals", type=int, default=4)
@@ -153,11 +158,27 @@ def main() -> None:
         "train_prompt_ids": sorted({s.prompt_id for s in train_shards}),
         "validation_prompt_ids": sorted(held),
         "temperatures": sorted({s.temperature for s in shards}),
+        "rollouts_per_temperature": {
+            f"T={t:g}": sum(len(s.ids) for s in train_shards if s.temperature == t)
+            for t in sorted({s.temperature for s in shards})
+        },
+        "max_new_tokens": max(max(len(ids) for ids in s.ids) - s.prompt_len for s in train_shards),
         "top_k": sorted({s.top_k for s in shards}),
         "rollouts": sum(len(s.ids) for s in train_shards),
         "rollout_tokens": sum(s.continuation_tokens() for s in train_shards),
         "rollouts_sha256": digest.hexdigest(),
     }
+    vocab = int(target.config.vocab_size)
+    draft_tokens = None
+    if args.draft_vocab:
+        draft_tokens = draft_vocabulary(data, args.draft_vocab, vocab)
+        provenance_data["draft_vocabulary"] = {
+            "size": args.draft_vocab,
+            "chosen_by": "teacher probability summed over the training positions",
+            "coverage_train": round(vocabulary_coverage(data, draft_tokens, vocab), 5),
+            "coverage_validation": round(vocabulary_coverage(valid, draft_tokens, vocab), 5),
+        }
+        print("draft vocabulary", provenance_data["draft_vocabulary"], flush=True)
     stages: list[dict[str, Any]] = []
     heads: dict[str, EagleHead] = {}
     validation: dict[str, Any] = {}
@@ -186,7 +207,7 @@ def main() -> None:
                 head.save(out / "ce")
                 head.train()
 
-        head, log = fit(target, data, config, None, progress)
+        head, log = fit(target, data, config, None, progress, draft_tokens)
         heads["ce"] = head
         stages.append(_stage("ce", config, log, None))
     else:

@@ -68,6 +68,9 @@ class EagleConfig:
         intermediate_size: the layer's MLP width.
         target: ``sampler.heads.target_fingerprint`` of the target.
         objective: the training objective's name (informational).
+        draft_vocab: N > 0: the head drafts only N tokens (its ``draft_tokens``, stored with
+            its weights; the LM head's rows for them), the others get probability 0; 0: the
+            whole vocabulary.
     """
 
     hidden_size: int
@@ -77,6 +80,7 @@ class EagleConfig:
     intermediate_size: int
     target: str
     objective: str = ""
+    draft_vocab: int = 0
     format: str = FORMAT
 
 
@@ -119,6 +123,12 @@ class EagleHead(nn.Module):
             self.fuse.weight[:, :d] = torch.eye(d)
             self.layer.self_attn.o_proj.weight.zero_()
             self.layer.mlp.down_proj.weight.zero_()
+        self.draft_tokens: torch.Tensor | None
+        if config.draft_vocab:
+            self.register_buffer("draft_tokens", torch.arange(config.draft_vocab))
+        else:
+            self.draft_tokens = None
+        self._rows: tuple[torch.Tensor, torch.Tensor] | None = None  # (head weight, its rows)
 
     def advance(
         self, state: torch.Tensor, token_embedding: torch.Tensor, past: PathCache | None
@@ -152,24 +162,50 @@ class EagleHead(nn.Module):
         return out[:, 0], (layer.keys, layer.values)
 
     def logits(self, target: Target | PreTrainedModel, state: torch.Tensor) -> torch.Tensor:
-        """(n, V) drafter logits of (n, d) head states: without gradients (decoding) through
-        the target backend's own norm and head where it has one (``Target.project``), else
-        through transformers' head in the model's dtype."""
+        """(n, V) drafter logits of (n, d) head states. Whole vocabulary: without gradients
+        (decoding) through the target backend's own norm and head where it has one
+        (``Target.project``), else through transformers' head in the model's dtype. With a
+        draft vocabulary: ``draft_logits`` in its tokens' columns, and −inf (decoding) or the
+        dtype's lowest value (training: finite, so divergences stay defined) elsewhere."""
         served = as_target(target)
-        if not torch.is_grad_enabled():
-            projected = served.project(state)
-            if projected is not None:
-                return projected
-        model = served.model
+        if self.draft_tokens is None:
+            if not torch.is_grad_enabled():
+                projected = served.project(state)
+                if projected is not None:
+                    return projected
+            model = served.model
+            head = output_head(model)
+            out: torch.Tensor = head(model.model.norm(state.to(head.weight.dtype)))
+            return out
+        compact = self.draft_logits(target, state)
+        fill = -torch.inf if not torch.is_grad_enabled() else torch.finfo(compact.dtype).min
+        full = compact.new_full((compact.shape[0], self.config.vocab_size), fill)
+        return full.index_copy(1, self.draft_tokens, compact)
+
+    def draft_logits(self, target: Target | PreTrainedModel, state: torch.Tensor) -> torch.Tensor:
+        """(n, N) logits over the draft vocabulary (``draft_tokens`` order; N = V without one):
+        the target's final norm, then its LM head's rows for those tokens (transformers' head,
+        the model's dtype)."""
+        model = as_target(target).model
         head = output_head(model)
-        out: torch.Tensor = head(model.model.norm(state.to(head.weight.dtype)))
-        return out
+        normed = model.model.norm(state.to(head.weight.dtype))
+        if self.draft_tokens is None:
+            out: torch.Tensor = head(normed)
+            return out
+        if torch.is_grad_enabled():
+            rows = head.weight.index_select(0, self.draft_tokens)
+        else:  # decoding: the rows once per head weight
+            if self._rows is None or self._rows[0] is not head.weight:
+                self._rows = (head.weight, head.weight.index_select(0, self.draft_tokens))
+            rows = self._rows[1]
+        return torch.nn.functional.linear(normed, rows)
 
     def save(self, directory: Path, dtype: torch.dtype = torch.float16) -> None:
         """Write ``eagle.safetensors`` (weights in ``dtype``) and ``eagle.json``."""
         directory.mkdir(parents=True, exist_ok=True)
         tensors = {
-            k: v.detach().to("cpu", dtype).contiguous() for k, v in self.state_dict().items()
+            k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
+            for k, v in self.state_dict().items()
         }
         save_file(tensors, str(directory / "eagle.safetensors"), metadata={"format": FORMAT})
         (directory / "eagle.json").write_text(json.dumps(asdict(self.config), indent=2) + "\n")
@@ -184,9 +220,22 @@ class EagleHead(nn.Module):
         return load_for_target(cls, EagleConfig, directory, "eagle", FORMAT, target)
 
 
-def new_eagle(target: PreTrainedModel, objective: str = "") -> EagleHead:
+def new_eagle(
+    target: PreTrainedModel, objective: str = "", draft_tokens: torch.Tensor | None = None
+) -> EagleHead:
     """A fresh head for ``target`` (module docstring's start), shaped like one of its layers,
-    on its device and dtype."""
+    on its device and dtype; ``draft_tokens`` (N,) int64 distinct token ids: its draft
+    vocabulary (None: the whole vocabulary).
+
+    Raises:
+        ValueError: draft tokens that repeat or fall outside the vocabulary.
+    """
+    if draft_tokens is not None:
+        vocab = int(target.config.vocab_size)
+        if torch.unique(draft_tokens).numel() != draft_tokens.numel() or not bool(
+            ((draft_tokens >= 0) & (draft_tokens < vocab)).all()
+        ):
+            raise ValueError(f"draft_tokens must be distinct token ids in [0, {vocab})")
     c = target.config
     config = EagleConfig(
         hidden_size=c.hidden_size,
@@ -196,9 +245,13 @@ def new_eagle(target: PreTrainedModel, objective: str = "") -> EagleHead:
         intermediate_size=c.intermediate_size,
         target=target_fingerprint(target),
         objective=objective,
+        draft_vocab=0 if draft_tokens is None else int(draft_tokens.numel()),
     )
     param = next(target.parameters())
-    return EagleHead(config).to(param.device, param.dtype)
+    head = EagleHead(config).to(param.device, param.dtype)
+    if head.draft_tokens is not None and draft_tokens is not None:
+        head.draft_tokens.copy_(draft_tokens)
+    return head
 
 
 class EagleDrafter:

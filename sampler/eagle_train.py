@@ -240,7 +240,8 @@ def train(
     for p in target.parameters():
         p.requires_grad_(False)
     torch.manual_seed(config.seed)  # the fresh head's layer initialisation
-    head = new_eagle(target, config.objective.name).float()
+    drafted = init.draft_tokens if init is not None else None
+    head = new_eagle(target, config.objective.name, drafted).float()
     if init is not None:
         head.load_state_dict(init.state_dict())
     head.train()
@@ -364,24 +365,37 @@ def distill_loss(
     """
     embed = target.get_input_embeddings()
     k = data.teacher_tokens.shape[1]
+    drafted = head.draft_tokens
+    slot = None  # vocabulary id -> column of the draft vocabulary (-1: not drafted)
+    if drafted is not None:
+        slot = torch.full((head.config.vocab_size,), -1, dtype=torch.long, device=drafted.device)
+        slot[drafted] = torch.arange(drafted.numel(), device=drafted.device)
     state, past = head.advance(data.hidden[roots - 1], embed(data.tokens[roots]), None)
     losses, accept, weights = [], [], []
     for level in range(lookahead):
         index = roots + level  # the teacher of level ℓ = level + 1 reads h_{a+ℓ−1}
         valid = (index + 1 <= data.last[roots]).float()
         index = torch.minimum(index, data.last[roots])
-        logits = head.logits(target, state).float()
+        logits = head.draft_logits(target, state).float()
         log_q = torch.log_softmax(logits if temperature == 1 else logits / temperature, -1)
         p = torch.softmax(data.teacher_logits[index] / temperature, -1)
-        cross = -(p * log_q.gather(1, data.teacher_tokens[index])).sum(-1)
+        teacher = data.teacher_tokens[index]
+        if slot is None:
+            cross = -(p * log_q.gather(1, teacher)).sum(-1)
+        else:  # a teacher token outside the draft vocabulary cannot be drafted: no term
+            columns = slot[teacher]
+            inside = columns >= 0
+            cross = -(p * inside * log_q.gather(1, columns.clamp(min=0))).sum(-1)
         weight = valid * level_decay**level
         losses.append((cross * weight).sum())
         weights.append(weight.sum())
         if measure:
             with torch.no_grad():
-                q_top, q_tokens = log_q.topk(k, -1)
+                q_top, q_columns = log_q.topk(k, -1)
                 q = torch.softmax(q_top, -1)
-                p_full = torch.zeros_like(log_q).scatter_(1, data.teacher_tokens[index], p)
+                q_tokens = q_columns if drafted is None else drafted[q_columns]
+                p_full = p.new_zeros((p.shape[0], head.config.vocab_size))
+                p_full.scatter_(1, teacher, p)
                 overlap = torch.minimum(p_full.gather(1, q_tokens), q).sum(-1)
                 accept.append((overlap * valid).sum() / valid.sum().clamp(min=1))
         if level + 1 < lookahead:
@@ -431,9 +445,11 @@ def fit(
     config: DistillConfig,
     init: EagleHead | None = None,
     on_step: Callable[[EagleHead, TrainLog], None] | None = None,
+    draft_tokens: torch.Tensor | None = None,
 ) -> tuple[EagleHead, TrainLog]:
     """Train a head (float32 weights, bfloat16 autocast on the CPU) by ``distill_loss`` on
-    roots drawn uniformly from ``data`` (with replacement across steps).
+    roots drawn uniformly from ``data`` (with replacement across steps); ``draft_tokens``:
+    a fresh head's draft vocabulary (``new_eagle``; ``init``'s own otherwise).
 
     Raises:
         ValueError: ``data`` has no root.
@@ -443,7 +459,9 @@ def fit(
     for p in target.parameters():
         p.requires_grad_(False)
     torch.manual_seed(config.seed)
-    head = new_eagle(target, "ce").float()
+    if init is not None:
+        draft_tokens = init.draft_tokens
+    head = new_eagle(target, "ce", draft_tokens).float()
     if init is not None:
         head.load_state_dict(init.state_dict())
     head.train()
@@ -501,3 +519,28 @@ def validate(
         totals += accept.double()
         chunks += 1
     return (totals / max(chunks, 1)).tolist()
+
+
+def draft_vocabulary(data: AnchorData, size: int, vocab_size: int) -> torch.Tensor:
+    """(size,) int64 sorted token ids: the ``size`` tokens with the most teacher probability
+    (top-k laws at T = 1) summed over ``data``'s positions, a draft vocabulary for
+    ``new_eagle`` (EAGLE-3 §3 drafts over a reduced vocabulary the same way).
+
+    Raises:
+        ValueError: ``size`` outside [1, vocab_size].
+    """
+    if not 1 <= size <= vocab_size:
+        raise ValueError(f"draft vocabulary size must be in [1, {vocab_size}], got {size}")
+    mass = torch.zeros(vocab_size, dtype=torch.float64)
+    laws = torch.softmax(data.teacher_logits, -1).double()
+    mass.index_add_(0, data.teacher_tokens.flatten(), laws.flatten())
+    return mass.topk(size).indices.sort().values
+
+
+def vocabulary_coverage(data: AnchorData, tokens: torch.Tensor, vocab_size: int) -> float:
+    """The mean teacher probability (top-k laws at T = 1) on ``tokens`` over ``data``'s
+    positions: an upper bound on a draft of that vocabulary's acceptance there."""
+    inside = torch.zeros(vocab_size, dtype=torch.bool)
+    inside[tokens] = True
+    laws = torch.softmax(data.teacher_logits, -1).double()
+    return float((laws * inside[data.teacher_tokens]).sum(-1).mean())

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from keyed import KeyedSource, Secret
 from sampler.batch import generate_many
 from sampler.cached_lm import as_target
 from sampler.decoder import SamplerConfig, generate
-from sampler.drafters import fresh_drafter, make_drafter
+from sampler.drafters import default_drafter, fresh_drafter, make_drafter
 from sampler.eagle import EagleDrafter, EagleHead, new_eagle, prime_eagle
 from sampler.processing import Processing
 from sampler.static_target import ATTENTION_BLOCK, StaticLlama
@@ -99,9 +100,7 @@ def test_mpfr_with_eagle_on_the_static_target():
     for i, (b, lookahead) in enumerate([(4, 3), (2, 4), (8, 2)]):
         ref = generate(static, _prompt(i + 1), SamplerConfig("basic-uwm", max_new_tokens=16),
                        _source(i))  # fmt: skip
-        drafter = make_drafter("eagle", static)
-        assert isinstance(drafter, EagleDrafter)
-        drafter.head = head
+        drafter = EagleDrafter(head, static, "eagle:test")
         out = generate(static, _prompt(i + 1), SamplerConfig("mpfr", b, lookahead, 16),
                        _source(i), drafter)  # fmt: skip
         accepted += sum(out.stats.accepted_per_level)
@@ -230,3 +229,46 @@ def test_prime_eagle_batches_a_level_as_each_drafter_alone(target):
     for i in range(3):
         for level in (0, 1):
             torch.testing.assert_close(batched[level][i], alone[i][level], atol=1e-12, rtol=0)
+
+
+def test_a_draft_vocabulary_drafts_only_its_tokens_and_stays_exact(target, tmp_path: Path):
+    """A head with a draft vocabulary of half the tokens: −inf outside it, its columns equal
+    to the LM head's rows for those tokens; mpfr with it emits basic-uwm's tokens; its token
+    ids are stored as int64 (float16 would round ids above 2048)."""
+    tokens = torch.arange(0, VOCAB, 2)
+    head = new_eagle(target, "test", tokens)
+    g = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    head.eval()
+    state = torch.randn((3, 32), generator=g, dtype=torch.float64)
+    with torch.no_grad():
+        logits = head.logits(target, state)
+        want = target.lm_head(target.model.norm(state))[:, tokens]
+    assert bool(torch.isinf(logits[:, 1::2]).all())
+    torch.testing.assert_close(logits[:, tokens], want)
+    head.save(tmp_path / "e")
+    assert load_file(str(tmp_path / "e" / "eagle.safetensors"))["draft_tokens"].dtype == torch.int64
+    loaded = EagleHead.load(tmp_path / "e", target)
+    assert loaded.draft_tokens is not None and torch.equal(loaded.draft_tokens, tokens)
+    drafted = 0
+    for i in range(4):
+        ref = generate(target, _prompt(i + 2), SamplerConfig("basic-uwm", max_new_tokens=16),
+                       _source(i))  # fmt: skip
+        drafter = EagleDrafter(loaded, target, "eagle:test")
+        out = generate(target, _prompt(i + 2), SamplerConfig("mpfr", 4, 3, 16), _source(i),
+                       drafter)  # fmt: skip
+        assert out.token_ids == ref.token_ids
+        drafted += sum(out.stats.drafted_per_level)
+    assert drafted > 0
+
+
+def test_a_draft_vocabulary_must_be_distinct_ids_of_the_vocabulary(target):
+    for bad in (torch.tensor([1, 1, 2]), torch.tensor([0, VOCAB])):
+        with pytest.raises(ValueError, match="distinct token ids"):
+            new_eagle(target, "test", bad)
+
+
+def test_the_default_drafter_is_ngram_where_the_shipped_head_does_not_fit(target):
+    assert default_drafter(target) == "ngram"

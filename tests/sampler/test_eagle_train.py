@@ -189,19 +189,21 @@ def test_anchor_data_roots_and_teachers(target, shards):
     assert offset == len(data.tokens)
 
 
-def _perturbed(target, seed: int):
-    head = new_eagle(target).float()
+def _perturbed(target, seed: int, tokens=None):
+    head = new_eagle(target, "test", tokens).float()
     with torch.no_grad():
         for p in head.parameters():
             p.add_(0.2 * torch.randn(p.shape, generator=torch.Generator().manual_seed(seed)))
     return head.eval()
 
 
-def test_measured_acceptance_is_one_minus_tv_of_the_processed_laws(target, shards):
+@pytest.mark.parametrize("tokens", [None, torch.arange(1, VOCAB, 3)], ids=["whole", "draft_vocab"])
+def test_measured_acceptance_is_one_minus_tv_of_the_processed_laws(target, shards, tokens):
     """``distill_loss``'s acceptance at level ℓ is the mean of Σ_x min(p'(x), q'(x)) with p', q'
-    the top-k laws of the target and the head, the head run on the target's path."""
+    the top-k laws of the target and the head (0 outside a draft vocabulary), the head run on
+    the target's path."""
     data = AnchorData.from_shards(target, shards[0], top_k=TOP_K)
-    head = _perturbed(target, 3)
+    head = _perturbed(target, 3, tokens)
     roots = data.roots[:40]
     with torch.no_grad():
         _, accept = distill_loss(head, target, data, roots, 2, measure=True)
@@ -211,7 +213,8 @@ def test_measured_acceptance_is_one_minus_tv_of_the_processed_laws(target, shard
         for level in range(2):
             index = roots + level
             valid = index + 1 <= data.last[roots]
-            q = torch.softmax(head.logits(target, state).float(), -1)
+            with torch.inference_mode():  # decoding's logits: −inf outside the draft vocabulary
+                q = torch.softmax(head.logits(target, state).float(), -1)
             q_top, q_tokens = q.topk(TOP_K, -1)
             q_law = torch.zeros_like(q).scatter_(1, q_tokens, q_top / q_top.sum(-1, keepdim=True))
             p = torch.zeros_like(q).scatter_(

@@ -130,6 +130,29 @@ def _wait_ready(url: str, process: subprocess.Popen[bytes], timeout: float = 300
     raise AssertionError("poissonmark serve did not become ready")
 
 
+def test_mpfr_without_a_drafter_runs_the_shipped_eagle_head(real_service: Service) -> None:
+    """A speculative request that names no drafter gets the served model's default, the
+    shipped eagle head (the served document lists it), and emits basic-uwm's tokens for the
+    same key and nonce."""
+    svc = real_service
+    user = svc.token("acme", ("generate", "keys"))
+    key_id = svc.create_key(user)
+    body = {"key_id": key_id, **GENERATION, "max_new_tokens": 24}
+    want = svc.client.post("/v1/generate", json=body, headers=user)
+    got = svc.client.post(
+        "/v1/generate",
+        json={**body, "method": "mpfr", "drafts": 4, "lookahead": 4, "tree": "fixed"},
+        headers=user,
+    )
+    assert want.status_code == 200 and got.status_code == 200, (want.text, got.text)
+    assert got.json()["drafter"] == "eagle"
+    assert got.json()["token_ids"] == want.json()["token_ids"]
+    assert got.json()["stats"]["emitted_tokens"] > got.json()["stats"]["target_forward_passes"]
+    document = svc.client.get("/openapi.json").json()
+    drafter = document["components"]["schemas"]["GenerateRequest"]["properties"]["drafter"]
+    assert "eagle" in json.dumps(drafter), drafter
+
+
 def test_poissonmark_serve_end_to_end(tmp_path: Path, data_dir: Path) -> None:
     """The documented command, on a loopback port, with the converted model cache."""
     model_dir = data_dir / "models" / DEFAULT_MODEL
