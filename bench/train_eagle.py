@@ -210,8 +210,10 @@ def main() -> None:
         head, log = fit(target, data, config, None, progress, draft_tokens)
         heads["ce"] = head
         stages.append(_stage("ce", config, log, None))
-    else:
+        (out / "ce" / "stage.json").write_text(json.dumps(stages[-1], indent=1) + "\n")
+    else:  # a finished ce stage: its head and record
         heads["ce"] = EagleHead.load(out / "ce", target)
+        stages.append(json.loads((out / "ce" / "stage.json").read_text()))
     validation["ce"] = _validation(heads["ce"], target, valid, args.lookahead)
     if args.mdraft_steps:
         rollouts, hidden = _rollouts(train_shards)

@@ -7,6 +7,7 @@ without hidden states."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,9 @@ from sampler.batch import generate_many
 from sampler.cached_lm import as_target
 from sampler.decoder import SamplerConfig, generate
 from sampler.drafters import default_drafter, fresh_drafter, make_drafter
-from sampler.eagle import EagleDrafter, EagleHead, new_eagle, prime_eagle
+from sampler.eagle import SHIPPED_EAGLE, EagleDrafter, EagleHead, new_eagle, prime_eagle
 from sampler.processing import Processing
+from sampler.rollouts import split_of
 from sampler.static_target import ATTENTION_BLOCK, StaticLlama
 from sampler.target import Target
 from sampler.tree import DraftTree
@@ -272,3 +274,25 @@ def test_a_draft_vocabulary_must_be_distinct_ids_of_the_vocabulary(target):
 
 def test_the_default_drafter_is_ngram_where_the_shipped_head_does_not_fit(target):
     assert default_drafter(target) == "ngram"
+
+
+def test_the_shipped_head_carries_its_provenance():
+    """The shipped eagle head (package data, at most 20 MB) says what it was trained on (train-
+    split prompts only, rollouts at T = 1 and T = 0.7), how (objective, stages, steps) and at
+    which commit; its draft vocabulary is stored whole."""
+    names = {p.name for p in SHIPPED_EAGLE.iterdir()}
+    assert {"eagle.json", "eagle.safetensors", "provenance.json", "README.md"} <= names
+    assert sum(p.stat().st_size for p in SHIPPED_EAGLE.iterdir()) <= 20 * 2**20
+    provenance = json.loads((SHIPPED_EAGLE / "provenance.json").read_text())
+    config = json.loads((SHIPPED_EAGLE / "eagle.json").read_text())
+    assert provenance["objective"] == config["objective"]
+    assert provenance["training"][0]["objective"] == "ce"
+    assert all(stage["steps"] > 0 for stage in provenance["training"])
+    assert len(provenance["commit"]) == 40 and provenance["dirty_tree"] is False
+    data = provenance["data"]
+    assert data["temperatures"] == [0.7, 1.0] and data["rollouts"] > 1000
+    assert data["train_prompt_ids"]
+    assert all(split_of(i) == "train" for i in data["train_prompt_ids"])
+    assert all(split_of(i) == "train" for i in data["validation_prompt_ids"])
+    tokens = load_file(str(SHIPPED_EAGLE / "eagle.safetensors"))["draft_tokens"]
+    assert config["draft_vocab"] == tokens.numel() == data["draft_vocabulary"]["size"]

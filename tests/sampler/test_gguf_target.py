@@ -332,9 +332,9 @@ def test_batched_equals_solo_on_gguf(gguf_model, data_files) -> None:  # type: i
 
 
 def test_eagle_on_gguf_equals_basic_uwm_solo_and_batched(gguf_model, data_files) -> None:  # type: ignore[no-untyped-def]
-    """The eagle head reads llama.cpp's hidden states (untrained: W_in = [I, 0] and zero
-    output projections make it deterministic): mpfr with it drafts trees and emits basic-uwm's
-    tokens, alone and two requests at a time (one head call per level for both)."""
+    """The shipped eagle head reads llama.cpp's hidden states: mpfr with it drafts trees and
+    emits basic-uwm's tokens, alone and two requests at a time (one head call per level for
+    both), and it accepts drafts."""
     configs = [SamplerConfig("mpfr", 4, 3, 12), SamplerConfig("mpfr", 2, 4, 12)]
     requests = [
         CompletionRequest(ids, config, source, "eagle")
@@ -349,6 +349,7 @@ def test_eagle_on_gguf_equals_basic_uwm_solo_and_batched(gguf_model, data_files)
         assert solo.result.token_ids == want.result.token_ids, r.config
         assert b.result.token_ids == want.result.token_ids, r.config
         assert min(solo.result.stats.drafted_per_level[:2]) > 0  # the head read hidden states
+        assert solo.result.stats.accepted_per_level[0] > 0
 
 
 def test_a_converted_copy_finds_its_gguf(data_dir, tmp_path) -> None:  # type: ignore[no-untyped-def]
