@@ -19,7 +19,7 @@ python -m bench.eagle_data --out "$data" --samples 8 --batch 96 --temperatures 1
   --max-new-tokens 160
 python -m bench.eagle_data --out "$data" --samples 2 --batch 96 --temperatures 0.7 \
   --max-new-tokens 160
-python -m bench.train_eagle --data "$data" --out "$out" --ce-steps 2400 --batch 256 --lr 2e-3 \
-  --mdraft-steps 300 --mdraft-anchors 16 --proposals 4 --mdraft-lr 2e-4
+python -m bench.train_eagle --data "$data" --out "$out" --ce-steps 6000 --batch 256 --lr 2e-3 \
+  --checkpoint 500 --mdraft-steps 600 --mdraft-anchors 16 --proposals 4 --mdraft-lr 2e-4
 python -m bench.drafters --home "$home" --eagle "eagle-ce=$out/ce" \
   --eagle "eagle-mdraft=$out/mdraft" --prompts 20 --tokens 128 --temperatures 1 0.7
