@@ -16,7 +16,7 @@ import functools
 import hashlib
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, cast
 
@@ -257,7 +257,7 @@ class RolloutShard:
     def save(self, path: Path) -> None:
         """Write atomically (a temporary file, then a rename)."""
         partial = path.with_suffix(".partial")
-        torch.save(self.__dict__, partial)
+        torch.save({f.name: getattr(self, f.name) for f in fields(self)}, partial)
         partial.replace(path)
 
     @classmethod

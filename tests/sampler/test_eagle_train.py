@@ -23,7 +23,7 @@ from sampler.eagle_train import (
     validate,
 )
 from sampler.mdraft import Objective
-from sampler.rollouts import Rollout, hidden_states, sample_shards
+from sampler.rollouts import Rollout, RolloutShard, hidden_states, sample_shards
 from tests.sampler.conftest import VOCAB
 
 
@@ -250,3 +250,15 @@ def test_fit_is_reproducible_from_its_seed(target, shards):
     b, _ = fit(target, data, config)
     for (name, x), y in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
         assert torch.equal(x, y), name
+
+
+def test_a_shard_round_trips_through_its_file(shards, tmp_path):
+    shard = shards[1][0]
+    shard.save(tmp_path / "s.pt")
+    again = RolloutShard.load(tmp_path / "s.pt")
+    assert (again.prompt_id, again.prompt_len, again.temperature, again.top_k) == (
+        shard.prompt_id, shard.prompt_len, shard.temperature, shard.top_k
+    )  # fmt: skip
+    for a, b in zip(shard.ids + shard.hidden, again.ids + again.hidden, strict=True):
+        assert torch.equal(a, b)
+    assert not (tmp_path / "s.partial").exists()
