@@ -109,6 +109,7 @@ def main() -> None:
         "--cells-for", action="append", default=[], help="NAME=BxL,...: that drafter's cells"
     )
     parser.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 0.7])
+    parser.add_argument("--only", nargs="+", default=[], help="run only these drafters (names)")
     parser.add_argument("--out", default="drafters")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -126,6 +127,11 @@ def main() -> None:
     for item in args.eagle:
         name, _, path = item.partition("=")
         drafters[name] = f"eagle:{path}"
+    if args.only:
+        unknown = set(args.only) - set(drafters)
+        if unknown:
+            raise SystemExit(f"--only {', '.join(sorted(unknown))}: not a drafter here")
+        drafters = {name: spec for name, spec in drafters.items() if name in args.only}
     cells_of = {name: parse_cells(args.cells) for name in drafters}
     for item in args.cells_for:
         name, _, text = item.partition("=")
