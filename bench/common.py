@@ -12,6 +12,8 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DATA = Path(__file__).resolve().parents[1] / "data"
+PROMPT_FILES = ("prompts-eli5.jsonl", "prompts-summarize.jsonl")
+"""The shared prompt sets in ``DATA``: ELI5 questions and summarisation requests."""
 
 
 MEASURED_CODE = ("keyed", "sampler", "detector", "service")
@@ -64,11 +66,13 @@ def environment() -> dict[str, object]:
     }
 
 
+def prompts_by_hash(name: str) -> list[dict]:
+    """The records of the shared prompt file ``name`` in the order of the SHA-256 of their ids."""
+    rows = [json.loads(line) for line in (DATA / name).read_text().splitlines() if line.strip()]
+    rows.sort(key=lambda r: hashlib.sha256(r["id"].encode()).hexdigest())
+    return rows
+
+
 def shared_prompts(n: int) -> list[dict]:
     """n prompts, half ELI5 and half summarisation, chosen by a fixed hash of their id."""
-    chosen: list[dict] = []
-    for name in ("prompts-eli5.jsonl", "prompts-summarize.jsonl"):
-        rows = [json.loads(line) for line in (DATA / name).read_text().splitlines()]
-        rows.sort(key=lambda r: hashlib.sha256(r["id"].encode()).hexdigest())
-        chosen += rows[: n // 2]
-    return chosen
+    return [row for name in PROMPT_FILES for row in prompts_by_hash(name)[: n // 2]]

@@ -20,11 +20,9 @@ from pathlib import Path
 
 import torch
 
-from bench.common import DATA
+from bench.common import DATA, PROMPT_FILES
 from sampler.models import DEFAULT_MODEL, load_model
 from sampler.rollouts import load_prompts, prompt_ids, sample_shards, split_of
-
-PROMPT_FILES = ("prompts-eli5.jsonl", "prompts-summarize.jsonl")
 
 
 def main() -> None:

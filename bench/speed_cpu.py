@@ -312,7 +312,7 @@ def contention(args: argparse.Namespace) -> None:
     loaded = load_model(DEFAULT_MODEL, args.home, "cpu", precision="gguf")
     target = loaded.target
     assert isinstance(target, GgufTarget)
-    default = f"mpfr/{default_drafter(target)}/B4L4/auto"  # the service's default generation
+    default = f"mpfr/{default_drafter(target).name}/B4L4/auto"  # the service's default generation
     run = ours(loaded, default, args.tokens)
     share = target.share
     conditions = ["quiet/share", "busy/share", "quiet/fixed", "busy/fixed"]

@@ -25,13 +25,14 @@ import argparse
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bench.common import DATA, environment
+from bench.common import PROMPT_FILES, environment, prompts_by_hash
 from sampler.eagle import EagleHead
 from sampler.eagle_train import (
     AnchorData,
@@ -49,16 +50,13 @@ from sampler.mdraft import Objective
 from sampler.models import DEFAULT_MODEL, load_model
 from sampler.rollouts import Rollout, RolloutShard, split_of
 
-PROMPT_FILES = ("prompts-eli5.jsonl", "prompts-summarize.jsonl")
-
 
 def chosen_prompts(train: int, heldout: int) -> list[dict[str, Any]]:
     """``train`` prompts of the train split and ``heldout`` of the held-out split, half from
     each shared prompt file, in the order of the SHA-256 of their ids."""
     chosen: list[dict[str, Any]] = []
     for name in PROMPT_FILES:
-        rows = [json.loads(line) for line in (DATA / name).read_text().splitlines() if line]
-        rows.sort(key=lambda r: hashlib.sha256(r["id"].encode()).hexdigest())
+        rows = prompts_by_hash(name)
         chosen += [r for r in rows if split_of(r["id"]) == "train"][: train // 2]
         chosen += [r for r in rows if split_of(r["id"]) == "heldout"][: heldout // 2]
     return chosen
@@ -88,6 +86,23 @@ def _validation(head: EagleHead, target: Any, data: AnchorData, lookahead: int) 
         f"T={t:g}": [round(a, 4) for a in validate(head, target, data, lookahead, temperature=t)]
         for t in (1.0, 0.7)
     }
+
+
+def _progress(stage: str, measure: str) -> Callable[[TrainLog], None]:
+    """A step callback printing, every 25 steps, the mean of the log entries' ``measure`` over
+    those steps and the seconds since the stage began."""
+    begun = time.perf_counter()
+
+    def report(log: TrainLog) -> None:
+        if log.steps % 25 == 0:
+            recent = [e.get(measure, 0.0) for e in log.log[-25:]]
+            print(
+                f"{stage} step {log.steps} {measure} {sum(recent) / max(len(recent), 1):.4f} "
+                f"{time.perf_counter() - begun:.0f}s",
+                flush=True,
+            )
+
+    return report
 
 
 def _stage(
@@ -184,23 +199,17 @@ def main() -> None:
     validation: dict[str, Any] = {}
     if args.ce_steps:
         config = DistillConfig(
-            args.lookahead,
-            args.ce_steps,
-            args.batch,
-            args.lr,
+            lookahead=args.lookahead,
+            steps=args.ce_steps,
+            batch=args.batch,
+            lr=args.lr,
             warmup=max(1, args.ce_steps // 20),
             seed=args.seed,
         )
-        begun = time.perf_counter()
+        report = _progress("ce", "loss")
 
         def progress(head: EagleHead, log: TrainLog) -> None:
-            if log.steps % 25 == 0:
-                recent = [e["loss"] for e in log.log[-25:]]
-                print(
-                    f"ce step {log.steps} loss {sum(recent) / len(recent):.4f} "
-                    f"{time.perf_counter() - begun:.0f}s",
-                    flush=True,
-                )
+            report(log)
             if log.steps % args.checkpoint == 0 or log.steps == config.steps:
                 head.eval()
                 print("  validation", _validation(head, target, valid, args.lookahead), flush=True)
@@ -218,26 +227,17 @@ def main() -> None:
     if args.mdraft_steps:
         rollouts, hidden = _rollouts(train_shards)
         mconfig = EagleTrainConfig(
-            Objective.named("mdraft", proposals=args.proposals),
-            args.lookahead,
-            args.mdraft_steps,
-            args.mdraft_anchors,
-            args.mdraft_lr,
+            objective=Objective.named("mdraft", proposals=args.proposals),
+            lookahead=args.lookahead,
+            steps=args.mdraft_steps,
+            anchors=args.mdraft_anchors,
+            lr=args.mdraft_lr,
             warmup=max(1, args.mdraft_steps // 10),
             seed=args.seed,
         )
-        begun = time.perf_counter()
-
-        def mprogress(log: TrainLog) -> None:
-            if log.steps % 25 == 0:
-                recent = [e.get("train_tau", 0.0) for e in log.log[-25:]]
-                print(
-                    f"mdraft step {log.steps} train tau {sum(recent) / len(recent):.3f} "
-                    f"{time.perf_counter() - begun:.0f}s",
-                    flush=True,
-                )
-
-        head, log = train(target, rollouts, hidden, mconfig, heads["ce"], mprogress)
+        head, log = train(
+            target, rollouts, hidden, mconfig, heads["ce"], _progress("mdraft", "train_tau")
+        )
         head.save(out / "mdraft")
         heads["mdraft"] = head
         stages.append(_stage("mdraft", mconfig, log, "ce"))

@@ -101,8 +101,11 @@ def complete(
     instance: Drafter | None = None
     if config.speculative:
         if drafter is None:
-            drafter = default_drafter(loaded.target)
-        instance = make_drafter(drafter, loaded.target) if isinstance(drafter, str) else drafter
+            instance = default_drafter(loaded.target)
+        elif isinstance(drafter, str):
+            instance = make_drafter(drafter, loaded.target)
+        else:
+            instance = drafter
     result = generate(loaded.target, ids, config, source, instance, eos_ids(loaded))
     text = loaded.tokenizer.decode(list(result.token_ids), skip_special_tokens=False)
     assert isinstance(text, str), "one sequence decodes to one string"
@@ -142,7 +145,7 @@ def complete_many(
         ValueError: ``complete``'s errors.
     """
     built: dict[str, Drafter] = {}
-    default: str | None = None
+    default: Drafter | None = None
     runs: list[tuple[list[int], SamplerConfig, KeyedSource, Drafter | None]] = []
     for request in requests:
         instance: Drafter | None = None

@@ -10,7 +10,7 @@ Pipeline (``poissonmark distill``):
    ONCE over the prefix and all A·K blocks (a tree-attention mask: a block sees the prefix up to
    its anchor and its own earlier tokens) and fit q to the blended targets
    (``sampler.mdraft.on_policy_loss``); ``ce`` fits the target's own continuation instead.
-   AdamW, cosine schedule with warm-up, gradient clipping, seeded.
+   AdamW, cosine schedule with warm-up, gradient clipping, seeded (``sampler.training``).
 4. **Evaluation** — on held-out sequences, the expected acceptance length of standard
    speculative sampling with one chain of L drafts, τ = 1 + Σ_ℓ Π_{m≤ℓ} a_m with
    a_m = min(1, p_m(x_m)/q_m(x_m)) at temperature T (T = 0: a_m = 1 iff the greedy draft equals
@@ -37,11 +37,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import PreTrainedModel, get_cosine_schedule_with_warmup
+from transformers import PreTrainedModel
 
 from sampler.heads import ParallelHeads, new_heads, output_head
 from sampler.mdraft import Objective, acceptance_probabilities, off_policy_loss, on_policy_loss
 from sampler.rollouts import Rollout
+from sampler.training import Optimisation, Optimiser
 
 
 @torch.inference_mode()
@@ -85,41 +86,34 @@ def verifier_laws(
     return torch.cat([first[:, None, None, :].expand(-1, k, 1, -1), rest], dim=2)
 
 
-@dataclass(frozen=True)
-class DistillConfig:
-    """One training run.
+@dataclass(frozen=True, kw_only=True)
+class DistillConfig(Optimisation):
+    """One training run (the optimiser settings: ``sampler.training.Optimisation``).
 
     Attributes:
         objective: what to fit (``sampler.mdraft.Objective``).
         lookahead: L heads.
         steps: optimiser steps (one sequence, ``anchors`` contexts each).
         anchors: A contexts per step.
-        lr, weight_decay, warmup, clip: AdamW, cosine schedule warm-up steps, grad-norm clip.
         seed: sequence order, anchors, drafts.
         eval_every, checkpoint_every: in steps (0 = never).
         init: a heads directory to start from (e.g. off-policy ``ce`` heads, as the MDraft
             paper post-trains a DFlash drafter), else fresh heads.
+    Raises:
+        ValueError: naming the field and its range.
     """
 
     objective: Objective = field(default_factory=Objective)
-    lookahead: int = 4
     steps: int = 300
     anchors: int = 32
-    lr: float = 1e-3
-    weight_decay: float = 0.01
     warmup: int = 20
-    clip: float = 1.0
-    seed: int = 0
     eval_every: int = 100
     checkpoint_every: int = 50
     init: str | None = None
 
     def __post_init__(self) -> None:
-        for name, low in (("lookahead", 1), ("steps", 1), ("anchors", 1), ("warmup", 0)):
-            if getattr(self, name) < low:
-                raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
+        super().__post_init__()
+        self.at_least(anchors=1, eval_every=0, checkpoint_every=0)
 
 
 def anchor_positions(
@@ -288,10 +282,7 @@ def train(
     else:
         heads = new_heads(target, config.lookahead, config.objective.name).float()
     heads.train()
-    optimiser = torch.optim.AdamW(
-        heads.parameters(), lr=config.lr, weight_decay=config.weight_decay
-    )
-    schedule = get_cosine_schedule_with_warmup(optimiser, config.warmup, config.steps)
+    optimiser = Optimiser(heads, config)
     generator = torch.Generator().manual_seed(config.seed)
     state = TrainState()
     checkpoint = out_dir / "checkpoint.pt"
@@ -305,8 +296,7 @@ def train(
                 f"{checkpoint} was written for another config or other rollouts; use a new --out"
             )
         heads.load_state_dict(saved["heads"])
-        optimiser.load_state_dict(saved["optimiser"])
-        schedule.load_state_dict(saved["schedule"])
+        optimiser.load_state_dict(saved)
         generator.set_state(saved["generator"])
         state = TrainState(**saved["state"])
     if not any(len(r.ids) - max(r.prompt_len - 1, 1) > config.lookahead for r in train_set):
@@ -330,19 +320,10 @@ def train(
         loss, accept = training_loss(
             heads, target, seq, train_hidden[index], anchors, config.objective, generator
         )
-        optimiser.zero_grad(set_to_none=True)
-        torch.autograd.backward(loss)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(heads.parameters(), config.clip))
-        optimiser.step()
-        schedule.step()
+        entry: dict[str, Any] = optimiser.step(loss)
         state.step += 1
         state.seconds += time.perf_counter() - started
-        entry: dict[str, Any] = {
-            "step": state.step,
-            "loss": float(loss.detach()),
-            "grad_norm": grad_norm,
-            "lr": schedule.get_last_lr()[0],
-        }
+        entry["step"] = state.step
         if accept.numel():
             entry["train_tau"] = float(1 + torch.cumprod(accept, -1).sum(-1).mean())
         if config.eval_every and (
@@ -360,7 +341,7 @@ def train(
             heads.train()
         state.log.append(entry)
         if on_step is not None:
-            on_step(state, float(loss.detach()))
+            on_step(state, entry["loss"])
         if config.checkpoint_every and (
             state.step % config.checkpoint_every == 0 or state.step == config.steps
         ):
@@ -369,8 +350,7 @@ def train(
                 {
                     "config": config_json,
                     "heads": heads.state_dict(),
-                    "optimiser": optimiser.state_dict(),
-                    "schedule": schedule.state_dict(),
+                    **optimiser.state_dict(),
                     "generator": generator.get_state(),
                     "state": asdict(state),
                 },

@@ -282,16 +282,15 @@ class FixedTokenDrafter:
         return None
 
 
-def default_drafter(target: Target | PreTrainedModel) -> str:
-    """The drafter spec a speculative request gets when it names none: ``eagle`` (the shipped
-    head, ``sampler.eagle.SHIPPED_EAGLE``) where it was trained for ``target`` and the backend
-    gives hidden states, else ``ngram``. With tree ``auto`` the cost model still steps one
-    token at a time where trees do not pay (``sampler.autotree``)."""
+def default_drafter(target: Target | PreTrainedModel) -> Drafter:
+    """The drafter a speculative request gets when it names none (its spec: ``.name``):
+    ``eagle`` (the shipped head, ``sampler.eagle.SHIPPED_EAGLE``) where it was trained for
+    ``target`` and the backend gives hidden states, else ``ngram``. With tree ``auto`` the cost
+    model still steps one token at a time where trees do not pay (``sampler.autotree``)."""
     try:
-        eagle_drafter("", target)
+        return eagle_drafter("", target)
     except ValueError:
-        return "ngram"
-    return "eagle"
+        return NgramDrafter(as_target(target).vocab_size)
 
 
 def make_drafter(spec: str, target: Target | PreTrainedModel) -> Drafter:

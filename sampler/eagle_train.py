@@ -33,46 +33,36 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import PreTrainedModel, get_cosine_schedule_with_warmup
+from transformers import PreTrainedModel
 
 from sampler.distill import anchor_positions, sequence_order, verifier_laws
 from sampler.eagle import EagleHead, new_eagle
 from sampler.heads import output_head
 from sampler.mdraft import Objective, acceptance_probabilities, off_policy_loss, on_policy_loss
 from sampler.rollouts import Rollout
+from sampler.training import Optimisation, Optimiser
 
 
-@dataclass(frozen=True)
-class EagleTrainConfig:
-    """One training run.
+@dataclass(frozen=True, kw_only=True)
+class EagleTrainConfig(Optimisation):
+    """One on-policy training run (the optimiser settings: ``sampler.training.Optimisation``).
 
     Attributes:
         objective: what to fit (``sampler.mdraft.Objective``; ``ce`` or an on-policy one).
         lookahead: L levels unrolled per anchor.
         steps: optimiser steps (one rollout, ``anchors`` contexts each).
         anchors: A contexts per step.
-        lr, weight_decay, warmup, clip: AdamW, cosine warm-up steps, grad-norm clip.
         seed: sequence order, anchors, sampled chains.
     Raises:
         ValueError: naming the field and its range.
     """
 
     objective: Objective = field(default_factory=Objective)
-    lookahead: int = 4
-    steps: int = 200
     anchors: int = 16
-    lr: float = 1e-3
-    weight_decay: float = 0.01
-    warmup: int = 10
-    clip: float = 1.0
-    seed: int = 0
 
     def __post_init__(self) -> None:
-        for name, low in (("lookahead", 1), ("steps", 1), ("anchors", 1), ("warmup", 0)):
-            if getattr(self, name) < low:
-                raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
+        super().__post_init__()
+        self.at_least(anchors=1)
 
 
 def unroll(
@@ -245,8 +235,7 @@ def train(
     if init is not None:
         head.load_state_dict(init.state_dict())
     head.train()
-    optimiser = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    schedule = get_cosine_schedule_with_warmup(optimiser, config.warmup, config.steps)
+    optimiser = Optimiser(head, config)
     generator = torch.Generator().manual_seed(config.seed)
     order = sequence_order(len(train_set), torch.Generator().manual_seed(config.seed + 1))
     log = TrainLog()
@@ -260,17 +249,9 @@ def train(
         loss, accept = training_loss(
             head, target, train_set[index], train_hidden[index], anchors, config, generator
         )
-        optimiser.zero_grad(set_to_none=True)
-        torch.autograd.backward(loss)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(head.parameters(), config.clip))
-        optimiser.step()
-        schedule.step()
+        entry: dict[str, Any] = optimiser.step(loss)
         log.seconds += time.perf_counter() - started
-        entry: dict[str, Any] = {
-            "step": log.steps,
-            "loss": float(loss.detach()),
-            "grad_norm": grad_norm,
-        }
+        entry["step"] = log.steps
         if accept.numel():
             entry["train_tau"] = float(1 + torch.cumprod(accept, -1).sum(-1).mean())
         log.log.append(entry)
@@ -405,14 +386,13 @@ def distill_loss(
     return loss, torch.stack(accept) if accept else torch.empty(0)
 
 
-@dataclass(frozen=True)
-class DistillConfig:
-    """The batched ``ce`` stage (``fit``).
+@dataclass(frozen=True, kw_only=True)
+class DistillConfig(Optimisation):
+    """The batched ``ce`` stage (``fit``); optimiser settings: ``sampler.training.Optimisation``.
 
     Attributes:
         lookahead: L levels unrolled per root.
         steps, batch: optimiser steps and roots per step.
-        lr, weight_decay, warmup, clip: AdamW, cosine warm-up steps, grad-norm clip.
         level_decay: level ℓ's loss weight is level_decay^(ℓ−1).
         seed: root sampling and the fresh head's initialisation.
     Raises:
@@ -422,19 +402,12 @@ class DistillConfig:
     lookahead: int = 6
     steps: int = 1000
     batch: int = 256
-    lr: float = 1e-3
-    weight_decay: float = 0.01
     warmup: int = 50
-    clip: float = 1.0
     level_decay: float = 0.8
-    seed: int = 0
 
     def __post_init__(self) -> None:
-        for name, low in (("lookahead", 1), ("steps", 1), ("batch", 1), ("warmup", 0)):
-            if getattr(self, name) < low:
-                raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
+        super().__post_init__()
+        self.at_least(batch=1)
         if not 0 < self.level_decay <= 1:
             raise ValueError(f"level_decay must be in (0, 1], got {self.level_decay}")
 
@@ -465,8 +438,7 @@ def fit(
     if init is not None:
         head.load_state_dict(init.state_dict())
     head.train()
-    optimiser = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    schedule = get_cosine_schedule_with_warmup(optimiser, config.warmup, config.steps)
+    optimiser = Optimiser(head, config)
     generator = torch.Generator().manual_seed(config.seed)
     device_type = next(target.parameters()).device.type
     log = TrainLog()
@@ -477,20 +449,10 @@ def fit(
             loss, _ = distill_loss(
                 head, target, data, data.roots[pick], config.lookahead, config.level_decay
             )
-        optimiser.zero_grad(set_to_none=True)
-        torch.autograd.backward(loss)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(head.parameters(), config.clip))
-        optimiser.step()
-        schedule.step()
+        entry = optimiser.step(loss)
         log.steps += 1
         log.seconds += time.perf_counter() - started
-        log.log.append(
-            {
-                "step": log.steps,
-                "loss": float(loss.detach()),
-                "grad_norm": grad_norm,
-            }
-        )
+        log.log.append({**entry, "step": log.steps})
         if on_step is not None:
             on_step(head, log)
     return head.eval(), log

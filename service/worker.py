@@ -428,7 +428,9 @@ class GenerationWorker:
         means the served model's default (``sampler.drafters.default_drafter``)."""
         if spec is None:
             if self._default_drafter is None:
-                self._default_drafter = default_drafter(self.loaded.target)
+                default = default_drafter(self.loaded.target)
+                self._drafters.setdefault(default.name, default)
+                self._default_drafter = default.name
             spec = self._default_drafter
         if spec not in self._drafters:
             try:

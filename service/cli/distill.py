@@ -92,11 +92,11 @@ def distill(
     settings = Settings()
     with errors():
         config = DistillConfig(
-            Objective.named(objective, alpha, proposals),
-            lookahead,
-            steps,
-            anchors,
-            lr,
+            objective=Objective.named(objective, alpha, proposals),
+            lookahead=lookahead,
+            steps=steps,
+            anchors=anchors,
+            lr=lr,
             warmup=warmup,
             seed=seed,
             eval_every=eval_every,

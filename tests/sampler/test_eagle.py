@@ -273,7 +273,7 @@ def test_a_draft_vocabulary_must_be_distinct_ids_of_the_vocabulary(target):
 
 
 def test_the_default_drafter_is_ngram_where_the_shipped_head_does_not_fit(target):
-    assert default_drafter(target) == "ngram"
+    assert default_drafter(target).name == "ngram"
 
 
 def test_the_shipped_head_carries_its_provenance():

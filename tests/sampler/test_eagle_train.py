@@ -5,6 +5,8 @@ drafter's own chain."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -24,6 +26,7 @@ from sampler.eagle_train import (
 )
 from sampler.mdraft import Objective
 from sampler.rollouts import Rollout, RolloutShard, hidden_states, sample_shards
+from sampler.training import Optimiser
 from tests.sampler.conftest import VOCAB
 
 
@@ -50,7 +53,12 @@ def data(target):
 
 def _config(name: str, steps: int) -> EagleTrainConfig:
     return EagleTrainConfig(
-        Objective.named(name, proposals=3), lookahead=3, steps=steps, anchors=16, lr=1e-2, warmup=2
+        objective=Objective.named(name, proposals=3),
+        lookahead=3,
+        steps=steps,
+        anchors=16,
+        lr=1e-2,
+        warmup=2,
     )
 
 
@@ -262,3 +270,32 @@ def test_a_shard_round_trips_through_its_file(shards, tmp_path):
     for a, b in zip(shard.ids + shard.hidden, again.ids + again.hidden, strict=True):
         assert torch.equal(a, b)
     assert not (tmp_path / "s.partial").exists()
+
+
+@pytest.mark.parametrize(
+    ("make", "field", "bound"),
+    [
+        (lambda: DistillConfig(batch=0), "batch", ">= 1"),
+        (lambda: DistillConfig(level_decay=0.0), "level_decay", "in (0, 1]"),
+        (lambda: EagleTrainConfig(anchors=0), "anchors", ">= 1"),
+        (lambda: EagleTrainConfig(lr=0.0), "lr", "> 0"),
+        (lambda: EagleTrainConfig(lookahead=0), "lookahead", ">= 1"),
+        (lambda: DistillConfig(weight_decay=-1.0), "weight_decay", ">= 0"),
+        (lambda: DistillConfig(clip=0.0), "clip", "> 0"),
+    ],
+)
+def test_training_configs_name_the_field_out_of_range(make, field, bound):
+    with pytest.raises(ValueError, match=rf"^{field} must be {re.escape(bound)}"):
+        make()
+
+
+def test_the_optimiser_logs_the_rate_each_step_used_and_follows_the_warmup():
+    """Linear warm-up from 0 to lr over ``warmup`` steps, then a cosine decay towards 0: the
+    rate each entry logs is the one its step applied."""
+    module = torch.nn.Linear(3, 1)
+    optimiser = Optimiser(module, EagleTrainConfig(lr=0.1, warmup=2, steps=4, clip=10.0))
+    rates = []
+    for _ in range(4):
+        loss = module(torch.ones(1, 3)).sum()
+        rates.append(optimiser.step(loss)["lr"])
+    assert rates == pytest.approx([0.0, 0.05, 0.1, 0.05])

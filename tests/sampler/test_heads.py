@@ -128,7 +128,7 @@ def _run(target, rollouts, tmp: Path, objective: Objective, steps: int, on_step=
     """Train tiny heads (L = 3); returns ((heads, state), held-out hidden states)."""
     train_set, heldout = rollouts
     config = DistillConfig(
-        objective,
+        objective=objective,
         lookahead=3,
         steps=steps,
         anchors=16,
@@ -176,6 +176,6 @@ def test_interrupted_run_resumes_to_the_same_heads(target, rollouts, tmp_path):
     train_set, heldout = rollouts
     hidden = [hidden_states(target, r) for r in train_set]
     held = [hidden_states(target, r) for r in heldout]
-    other = DistillConfig(objective, lookahead=3, steps=13)
+    other = DistillConfig(objective=objective, lookahead=3, steps=13)
     with pytest.raises(ValueError, match="another config"):
         train(target, train_set, hidden, heldout, held, other, tmp_path / "cut")
