@@ -49,7 +49,9 @@ class UnknownKey(PoissonmarkError):
         self.key_id = key_id
 
     def __str__(self) -> str:
-        return f"unknown key id {shown_key_id(self.key_id)}"
+        if isinstance(self.key_id, str) and KEY_ID_PATTERN.fullmatch(self.key_id):
+            return f"unknown key id '{self.key_id}'"
+        return "malformed key id: expected 'pmk_' and 16 lowercase hex digits (not echoed)"
 
 
 class KeyRevoked(PoissonmarkError):

@@ -28,8 +28,9 @@ if TYPE_CHECKING:
     from service.api_tokens import TokenStore
     from service.keystore import KeyStore
 
-out = Console()
-err = Console(stderr=True)
+# Piped output (not a terminal) is not wrapped at 80 columns: one line stays one line for grep.
+out = Console(soft_wrap=not sys.stdout.isatty())
+err = Console(stderr=True, soft_wrap=not sys.stderr.isatty())
 
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 ModelOpt = Annotated[str | None, typer.Option("--model", help="Alias or local HF model dir.")]
@@ -78,8 +79,9 @@ def errors(code: int | None = None) -> Iterator[None]:
         fail(str(exc), code or (1 if environment else 2))
     except ValueError as exc:
         fail(str(exc), code or 2)
-    except OSError as exc:
-        fail(f"{type(exc).__name__}: {exc}", code or 1)
+    except OSError as exc:  # "<path>: No such file or directory", as the shell says it
+        where = f"{exc.filename}: " if exc.filename is not None else ""
+        fail(f"{where}{exc.strerror or exc}", code or 1)
 
 
 @contextlib.contextmanager

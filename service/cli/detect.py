@@ -231,7 +231,7 @@ def detect(
     of a JSONL corpus (--jsonl). Without --key, test every key of --tenant (multi-key; the
     tenant tested is printed, on stderr with --json).
 
-    Exit status: 0 when a verdict was printed, whatever it is; with --exit-status 0 for
+    Exit status: 0 when a verdict was printed, whatever it is. With --exit-status: 0 for
     watermarked, 1 for not watermarked, 2 for an error. Without --exit-status an error exits 2
     (bad input) or 1 (Redis or files unreachable)."""
     from service.detect_response import detect_response

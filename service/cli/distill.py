@@ -82,9 +82,10 @@ def distill(
     device: DeviceOpt = None,
     as_json: Json = False,
 ) -> None:
-    """Train parallel drafter heads (MDraft); resumes from OUT/checkpoint.pt. Use the result
-    as --drafter heads:OUT. On a terminal a progress bar shows the rollouts and the training
-    steps with their loss."""
+    """Train parallel drafter heads (MDraft); resumes from OUT/checkpoint.pt.
+
+    Use the result as --drafter heads:OUT. On a terminal a progress bar shows the rollouts and
+    the training steps with their loss."""
     from sampler.distill import DistillConfig, evaluate, reach_summary, train
     from sampler.mdraft import Objective
     from sampler.rollouts import prepare_data

@@ -130,7 +130,14 @@ def generate(
             record = store.get_active(key)
         loaded = load(settings, model, device, as_json, precision)
         generation = prepare(record, tokenizer_fingerprint(loaded.tokenizer), wanted)
-        done = run(loaded, prompt_ids(loaded, prompt, messages), generation)
+        ids = prompt_ids(loaded, prompt, messages)
+        context = getattr(loaded.model.config, "max_position_embeddings", None)
+        if context is not None and len(ids) + max_new_tokens > context:
+            raise ValueError(
+                f"--max-new-tokens: the prompt's {len(ids)} tokens and {max_new_tokens} new "
+                f"tokens do not fit the model's context of {context} tokens"
+            )
+        done = run(loaded, ids, generation)
     if as_json:
         emit_json(done.to_json())
     else:

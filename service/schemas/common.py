@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from types import UnionType
 from typing import Annotated, Any, Final, Literal, Union, get_args, get_origin
 
@@ -47,6 +48,22 @@ KeyId = Annotated[
         description="A key id: `pmk_` and 16 lowercase hex digits.",
         examples=["pmk_0123456789abcdef"],
     ),
+]
+
+
+DRAFTER_PATTERN: Final = r"^(eagle|ngram|heads|self:[1-9][0-9]?)$"
+"""The drafter specs a request may name (the served document lists the served ones)."""
+
+
+def _drafter_spec(value: str) -> str:
+    # The schema keeps the pattern; the error says it in words (the value is not echoed).
+    if not re.fullmatch(DRAFTER_PATTERN, value):
+        raise ValueError("expected eagle, ngram, heads or self:N (N from 1 to 99)")
+    return value
+
+
+DrafterSpec = Annotated[
+    str, AfterValidator(_drafter_spec), Field(json_schema_extra={"pattern": DRAFTER_PATTERN})
 ]
 
 

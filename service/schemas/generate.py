@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from sampler.decoder import MAX_DRAFTS, MAX_LOOKAHEAD
 from sampler.methods import DEFAULT_TREE, HTTP_METHODS, TreeMode
-from service.schemas.common import ChatMessage, KeyId, RequestModel, Text
+from service.schemas.common import ChatMessage, DrafterSpec, KeyId, RequestModel, Text
 
 if TYPE_CHECKING:
     from sampler.methods import Method
@@ -41,9 +41,8 @@ class GenerateRequest(RequestModel):
     prompt: Text | None = None
     messages: list[ChatMessage] | None = Field(default=None, min_length=1)
     method: Method = "mpfr"
-    drafter: str | None = Field(
+    drafter: DrafterSpec | None = Field(
         default=None,
-        pattern=r"^(eagle|ngram|heads|self:[1-9][0-9]?)$",
         description="`eagle` (the shipped autoregressive draft head for SmolLM2-135M-Instruct), "
         "`ngram` (prompt lookup), `heads` (the shipped parallel heads) or `self:N` (the "
         "target's first N layers). Omitted: `eagle` where the served model has it, else "

@@ -36,7 +36,7 @@ from pydantic_core import PydanticCustomError, core_schema
 
 from sampler.decoder import MAX_DRAFTS, MAX_LOOKAHEAD
 from sampler.methods import DEFAULT_TREE, TreeMode
-from service.schemas.common import KeyId, RequestModel, Text
+from service.schemas.common import DrafterSpec, KeyId, RequestModel, Text
 from service.schemas.generate import MIN_TEMPERATURE
 
 if TYPE_CHECKING:
@@ -186,9 +186,8 @@ class OpenAIRequest(RequestModel):
     logit_bias: Annotated[Any, Neutral({}, _LOGIT_BIAS)] = None
     stop: Annotated[Any, Neutral([], _STOP)] = None
     method: Method = "mpfr"
-    drafter: str | None = Field(
+    drafter: DrafterSpec | None = Field(
         default=None,
-        pattern=r"^(eagle|ngram|heads|self:[1-9][0-9]?)$",
         description="poissonmark: the drafter (as in `POST /v1/generate`).",
     )
     drafts: Int = Field(default=4, alias="B", ge=1, le=MAX_DRAFTS, description="B, drafts.")

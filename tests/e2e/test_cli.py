@@ -280,6 +280,16 @@ def test_bad_input_is_one_clear_line(cli_env, args, needle):
     assert "Traceback" not in result.stderr
 
 
+def test_a_generation_past_the_models_context_is_refused_before_it_starts(cli_env):
+    made = CliRunner().invoke(app, ["keys", "create", "--json"], env=cli_env)
+    key = json.loads(made.stdout)["key_id"]
+    args = ["generate", "--key", key, "--prompt", "x", "--max-new-tokens", "100000000"]
+    result = CliRunner().invoke(app, args, env=cli_env)
+    assert result.exit_code == 2, result.output
+    assert "--max-new-tokens" in result.stderr and "context of 8192 tokens" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, real_tokenizer) -> Path:
     """A tiny random Llama with the real tokenizer (49,152 ids, hidden 32): the CLI's distill

@@ -10,6 +10,7 @@ the secret of a key the CLI created; fixed seeds.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -85,7 +86,7 @@ def test_exit_status_follows_the_verdict_with_the_flag(
 
 def test_detect_help_documents_the_exit_status(home: Path) -> None:
     shown = " ".join(invoke("detect", "--help").output.split())
-    assert "with --exit-status 0 for watermarked, 1 for not watermarked, 2 for an error" in shown
+    assert "With --exit-status: 0 for watermarked, 1 for not watermarked, 2 for an error" in shown
 
 
 def test_detect_help_shows_the_ray_extra_in_brackets(home: Path) -> None:
@@ -156,3 +157,24 @@ def test_key_less_detect_names_the_tenant_it_tested(home: Path) -> None:
     assert nobody.exit_code == 2
     told = " ".join(nobody.output.split())
     assert "tenant 'nobody' has no key" in told and "--tenant" in told and "--key" in told
+
+
+def test_errors_and_piped_output_read_plainly(home: Path) -> None:
+    """A missing file is named as the shell names it (no exception class), a malformed key id
+    is called malformed (and not echoed), and output into a pipe keeps one fact per line (no
+    wrapping at 80 columns)."""
+    key = create_key()
+    absent = home / "absent.txt"
+    missing = invoke("detect", "--key", key, "--file", str(absent))
+    assert missing.exit_code == 1, missing.output
+    assert f"{absent}: No such file or directory" in missing.output
+    assert "Error" not in missing.output
+    pasted = "pmk_doesnotexist00"
+    malformed = invoke("generate", "--key", pasted, "--prompt", "x")
+    assert malformed.exit_code == 2, malformed.output
+    assert "malformed key id" in malformed.output and "unknown" not in malformed.output
+    assert pasted not in malformed.output
+    found = invoke("detect", "--key", key, "--token-ids", marked_ids(key, seed=3))
+    assert found.exit_code == 0, found.output
+    line = next(x for x in found.stdout.splitlines() if x.startswith("p-value:"))
+    assert len(line) > 80 and re.search(r"scored tokens: \d+ of \d+$", line), found.stdout
