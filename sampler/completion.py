@@ -152,7 +152,8 @@ def complete_many(
         if request.config.speculative:
             spec = request.drafter
             if spec is None:
-                default = default or default_drafter(loaded.target)
+                if default is None:
+                    default = default_drafter(loaded.target)
                 spec = default
             if isinstance(spec, str):
                 if spec not in built:

@@ -42,7 +42,7 @@ class Optimisation:
         for name in ("lr", "clip"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        if self.weight_decay < 0:
+        if not self.weight_decay >= 0:  # NaN too
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
 
     def at_least(self, **lows: int) -> None:

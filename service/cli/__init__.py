@@ -19,12 +19,14 @@ from __future__ import annotations
 import typer
 
 from service.cli import api_tokens, detect, distill, generate, keys, serve
+from service.cli.common import plain_when_piped
 
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     help="Watermarked LLM text by keyed multi-draft speculative sampling (MPFR).",
 )
+app.callback()(plain_when_piped)
 app.add_typer(keys.app, name="keys")
 app.command()(generate.generate)
 app.command()(detect.detect)

@@ -28,9 +28,16 @@ if TYPE_CHECKING:
     from service.api_tokens import TokenStore
     from service.keystore import KeyStore
 
-# Piped output (not a terminal) is not wrapped at 80 columns: one line stays one line for grep.
-out = Console(soft_wrap=not sys.stdout.isatty())
-err = Console(stderr=True, soft_wrap=not sys.stderr.isatty())
+out = Console()
+err = Console(stderr=True)
+
+
+def plain_when_piped() -> None:
+    """Output into a pipe or a file is not wrapped at 80 columns (one line stays one line for
+    grep); a terminal keeps rich's wrapping at its width. Decided when a command runs."""
+    for console in (out, err):
+        console.soft_wrap = not console.is_terminal
+
 
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 ModelOpt = Annotated[str | None, typer.Option("--model", help="Alias or local HF model dir.")]
@@ -81,7 +88,7 @@ def errors(code: int | None = None) -> Iterator[None]:
         fail(str(exc), code or 2)
     except OSError as exc:  # "<path>: No such file or directory", as the shell says it
         where = f"{exc.filename}: " if exc.filename is not None else ""
-        fail(f"{where}{exc.strerror or exc}", code or 1)
+        fail(f"{where}{exc.strerror or str(exc) or type(exc).__name__}", code or 1)
 
 
 @contextlib.contextmanager

@@ -15,6 +15,7 @@ from pydantic import (
     ValidationInfo,
     field_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from service.errors import KEY_ID_PATTERN
 
@@ -58,7 +59,9 @@ DRAFTER_PATTERN: Final = r"^(eagle|ngram|heads|self:[1-9][0-9]?)$"
 def _drafter_spec(value: str) -> str:
     # The schema keeps the pattern; the error says it in words (the value is not echoed).
     if not re.fullmatch(DRAFTER_PATTERN, value):
-        raise ValueError("expected eagle, ngram, heads or self:N (N from 1 to 99)")
+        raise PydanticCustomError(
+            "drafter", "expected eagle, ngram, heads or self:N (N from 1 to 99)"
+        )
     return value
 
 

@@ -282,6 +282,7 @@ def test_a_shard_round_trips_through_its_file(shards, tmp_path):
         (lambda: EagleTrainConfig(lookahead=0), "lookahead", ">= 1"),
         (lambda: DistillConfig(weight_decay=-1.0), "weight_decay", ">= 0"),
         (lambda: DistillConfig(clip=0.0), "clip", "> 0"),
+        (lambda: EagleTrainConfig(weight_decay=float("nan")), "weight_decay", ">= 0"),
     ],
 )
 def test_training_configs_name_the_field_out_of_range(make, field, bound):
