@@ -16,11 +16,8 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import CacheLayerMixin
 
-from sampler.gguf_target import GgufCache
-from sampler.invariant import InvariantCache
 from sampler.masks import chain_visible
-from sampler.static_target import StaticCache
-from sampler.target import Target
+from sampler.target import Target, TargetLM
 
 
 class CachedLM:
@@ -114,12 +111,6 @@ class CachedLM:
                     values.index_select(2, index),
                 )
         self.cached = keep_len
-
-
-TargetLM = CachedLM | InvariantCache | GgufCache | StaticCache
-"""A sequence's target with its KV cache: transformers' (``CachedLM``), the row-invariant
-runner's (``sampler.invariant``), llama.cpp's (``sampler.gguf_target``) or the static
-layout's (``sampler.static_target``); all take ``forward``/``extend``/``keep``."""
 
 
 class TransformersTarget(Target):

@@ -20,11 +20,11 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from sampler.cached_lm import CachedLM, TargetLM, as_target
+from sampler.cached_lm import CachedLM, as_target
 from sampler.eagle import eagle_drafter
 from sampler.heads import heads_drafter
 from sampler.processing import Processing, Support, process
-from sampler.target import Target
+from sampler.target import Target, TargetLM
 from sampler.tree import DraftTree
 
 

@@ -27,14 +27,14 @@ from transformers import PreTrainedModel
 
 from keyed import KeyedSource
 from sampler.autotree import TreeChooser, profile_for, tree_invariant
-from sampler.cached_lm import TargetLM, as_target, forward_many
+from sampler.cached_lm import as_target, forward_many
 from sampler.drafters import Drafter, draft_law, feed_target_hidden, wants_target_hidden
 from sampler.masks import chain_visible
 from sampler.methods import SamplerConfig
 from sampler.policies import History, KeyedRace, Policy
 from sampler.processing import process
 from sampler.stats import FinishReason, GenerationResult, GenerationStats, count_at
-from sampler.target import Target
+from sampler.target import Target, TargetLM
 from sampler.tree import DraftTree
 
 

@@ -11,8 +11,8 @@ One ``Target`` object per loaded target (``sampler.models.load_model`` returns i
 - ``sampler.static_target.StaticLlama``: the static-layout target (CUDA graphs; eager on the
   CPU).
 
-A sequence's KV cache (``new_cache``) takes ``forward``/``extend``/``keep`` (``TargetLM`` in
-``sampler.cached_lm``); ``forward`` runs many sequences' trees in one call.
+A sequence's KV cache (``new_cache``, a ``TargetLM``) takes ``forward``/``extend``/``keep``;
+``Target.forward`` runs many sequences' trees in one call.
 
 Shapes: S sequences of a forward, q_s new tokens and P_s cached positions of sequence s, V
 vocabulary, d hidden size. Per sequence: tokens and depths q_s ints, visible (q_s, P_s + q_s)
@@ -23,15 +23,52 @@ features -> (n, V) logits.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from transformers import PreTrainedModel
 
-if TYPE_CHECKING:
-    from sampler.cached_lm import TargetLM
+__all__ = ["Target", "TargetLM"]
 
-__all__ = ["Target"]
+
+class TargetLM(Protocol):
+    """A sequence on a target with its KV cache (``Target.new_cache``): transformers'
+    (``sampler.cached_lm.CachedLM``), the row-invariant runner's, llama.cpp's or the static
+    layout's.
+
+    Attributes:
+        cached: P, the positions in the cache.
+        forward_calls: the backend's forwards for this sequence so far (prefill included).
+        keep_hidden: when set, ``forward``/``extend`` fill ``last_hidden`` (the target's
+            ``gives_hidden``).
+        last_hidden: (q, d) final normed hidden states of the latest forward, or None.
+    """
+
+    cached: int
+    forward_calls: int
+    keep_hidden: bool
+    last_hidden: torch.Tensor | None
+
+    @property
+    def target(self) -> Target:
+        """The target this cache runs on."""
+        ...
+
+    def forward(
+        self, tokens: list[int], depths: list[int], visible: torch.Tensor, base: int
+    ) -> torch.Tensor:
+        """(q, V) logits of q new tokens at position ids ``base + depths``, each attending to
+        the cached and new positions ``visible`` (q, P + q) marks; they join the cache."""
+        ...
+
+    def extend(self, tokens: list[int]) -> torch.Tensor:
+        """``forward`` over a chain of tokens (each sees all before it): (q, V) logits."""
+        ...
+
+    def keep(self, prefix: int, slots: list[int]) -> None:
+        """Keep the first ``prefix`` positions and the tree positions ``slots`` (in order);
+        drop the rest."""
+        ...
 
 
 class Target:
