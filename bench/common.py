@@ -9,6 +9,7 @@ import os
 import platform
 import subprocess
 from pathlib import Path
+from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -66,13 +67,13 @@ def environment() -> dict[str, object]:
     }
 
 
-def prompts_by_hash(name: str) -> list[dict]:
+def prompts_by_hash(name: str) -> list[dict[str, Any]]:
     """The records of the shared prompt file ``name`` in the order of the SHA-256 of their ids."""
     rows = [json.loads(line) for line in (DATA / name).read_text().splitlines() if line.strip()]
     rows.sort(key=lambda r: hashlib.sha256(r["id"].encode()).hexdigest())
     return rows
 
 
-def shared_prompts(n: int) -> list[dict]:
+def shared_prompts(n: int) -> list[dict[str, Any]]:
     """n prompts, half ELI5 and half summarisation, chosen by a fixed hash of their id."""
     return [row for name in PROMPT_FILES for row in prompts_by_hash(name)[: n // 2]]

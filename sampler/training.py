@@ -7,7 +7,7 @@ training randomness (nothing here is keyed).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -82,3 +82,12 @@ class Optimiser:
         """Resume from ``state_dict``'s output."""
         self.adamw.load_state_dict(state["optimiser"])
         self.schedule.load_state_dict(state["schedule"])
+
+
+@dataclass
+class TrainLog:
+    """What a run did: steps, wall seconds of the optimiser steps, per-step entries."""
+
+    steps: int = 0
+    seconds: float = 0.0
+    log: list[dict[str, Any]] = field(default_factory=list)
