@@ -16,12 +16,13 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from keyed import KeyedSource, Secret
 from sampler.autotree import machine_fingerprint, tree_invariant
-from sampler.batch import generate_many
 from sampler.cached_lm import CachedLM, forward_many, open_cache
-from sampler.decoder import SamplerConfig, generate
-from sampler.drafters import NgramDrafter, fresh_drafter, self_drafter
-from sampler.processing import Processing
 from sampler.static_target import ATTENTION_BLOCK, StaticCache, StaticLlama
+from tests.sampler.backend_contract import (
+    SPECULATIVE_CONFIGS,
+    assert_batched_equals_solo,
+    assert_speculative_equals_basic_uwm,
+)
 from tests.sampler.conftest import VOCAB, tiny_llama
 
 EXACT = 1e-12
@@ -126,49 +127,15 @@ def _source(i: int) -> KeyedSource:
     return KeyedSource(Secret((700 + i).to_bytes(32, "little")), 4, True, i)
 
 
-CONFIGS = [
-    pytest.param(SamplerConfig("mpfr", 4, 3, 24), id="mpfr_B4L3"),
-    pytest.param(SamplerConfig("mpfr", 2, 5, 24, Processing(0.7, 20, 0.9)), id="mpfr_B2L5_warm"),
-    pytest.param(SamplerConfig("mpfr", 4, 3, 24, tree="auto"), id="mpfr_auto"),
-    pytest.param(SamplerConfig("pfr", 1, 4, 24), id="pfr_L4"),
-]
-
-
-@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("config", SPECULATIVE_CONFIGS)
 def test_float32_mpfr_equals_basic_uwm(float32_static, config):
     """Thm. 5.1 on the static target: MPFR/PFR emit BASIC-UWM's tokens, drafter by drafter."""
-    basic = SamplerConfig("basic-uwm", max_new_tokens=config.max_new_tokens,
-                          processing=config.processing)  # fmt: skip
-    accepted = 0
-    for i in range(3):
-        prompt = [(11 * i + 5 * j + 1) % VOCAB for j in range(2 + 3 * i)]
-        want = generate(float32_static, prompt, basic, _source(i)).token_ids
-        for drafter in (NgramDrafter(VOCAB), self_drafter(float32_static.model, 1)):
-            got = generate(float32_static, prompt, config, _source(i), drafter)
-            assert got.token_ids == want
-            accepted += sum(got.stats.accepted_per_level)
-    assert accepted > 0  # drafts were accepted, so trees did share forwards
+    assert_speculative_equals_basic_uwm(float32_static, config, _source)
 
 
 def test_float32_batched_equals_solo(float32_static):
     """Continuous batching on the static target: every request's ids equal its solo run."""
-    requests = []
-    for i, config in enumerate(
-        [SamplerConfig("mpfr", 4, 3, 20), SamplerConfig("basic-uwm", max_new_tokens=14),
-         SamplerConfig("mpfr", 2, 2, 17, Processing(0.7, 20, 0.9)),
-         SamplerConfig("pfr", 1, 3, 9), SamplerConfig("mpfr", 3, 4, 12)]
-    ):  # fmt: skip
-        drafter = NgramDrafter(VOCAB) if config.speculative else None
-        requests.append(
-            ([(7 * i + 3 * j) % VOCAB for j in range(1 + 2 * i)], config, _source(i), drafter)
-        )
-    solo = [
-        generate(float32_static, p, c, s, fresh_drafter(d) if d else None)
-        for p, c, s, d in requests
-    ]
-    own = [(p, c, s, fresh_drafter(d) if d else None) for p, c, s, d in requests]
-    batched = generate_many(float32_static, own, max_batch=5, node_budget=32)
-    assert [r.token_ids for r in batched] == [r.token_ids for r in solo]
+    assert_batched_equals_solo(float32_static, _source, max_batch=5, node_budget=32)
 
 
 def test_the_static_target_is_a_tree_invariant_backend(float32_static, target):
