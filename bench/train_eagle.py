@@ -36,7 +36,7 @@ from bench.common import PROMPT_FILES, environment, prompts_by_hash
 from sampler.eagle import EagleHead
 from sampler.eagle_distill import (
     AnchorData,
-    DistillConfig,
+    EagleDistillConfig,
     draft_vocabulary,
     fit,
     validate,
@@ -105,7 +105,7 @@ def _progress(stage: str, measure: str) -> Callable[[TrainLog], None]:
 
 
 def _stage(
-    name: str, config: EagleTrainConfig | DistillConfig, log: TrainLog, init: str | None
+    name: str, config: EagleTrainConfig | EagleDistillConfig, log: TrainLog, init: str | None
 ) -> dict[str, Any]:
     losses = [e["loss"] for e in log.log]
     tail = losses[-10:]
@@ -197,7 +197,7 @@ def main() -> None:
     heads: dict[str, EagleHead] = {}
     validation: dict[str, Any] = {}
     if args.ce_steps:
-        config = DistillConfig(
+        config = EagleDistillConfig(
             lookahead=args.lookahead,
             steps=args.ce_steps,
             batch=args.batch,

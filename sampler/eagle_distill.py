@@ -3,7 +3,7 @@ the target's processed law on rollout shards (``sampler.rollouts.RolloutShard``,
 ``bench.eagle_data``).
 
 ``AnchorData`` flattens the shards and computes the target's top-k logits at every position
-once. A step draws ``DistillConfig.batch`` roots across all rollouts; from each root the head
+once. A step draws ``EagleDistillConfig.batch`` roots across all rollouts; from each root the head
 runs L levels on its own states, fed the target's continuation (EAGLE-3's training-time test,
 Li et al. 2025 §3), and level ℓ is fitted to the target's top-k law there by cross-entropy
 (``distill_loss``, weight level_decay^(ℓ−1)). ``validate`` measures one-draft acceptance per
@@ -157,7 +157,7 @@ def distill_loss(
 
 
 @dataclass(frozen=True, kw_only=True)
-class DistillConfig(Optimisation):
+class EagleDistillConfig(Optimisation):
     """The batched ``ce`` stage (``fit``); optimiser settings: ``sampler.training.Optimisation``.
 
     Attributes:
@@ -185,7 +185,7 @@ class DistillConfig(Optimisation):
 def fit(
     target: PreTrainedModel,
     data: AnchorData,
-    config: DistillConfig,
+    config: EagleDistillConfig,
     init: EagleHead | None = None,
     on_step: Callable[[EagleHead, TrainLog], None] | None = None,
     draft_tokens: torch.Tensor | None = None,

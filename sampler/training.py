@@ -16,7 +16,7 @@ from transformers import get_cosine_schedule_with_warmup
 
 @dataclass(frozen=True, kw_only=True)
 class Optimisation:
-    """The optimiser settings of a drafter training run.
+    """The settings every drafter training run shares (the optimiser's, the depth and the seed).
 
     Attributes:
         lookahead: L levels (or heads) trained per context.

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from sampler.eagle import new_eagle
-from sampler.eagle_distill import AnchorData, DistillConfig, distill_loss, fit, validate
+from sampler.eagle_distill import AnchorData, EagleDistillConfig, distill_loss, fit, validate
 from sampler.rollouts import RolloutShard, sample_shards
 from tests.sampler.conftest import VOCAB
 
@@ -121,7 +121,7 @@ def test_fit_raises_one_draft_acceptance_on_held_out_prompts(target, shards):
     by more than 0.5 nats."""
     train_data = AnchorData.from_shards(target, shards[0], top_k=TOP_K)
     held = AnchorData.from_shards(target, shards[1], top_k=TOP_K)
-    config = DistillConfig(lookahead=3, steps=300, batch=128, lr=1e-2, warmup=5)
+    config = EagleDistillConfig(lookahead=3, steps=300, batch=128, lr=1e-2, warmup=5)
     head, log = fit(target, train_data, config)
     before = validate(new_eagle(target).float().eval(), target, held, 3)
     after = validate(head, target, held, 3)
@@ -132,7 +132,7 @@ def test_fit_raises_one_draft_acceptance_on_held_out_prompts(target, shards):
 
 def test_fit_is_reproducible_from_its_seed(target, shards):
     data = AnchorData.from_shards(target, shards[0], top_k=TOP_K)
-    config = DistillConfig(lookahead=2, steps=3, batch=16, warmup=1)
+    config = EagleDistillConfig(lookahead=2, steps=3, batch=16, warmup=1)
     a, _ = fit(target, data, config)
     b, _ = fit(target, data, config)
     for (name, x), y in zip(a.state_dict().items(), b.state_dict().values(), strict=True):

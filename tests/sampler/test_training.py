@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from sampler.eagle_distill import DistillConfig
+from sampler.eagle_distill import EagleDistillConfig
 from sampler.eagle_train import EagleTrainConfig
 from sampler.training import Optimiser
 
@@ -16,13 +16,13 @@ from sampler.training import Optimiser
 @pytest.mark.parametrize(
     ("make", "field", "bound"),
     [
-        (lambda: DistillConfig(batch=0), "batch", ">= 1"),
-        (lambda: DistillConfig(level_decay=0.0), "level_decay", "in (0, 1]"),
+        (lambda: EagleDistillConfig(batch=0), "batch", ">= 1"),
+        (lambda: EagleDistillConfig(level_decay=0.0), "level_decay", "in (0, 1]"),
         (lambda: EagleTrainConfig(anchors=0), "anchors", ">= 1"),
         (lambda: EagleTrainConfig(lr=0.0), "lr", "> 0"),
         (lambda: EagleTrainConfig(lookahead=0), "lookahead", ">= 1"),
-        (lambda: DistillConfig(weight_decay=-1.0), "weight_decay", ">= 0"),
-        (lambda: DistillConfig(clip=0.0), "clip", "> 0"),
+        (lambda: EagleDistillConfig(weight_decay=-1.0), "weight_decay", ">= 0"),
+        (lambda: EagleDistillConfig(clip=0.0), "clip", "> 0"),
         (lambda: EagleTrainConfig(weight_decay=float("nan")), "weight_decay", ">= 0"),
     ],
 )
