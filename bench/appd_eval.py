@@ -49,11 +49,11 @@ from keyed import KeyedSource, Secret
 from sampler.completion import eos_ids, prompt_ids
 from sampler.decoder import SamplerConfig, generate
 from sampler.drafters import make_drafter
-from sampler.heads import HeadsDrafter
+from sampler.drafters.heads import HeadsDrafter
 from sampler.models import DEFAULT_MODEL, load_model
 from sampler.processing import Processing, dense_logp, process
 from sampler.race import acceptance_lower_bound
-from sampler.rollouts import load_prompts, split_of
+from sampler.training.rollouts import load_prompts, split_of
 
 PROCESSING = Processing(1.0, 50, 1.0)
 SCORES = ("aaronson", "u", "li", "lattimore")

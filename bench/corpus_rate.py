@@ -13,7 +13,7 @@ FILE.json: a JSON list of texts. Prints ``{"workers", "chunk_size", "texts", "pe
 tokens per second).
 
 The Ray row: ``--ray`` runs the same corpus as a JSONL file through
-``poissonmark detect --jsonl --engine ray``'s runner (``service.ray_corpus``) on a real local
+``poissonmark detect --jsonl --engine ray``'s runner (``service.ray.corpus``) on a real local
 cluster of 1 and then 2 nodes (``ray start``, one CPU and one detector actor each; the driver
 is this process), interleaved with the local engine at 1 and 2 processes, and writes
 ``bench/results/corpus_rate_ray.json``: wall time, scored tokens per second overall and after
@@ -129,9 +129,9 @@ def ray_row(model_dir: Path, docs: int, repeats: int, out_path: Path) -> None:
     # this process is a driver of every cluster below: one token for all, set before ray loads
     token = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
     os.environ.update(token)
-    from sampler.model_files import load_detection_tokenizer  # the CLI's (no torch)
-    from service.cli.corpus import detect_corpus
-    from service.ray_corpus import detect_corpus_ray
+    from sampler.targets.model_files import load_detection_tokenizer  # the CLI's (no torch)
+    from service.jobs.corpus import detect_corpus
+    from service.ray.corpus import detect_corpus_ray
     from tests.service.ray_cluster import LocalRayCluster
 
     tokenizer = load_detection_tokenizer(str(model_dir), model_dir.parent.parent)

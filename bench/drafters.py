@@ -1,7 +1,7 @@
 """Drafters compared in the real decoder: AATPS and acceptance per level of ``mpfr`` (top-k
 50, each of ``--temperatures``) for ngram, the shipped parallel heads, the shipped eagle head
-and eagle heads given by ``--eagle`` (``sampler.eagle``), on held-out prompts
-(``sampler.rollouts.split_of``: never trained on), every output checked identical to
+and eagle heads given by ``--eagle`` (``sampler.drafters.eagle``), on held-out prompts
+(``sampler.training.rollouts.split_of``: never trained on), every output checked identical to
 ``basic-uwm`` for the same key and nonce. Drafting cost: the wall seconds of the drafter's
 calls per level and node count, measured inside the same runs.
 

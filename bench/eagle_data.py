@@ -1,12 +1,12 @@
-"""Target rollouts for training the eagle head (``sampler.eagle``), with the target's hidden
-states: ``--samples`` continuations per train-split prompt at each ``--temperatures`` (top-k
+"""Target rollouts for training the eagle head (``sampler.drafters.eagle``), with the target's
+hidden states: ``--samples`` continuations per train-split prompt at each ``--temperatures`` (top-k
 ``--top-k``, as the decoder samples), several prompts per ``generate`` call (``--batch`` rows), one
 shard per (prompt, temperature) so an interrupted run resumes where it stopped.
 
-A shard ``<out>/<prompt id>-T<t>.pt`` holds ``sampler.rollouts.RolloutShard``'s fields: the
+A shard ``<out>/<prompt id>-T<t>.pt`` holds ``sampler.training.rollouts.RolloutShard``'s fields: the
 rollouts' token ids and the target's final (normed) hidden states from position
 ``prompt_len − 2`` on (what the head and its teacher read at every continuation anchor).
-Held-out prompts (``sampler.rollouts.split_of``) are never sampled.
+Held-out prompts (``sampler.training.rollouts.split_of``) are never sampled.
 
     python -m bench.eagle_data --out DIR [--samples 16] [--temperatures 1 0.7]
         [--max-new-tokens 192] [--precision bfloat16]
@@ -22,7 +22,7 @@ import torch
 
 from bench.common import DATA, PROMPT_FILES
 from sampler.models import DEFAULT_MODEL, load_model
-from sampler.rollouts import load_prompts, prompt_ids, sample_shards, split_of
+from sampler.training.rollouts import load_prompts, prompt_ids, sample_shards, split_of
 
 
 def main() -> None:

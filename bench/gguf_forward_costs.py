@@ -1,5 +1,5 @@
 """What one llama.cpp target forward costs by query size, with and without weight repacking
-(``sampler.gguf_target``, precision ``gguf``), in one process.
+(``sampler.targets.llamacpp``, precision ``gguf``), in one process.
 
 Two ``GgufTarget`` s on the shipped GGUF (SmolLM2-135M-Instruct, Q4_1 layers): ``repack`` on
 (llama.cpp's extra CPU buffer types: AMX int8 tiles on a CPU with AMX; only where
@@ -34,9 +34,9 @@ import torch
 
 from bench.common import RESULTS, environment
 from bench.speed_cpu import cpu_flags
-from sampler.gguf_target import GgufTarget, RowInvarianceError, repacking_safe
-from sampler.model_files import gguf_path
 from sampler.models import DEFAULT_MODEL
+from sampler.targets.llamacpp import GgufTarget, RowInvarianceError, repacking_safe
+from sampler.targets.model_files import gguf_path
 
 SIZES = (1, 2, 3, 5, 8, 9, 17, 33)
 

@@ -2,8 +2,8 @@
 
 One request = what ``POST /v1/detect`` does after its limits: tokenize (``DetectionPool``'s
 ``tokenize_input``), every key's Aaronson p and best window, full results of the best
-``max_results`` keys (``service.detection.detect_keys``), the ``DetectResponse`` with the best
-key's per-token evidence (``service.detect_response``, raw: the `evidence` scope's, the
+``max_results`` keys (``service.jobs.detection.detect_keys``), the ``DetectResponse`` with the best
+key's per-token evidence (``service.jobs.detect_response``, raw: the `evidence` scope's, the
 larger), dumped to JSON. Options at their most: every score family, spans,
 the re-aligned test, ``max_results`` 100, evidence on. The text is human text of exactly
 ``max_tokens`` (32,768) tokens; keys are in-memory records (Redis reads are not measured).
@@ -75,9 +75,9 @@ def request(
     from detector.options import DetectOptions
     from detector.scores import SCORE_NAMES
     from keyed.prf import Secret
-    from service.detect_response import detect_response
-    from service.detection import detect_keys
-    from service.key_record import KeyRecord
+    from service.jobs.detect_response import detect_response
+    from service.jobs.detection import detect_keys
+    from service.keys.record import KeyRecord
 
     records = [
         KeyRecord(

@@ -508,7 +508,7 @@ def main() -> None:
             process.send_signal(signal.SIGINT)
             process.wait(60)
             if "redis_prefix" in server_settings:
-                from service.redis import delete_prefix
+                from service.keys.redis import delete_prefix
 
                 delete_prefix(server_settings["redis_url"], server_settings["redis_prefix"])
     report = {

@@ -5,9 +5,9 @@ T = 1, top-k 50, top-p 1, up to ``--tokens`` new tokens, the same number of thre
 - ``basic-uwm`` and ``mpfr/<drafter>/B<b>L<l>``: ours (transformers target, float32), keyed;
   each mpfr row records whether its ids equal ``basic-uwm``'s for the same key and nonce;
 - ``bf16:basic-uwm`` and ``bf16:mpfr/...``: the same on the row-invariant bfloat16 runner
-  (``sampler.invariant``, precision ``bfloat16``), compared with ``bf16:basic-uwm``;
+  (``sampler.targets.cpu_bf16``, precision ``bfloat16``), compared with ``bf16:basic-uwm``;
 - ``gguf:basic-uwm`` and ``gguf:mpfr/...``: the same on llama.cpp with the GGUF's own weights
-  (``sampler.gguf_target``, precision ``gguf``), compared with ``gguf:basic-uwm``; weights
+  (``sampler.targets.llamacpp``, precision ``gguf``), compared with ``gguf:basic-uwm``; weights
   repacked into llama.cpp's extra CPU buffer types (AMX tiles) where ``repacking_safe``;
 - ``gguf-norepack:...``: the same with repacking off (builds not made by scripts/setup.sh);
 - ``llama.cpp``: plain (unwatermarked) sampling with ``llama-cpp-python`` on the GGUF file the
@@ -31,7 +31,7 @@ Ratios in ``ratios`` are of those aggregate rates, measured in this run.
 Numerics seen on the way (llama-cpp-python 0.3.36, the Q4_1 file, 2 threads): with the peer's
 settings (F16 KV cache) a chain evaluated one token at a time and as one batch differ by up to
 0.84 in a logit (Intel Xeon with AMX, repacking off; 0.7 on AMD EPYC); with flash attention
-and a Q8_0 KV cache (``sampler.gguf_target``) every row is the same bits alone, in a tree or
+and a Q8_0 KV cache (``sampler.targets.llamacpp``) every row is the same bits alone, in a tree or
 beside other sequences, which is what makes llama.cpp a backend of ours (precision gguf).
 
 Writes ``bench/results/speed_cpu.json``, ``speed_cpu.md`` and ``speed_cpu.png``.
@@ -64,10 +64,10 @@ from keyed import KeyedSource, Secret
 from sampler.completion import complete, eos_ids, prompt_ids
 from sampler.decoder import SamplerConfig
 from sampler.drafters import Drafter, default_drafter, make_drafter
-from sampler.gguf_target import GgufTarget, repacking_safe
 from sampler.methods import TreeMode
-from sampler.model_files import ALIASES, gguf_path
 from sampler.models import DEFAULT_MODEL, LoadedModel, load_model
+from sampler.targets.llamacpp import GgufTarget, repacking_safe
+from sampler.targets.model_files import ALIASES, gguf_path
 
 TOP_K = 50
 OURS = (
@@ -144,7 +144,7 @@ def llama_cpp(
     ``repack``: weight repacking into llama.cpp's extra CPU buffer types, llama.cpp's default
     (``use_extra_bufts``, which ``Llama`` does not expose). An unpatched native build on a
     Xeon with AMX segfaults with it on the first batch of more than one token (the prompt);
-    ``main`` asks for it only where ``sampler.gguf_target.repacking_safe``.
+    ``main`` asks for it only where ``sampler.targets.llamacpp.repacking_safe``.
     """
     import llama_cpp.llama_cpp as raw
     from llama_cpp import Llama
@@ -307,7 +307,7 @@ def contention(args: argparse.Namespace) -> None:
     """The ``--busy`` mode (module docstring)."""
     import multiprocessing
 
-    from sampler.cpu_features import CoreShare
+    from sampler.targets.cpu_features import CoreShare
 
     loaded = load_model(DEFAULT_MODEL, args.home, "cpu", precision="gguf")
     target = loaded.target
@@ -441,11 +441,11 @@ def main() -> None:
         "model": DEFAULT_MODEL,
         "gguf": ALIASES[DEFAULT_MODEL][1],
         "target_dtype": str(loaded.dtype),
-        "bf16_rows": "sampler.invariant row-invariant runner (bfloat16 packed oneDNN linears, "
-        "float32 residual, float64 attention)"
+        "bf16_rows": "sampler.targets.cpu_bf16 row-invariant runner (bfloat16 packed oneDNN "
+        "linears, float32 residual, float64 attention)"
         if bf16 is not None
         else None,
-        "gguf_rows": "sampler.gguf_target: llama.cpp (llama-cpp-python "
+        "gguf_rows": "sampler.targets.llamacpp: llama.cpp (llama-cpp-python "
         f"{_llama_cpp_version()}) on the GGUF's own weights, flash attention, Q8_0 KV cache; "
         f"weights repacked (extra CPU buffer types): {served is not None and served.repack} "
         f"(gguf-norepack rows: False; llama.cpp row: {repack})"

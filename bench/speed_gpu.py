@@ -1,4 +1,4 @@
-"""Decoding speed on a GPU: the static target (``sampler.static_target``) beside plain HF
+"""Decoding speed on a GPU: the static target (``sampler.targets.static``) beside plain HF
 ``generate``, in one interleaved run; identity per row; concurrency; forward costs.
 
 Sections (``--sections`` picks a subset; each writes the JSON when it ends, so a run cut short
@@ -48,10 +48,10 @@ from sampler.batch import generate_many
 from sampler.completion import eos_ids, prompt_ids
 from sampler.decoder import SamplerConfig, generate
 from sampler.drafters import Drafter, fresh_drafter, make_drafter
-from sampler.masks import chain_visible
 from sampler.methods import TreeMode
 from sampler.models import DEFAULT_MODEL, LoadedModel, load_model, load_tokenizer
-from sampler.static_target import StaticLlama
+from sampler.targets.masks import chain_visible
+from sampler.targets.static import StaticLlama
 
 TOP_K = 50
 OURS = (

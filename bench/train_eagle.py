@@ -1,16 +1,18 @@
-"""Train the eagle head (``sampler.eagle``) for the real target on this CPU, both objectives.
+"""Train the eagle head (``sampler.drafters.eagle``) for the real target on this CPU, both
+objectives.
 
 1. Data: the rollout shards of ``bench.eagle_data`` in ``--data`` (train-split prompts only,
    at T = 1 and T = 0.7, with the target's hidden states). The ``--validation-prompts`` last
    prompts in SHA-256 order of their ids are kept out of training and measure the heads.
-2. ``ce``: the cross-entropy baseline from a fresh head (``sampler.eagle_distill.fit``): the
+2. ``ce``: the cross-entropy baseline from a fresh head (``sampler.training.eagle_distill.fit``):
+the
    target's processed law (top-k 50) at every level of the head's own unrolled states,
    ``--ce-steps`` × ``--batch`` roots, L = ``--lookahead``.
 3. ``mdraft``: MDraft (α = 0.9, K = ``--proposals``, survival weights) post-training from the
-   ``ce`` head (``sampler.eagle_train.train``), as the MDraft paper post-trains an off-policy
-   drafter: the head's own sampled chains scored by the target.
+   ``ce`` head (``sampler.training.eagle_train.train``), as the MDraft paper post-trains an
+   off-policy drafter: the head's own sampled chains scored by the target.
 4. Validation: one-draft acceptance per level, 1 − TV of the processed laws on the target's
-   path (``sampler.eagle_distill.validate``), at T = 1 and T = 0.7.
+   path (``sampler.training.eagle_distill.validate``), at T = 1 and T = 0.7.
 
 Each head goes to ``<out>/<objective>/`` (``eagle.json``, ``eagle.safetensors``,
 ``provenance.json``: data, steps, objective, seconds, validation, commit); ``ce`` is rewritten
@@ -33,8 +35,10 @@ from typing import Any
 import torch
 
 from bench.common import PROMPT_FILES, environment, prompts_by_hash
-from sampler.eagle import EagleHead
-from sampler.eagle_distill import (
+from sampler.drafters.eagle import EagleHead
+from sampler.drafters.heads import target_fingerprint
+from sampler.models import DEFAULT_MODEL, load_model
+from sampler.training.eagle_distill import (
     AnchorData,
     EagleDistillConfig,
     draft_vocabulary,
@@ -42,12 +46,10 @@ from sampler.eagle_distill import (
     validate,
     vocabulary_coverage,
 )
-from sampler.eagle_train import EagleTrainConfig, train
-from sampler.heads import target_fingerprint
-from sampler.mdraft import Objective
-from sampler.models import DEFAULT_MODEL, load_model
-from sampler.rollouts import Rollout, RolloutShard, split_of
-from sampler.training import TrainLog
+from sampler.training.eagle_train import EagleTrainConfig, train
+from sampler.training.mdraft import Objective
+from sampler.training.optimiser import TrainLog
+from sampler.training.rollouts import Rollout, RolloutShard, split_of
 
 
 def chosen_prompts(train: int, heldout: int) -> list[dict[str, Any]]:
@@ -254,7 +256,7 @@ def main() -> None:
             "training": stages[: index + 1],
             "validation": {
                 "measure": "one-draft acceptance per level, 1 - TV of the top-k 50 laws on the "
-                "target's path (sampler.eagle_distill.validate), validation prompts",
+                "target's path (sampler.training.eagle_distill.validate), validation prompts",
                 **validation[name],
             },
             "commit": env["commit"],

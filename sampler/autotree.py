@@ -10,8 +10,8 @@ choice is a cost model in the spirit of Sequoia (Chen et al. 2024):
     choice        = argmax tokens / seconds
 
 - t(n): the target's forward seconds over n new tokens after a cached context, measured once
-  per machine and target (``ForwardProfile``; cached as JSON in the data dir, keyed by the
-  CPU, threads, torch version, precision and model).
+  per machine and target (``sampler.targets.profile.ForwardProfile``; cached as JSON in the data
+  dir, keyed by the CPU, threads, torch version, precision and model).
 - π: the share of the request's tree steps where the drafter proposed anything (an n-gram
   drafter often has no match); a_j(B): the request's own acceptance rate, over the steps with
   a proposal, at level j given level j−1 accepted, with B drafts
@@ -45,34 +45,20 @@ Shapes: n tree nodes (root included); B drafts; ℓ depth.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import math
-import os
-import platform
-import statistics
-import time
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Final
 
-import torch
 from transformers import PreTrainedModel
 
-from sampler.cached_lm import as_target
-from sampler.cpu_features import cpu_flags, cpu_model
-from sampler.masks import chain_visible
-from sampler.target import Target
+from sampler.targets.base import Target
+from sampler.targets.profile import ForwardProfile
+from sampler.targets.transformers import as_target
 
 log = logging.getLogger("poissonmark.autotree")
 
-PROFILE_NODES: Final = (1, 2, 3, 5, 9, 17, 33)
-PROFILE_CONTEXT: Final = 128
-PROFILE_REPEATS: Final = 3
 CANDIDATE_DRAFTS: Final = (1, 2, 4, 8, 16)
-PROFILE_VERSION: Final = "2"  # 2: each timed forward after a one-token one (measure_profile)
 PRIOR_ACCEPTED: Final = 1.0  # the Beta prior of each level's acceptance (module docstring)
 PRIOR_REJECTED: Final = 2.0
 EXPLORE_EVERY: Final = 8
@@ -80,154 +66,15 @@ EXPLORE_MAX: Final = 64
 EXPLORE_BUDGET: Final = 0.02  # explores' expected loss, as a share of decoding time
 
 
-@dataclass(frozen=True)
-class ForwardProfile:
-    """Target forward seconds per number of new tokens.
-
-    Attributes:
-        nodes: increasing node counts n >= 1 (``PROFILE_NODES``).
-        seconds: the median forward seconds at each, after ``PROFILE_CONTEXT`` cached tokens.
-    """
-
-    nodes: tuple[int, ...]
-    seconds: tuple[float, ...]
-
-    def __post_init__(self) -> None:
-        if len(self.nodes) < 2 or len(self.nodes) != len(self.seconds):
-            raise ValueError(f"expected >= 2 nodes with a time each, got {self}")
-        if list(self.nodes) != sorted(set(self.nodes)) or self.nodes[0] != 1:
-            raise ValueError(f"expected increasing node counts from 1, got {self.nodes}")
-        if not all(math.isfinite(s) and s > 0 for s in self.seconds):
-            raise ValueError(f"expected positive finite seconds, got {self.seconds}")
-
-    def cost(self, n: float) -> float:
-        """t(n) in seconds: piecewise linear between the measured counts, the last segment's
-        slope beyond them (n >= 1)."""
-        xs, ys = self.nodes, self.seconds
-        for i in range(1, len(xs)):
-            if n <= xs[i] or i == len(xs) - 1:
-                slope = (ys[i] - ys[i - 1]) / (xs[i] - xs[i - 1])
-                return max(ys[i - 1] + slope * (n - xs[i - 1]), min(ys))
-        raise AssertionError("unreachable")
-
-
-def measure_profile(
-    target: Target | PreTrainedModel, repeats: int = PROFILE_REPEATS
-) -> ForwardProfile:
-    """Time the target's forward over chains of ``PROFILE_NODES`` new tokens after
-    ``PROFILE_CONTEXT`` cached ones (its own backend: ``cached_lm.open_cache``), each right
-    after a one-token forward (what a tree step follows); medians of ``repeats`` after one
-    warm-up. Token ids are fixed (nothing keyed); ~2 s on the real model
-    on 2 CPU cores."""
-    served = as_target(target)
-    vocab = served.vocab_size
-    cuda = served.device.type == "cuda"
-    lm = served.new_cache()
-    lm.extend([(17 * i + 1) % vocab for i in range(PROFILE_CONTEXT)])
-    base = lm.cached
-    one = chain_visible(base, 1)
-    seconds = []
-    for n in PROFILE_NODES:
-        visible = chain_visible(base, n)
-        times = []
-        for attempt in range(repeats + 1):
-            # as in decoding, a tree comes after one-token steps: a backend that reuses its
-            # last compute graph for the same shape (llama.cpp) pays a new one here. On
-            # llama.cpp (Intel Xeon, 2 cores) a 2-node forward read 1.29 one-token ones timed
-            # back to back and 1.43 this way (one-off); inside requests 1.31
-            # (bench/results/gguf_step_costs.json) to 1.5 (one-off, an hour later): the machine
-            # moves it, and TreeChooser.forward_scale follows what each request measures
-            lm.forward([7], [0], one, base)
-            lm.keep(base, [])
-            if cuda:
-                torch.cuda.synchronize()
-            began = time.perf_counter()
-            lm.forward([(5 * i + 3) % vocab for i in range(n)], list(range(n)), visible, base)
-            if cuda:
-                torch.cuda.synchronize()
-            if attempt:  # the first is a warm-up
-                times.append(time.perf_counter() - began)
-            lm.keep(base, [])
-        seconds.append(statistics.median(times))
-    return ForwardProfile(PROFILE_NODES, tuple(seconds))
-
-
 def tree_invariant(target: Target | PreTrainedModel) -> bool:
     """Whether ``target``'s logits at a context are the same bits whatever the tree or batch
-    around it: the row-invariant runner (``sampler.invariant``), llama.cpp as
-    ``sampler.gguf_target`` runs it, the static layout (``sampler.static_target``) or float64
+    around it: the row-invariant runner (``sampler.targets.cpu_bf16``), llama.cpp as
+    ``sampler.targets.llamacpp`` runs it, the static layout (``sampler.targets.static``) or float64
     weights. Only there
     does tree ``auto`` choose trees: on transformers' float32 a timing-driven tree could flip
     a near-tie between runs of the same request, so ``auto`` drafts as ``fixed`` there
     (``Target.invariant``)."""
     return as_target(target).invariant
-
-
-def set_profile_dir(target: Target | PreTrainedModel, directory: Path) -> None:
-    """Where ``profile_for`` keeps ``target``'s profile on disk (``models.load_model`` sets
-    ``<data dir>/profiles``)."""
-    as_target(target).profile_dir = directory
-
-
-def machine_fingerprint(target: Target | PreTrainedModel) -> dict[str, str]:
-    """What a forward profile depends on: CPU model and flags, threads, torch, the backend
-    (runner, llama.cpp or transformers, dtype), its build where it has one (llama.cpp's
-    kernels: ``GgufTarget.build``) and the model."""
-    served = as_target(target)
-    model = served.model
-    params = sum(p.numel() for p in model.parameters())
-    return {
-        "profile": PROFILE_VERSION,
-        "cpu": cpu_model(),
-        "cpu_flags": hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:16],
-        "machine": platform.machine(),
-        "threads": str(torch.get_num_threads()),
-        "torch": torch.__version__,
-        "backend": served.backend(),
-        "build": str(getattr(served, "build", "")),
-        "device": str(served.device),
-        "model": f"{getattr(model.config, 'model_type', '?')}:{params}",
-    }
-
-
-def profile_for(target: Target | PreTrainedModel) -> ForwardProfile:
-    """``target``'s forward profile: from memory (``Target.forward_profile``), else from the
-    profile dir's JSON for this machine fingerprint, else measured (and written there)."""
-    served = as_target(target)
-    cached = served.forward_profile
-    if isinstance(cached, ForwardProfile):
-        return cached
-    fingerprint = machine_fingerprint(served)
-    directory = served.profile_dir
-    name = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:24]
-    path = Path(directory) / f"forward-{name}.json" if directory is not None else None
-    profile = _read_profile(path) if path is not None else None
-    if profile is None:
-        profile = measure_profile(served)
-        log.info("forward profile measured: %s s per node count", profile)
-        if path is not None:
-            _write_profile(path, profile, fingerprint)
-    served.forward_profile = profile
-    return profile
-
-
-def _read_profile(path: Path) -> ForwardProfile | None:
-    try:
-        data = json.loads(path.read_text())
-        return ForwardProfile(tuple(data["nodes"]), tuple(data["seconds"]))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _write_profile(path: Path, profile: ForwardProfile, fingerprint: dict[str, str]) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        body = {"nodes": profile.nodes, "seconds": profile.seconds, "fingerprint": fingerprint}
-        temporary = path.with_suffix(f".{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(body, indent=1) + "\n")
-        temporary.replace(path)
-    except OSError as exc:  # a read-only data dir: the profile stays in memory
-        log.warning("forward profile not saved: %s", exc)
 
 
 @dataclass

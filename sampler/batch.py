@@ -6,7 +6,7 @@
    requests run their one heads pass for all of them in ONE batched call (``prime_heads``),
    eagle drafters each level for all of them in ONE head call (``prime_eagle``); other
    drafters (ngram, self:N, model:PATH) keep one call per request and level.
-2. verification: ONE target forward over all requests' trees (``cached_lm.forward_many``:
+2. verification: ONE target forward over all requests' trees (``targets.transformers.forward_many``:
    per-request KV rows padded to a common length, a block-diagonal tree-attention mask,
    per-request position ids); the logits are split back per request.
 3.-4. walk, KV keep, drafter finish per request (``loop.finish_step``), exactly as ``step``.
@@ -34,10 +34,9 @@ from dataclasses import dataclass
 from transformers import PreTrainedModel
 
 from keyed import KeyedSource
-from sampler.cached_lm import as_target, forward_many
 from sampler.drafters import Drafter
-from sampler.eagle import EagleDrafter, prime_eagle
-from sampler.heads import HeadsDrafter, prime_heads
+from sampler.drafters.eagle import EagleDrafter, prime_eagle
+from sampler.drafters.heads import HeadsDrafter, prime_heads
 from sampler.loop import (
     SequenceState,
     finish_step,
@@ -50,7 +49,8 @@ from sampler.loop import (
 from sampler.methods import SamplerConfig
 from sampler.policies import KeyedRace
 from sampler.stats import GenerationResult
-from sampler.target import Target
+from sampler.targets.base import Target
+from sampler.targets.transformers import as_target, forward_many
 from sampler.tree import DraftTree
 
 
@@ -143,7 +143,7 @@ class Batch:
     """The active requests of continuous batching: join, step together, leave.
 
     Args:
-        target: the target all requests share (``sampler.target.Target``; a bare
+        target: the target all requests share (``sampler.targets.base.Target``; a bare
             transformers model runs on its own forward).
         node_budget: ``step_many``'s cap on tree nodes per verification forward (None: none).
     """

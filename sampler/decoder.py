@@ -25,12 +25,12 @@ from collections.abc import Callable
 from transformers import PreTrainedModel
 
 from keyed import KeyedSource
-from sampler.cached_lm import as_target
 from sampler.drafters import Drafter
 from sampler.loop import result, start, step
 from sampler.methods import MAX_DRAFTS, MAX_LOOKAHEAD, METHODS, Method, SamplerConfig
 from sampler.stats import GenerationResult, GenerationStats
-from sampler.target import Target
+from sampler.targets.base import Target
+from sampler.targets.transformers import as_target
 
 __all__ = [
     "MAX_DRAFTS",
@@ -56,7 +56,7 @@ def generate(
     """Sample a completion of ``prompt`` from the target (MPFR paper Alg. 7 / Alg. 10).
 
     Args:
-        target: the target (``sampler.target.Target``, e.g. ``LoadedModel.target``); a bare
+        target: the target (``sampler.targets.base.Target``, e.g. ``LoadedModel.target``); a bare
             transformers causal LM (eval mode) runs on transformers' own forward.
         prompt: the prompt's token ids (at least one).
         config: method, B, L, N and the logit processing.

@@ -10,7 +10,7 @@ The detector sees the text, not the prompt: position t is conditioned on ``prefi
 tokenizer's BOS, or nothing) and ids[:t]. Without a prefix position 0 has no context and its
 entropy is reported as 0.0 (no weight). Shapes: T tokens, V vocabulary, C rows per chunk.
 
-The logits come from the backend the model serves generation with (``cached_lm.open_cache``:
+The logits come from the backend the model serves generation with (``targets.transformers.open_cache``:
 llama.cpp for precision gguf, the row-invariant bfloat16 runner, or transformers), so the law
 read here is the one the keyed race sampled from, not a float32 approximation of it.
 
@@ -28,9 +28,9 @@ from typing import Final
 import torch
 from transformers import PreTrainedModel
 
-from sampler.cached_lm import as_target
 from sampler.processing import Processing, process
-from sampler.target import Target
+from sampler.targets.base import Target
+from sampler.targets.transformers import as_target
 
 DEFAULT_CHUNK: Final = 128
 """Tokens per forward: the KV cache carries the context from chunk to chunk (one causal pass)."""
@@ -80,7 +80,7 @@ def position_laws(
     raw rank at every position of ``ids``, from one causal forward (chunked over the KV cache).
 
     Args:
-        model: the target (``sampler.target.Target``; a bare transformers model: its own
+        model: the target (``sampler.targets.base.Target``; a bare transformers model: its own
             forward), read through its generation backend; logits are processed in float64.
         ids: (T,) token ids of the text, as the detector tokenized it.
         processing: the generation's temperature, top-k, top-p; T = 0 (greedy): entropy 0.0,

@@ -26,15 +26,16 @@ import torch
 from transformers import PreTrainedModel
 
 from keyed import KeyedSource
-from sampler.autotree import TreeChooser, profile_for, tree_invariant
-from sampler.cached_lm import as_target, forward_many
+from sampler.autotree import TreeChooser, tree_invariant
 from sampler.drafters import Drafter, draft_law, feed_target_hidden, wants_target_hidden
-from sampler.masks import chain_visible
 from sampler.methods import SamplerConfig
 from sampler.policies import History, KeyedRace, Policy
 from sampler.processing import process
 from sampler.stats import FinishReason, GenerationResult, GenerationStats, count_at
-from sampler.target import Target, TargetLM
+from sampler.targets.base import Target, TargetLM
+from sampler.targets.masks import chain_visible
+from sampler.targets.profile import profile_for
+from sampler.targets.transformers import as_target, forward_many
 from sampler.tree import DraftTree
 
 
@@ -93,7 +94,7 @@ def start_many(
     eos_ids: frozenset[int],
 ) -> list[SequenceState]:
     """Prefill R requests: each target KV cache over its ``prompt[:-1]`` (the last token is
-    the first root), together in one target forward (``cached_lm.forward_many``: each prompt a
+    the first root), together in one target forward (``targets.transformers.forward_many``: each prompt a
     causal chain on its own cache; groups split at ``PREFILL_PADDED_TOKENS``); each drafter
     starts on its prompt (a method that does not draft drops it).
 

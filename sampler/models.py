@@ -1,10 +1,11 @@
 """Loading the target (and model drafters) offline, from the converted cache.
 
-The files, the alias ``smollm2-135m-instruct`` and the tokenizer are ``sampler.model_files``'s
-(no torch there: the detector and the CLI's key and detect commands need only the tokenizer);
-this module loads the weights. Nothing here downloads: there is no hub access at run time.
+The files, the alias ``smollm2-135m-instruct`` and the tokenizer are
+``sampler.targets.model_files``'s (no torch there: the detector and the CLI's key and detect
+commands need only the tokenizer); this module loads the weights. Nothing here downloads: there is
+no hub access at run time.
 
-Shapes: the loaded target's logits are (q, V) per sequence forward (``sampler.target``) in
+Shapes: the loaded target's logits are (q, V) per sequence forward (``sampler.targets.base``) in
 ``LoadedModel.dtype`` (float32, bfloat16 through the runner or the static target, or the
 ``dtype`` a caller forces, e.g. float64 for a reference); token ids are Python ints.
 """
@@ -24,14 +25,13 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 import keyed
 from sampler import processing, race, topk
-from sampler.autotree import set_profile_dir
-from sampler.cached_lm import TransformersTarget, as_target
-from sampler.cpu_features import native_bfloat16
-from sampler.gguf_target import GgufTarget, GgufUnavailable
-from sampler.gguf_target import RowInvarianceError as GgufRowInvarianceError
-from sampler.gguf_target import available as gguf_available
-from sampler.invariant import InvariantLlama, RowInvarianceError
-from sampler.model_files import (
+from sampler.targets.base import Target
+from sampler.targets.cpu_bf16 import InvariantLlama, RowInvarianceError
+from sampler.targets.cpu_features import native_bfloat16
+from sampler.targets.llamacpp import GgufTarget, GgufUnavailable
+from sampler.targets.llamacpp import RowInvarianceError as GgufRowInvarianceError
+from sampler.targets.llamacpp import available as gguf_available
+from sampler.targets.model_files import (
     ALIASES,
     DEFAULT_MODEL,
     ModelNotFound,
@@ -40,8 +40,9 @@ from sampler.model_files import (
     materialise,
     tokenizer_fingerprint,
 )
-from sampler.static_target import StaticLlama
-from sampler.target import Target
+from sampler.targets.profile import set_profile_dir
+from sampler.targets.static import StaticLlama
+from sampler.targets.transformers import TransformersTarget, as_target
 
 log = logging.getLogger("poissonmark.models")
 
@@ -61,15 +62,15 @@ __all__ = [
 
 PRECISIONS = ("auto", "float32", "bfloat16", "gguf")
 """Target precisions: ``float32`` (transformers, strict), ``bfloat16`` (on the CPU the
-row-invariant runner of ``sampler.invariant``; on CUDA the static-layout target of
-``sampler.static_target``, CUDA graphs over bfloat16 weights),
+row-invariant runner of ``sampler.targets.cpu_bf16``; on CUDA the static-layout target of
+``sampler.targets.static``, CUDA graphs over bfloat16 weights),
 ``gguf`` (CPU: the model's GGUF file with its own quantised weights through llama.cpp,
-``sampler.gguf_target``; an alias or the converted copy of one), ``auto``: bfloat16 (the
+``sampler.targets.llamacpp``; an alias or the converted copy of one), ``auto``: bfloat16 (the
 static target) on CUDA;
 on the CPU ``gguf`` where llama-cpp-python is installed, the model has a GGUF file and the
 invariance probe passes (measured: ~5x float32's tokens/s on AMD EPYC,
 ``bench/results/speed_cpu_gguf.json``), else the bfloat16 runner where the CPU has AMX bfloat16
-(``sampler.cpu_features.native_bfloat16``), the model is a Llama and every one of its linear
+(``sampler.targets.cpu_features.native_bfloat16``), the model is a Llama and every one of its linear
 shapes passes the row-invariance probe (eight batched requests 4.1-5.3x one,
 ``bench/results/service_load_batching_bf16*.json``), else float32."""
 
@@ -78,7 +79,7 @@ shapes passes the row-invariance probe (eight batched requests 4.1-5.3x one,
 class LoadedModel:
     """A causal LM with its tokenizer, on one device, in eval mode.
 
-    ``target`` is what decodes (``sampler.target.Target``: transformers, the row-invariant
+    ``target`` is what decodes (``sampler.targets.base.Target``: transformers, the row-invariant
     bfloat16 runner, llama.cpp or the static CUDA target; ``precision`` says which); pass it,
     not ``model``, to the decoder, batching, drafters and the detector's model tests.
     ``model`` is the transformers copy of the weights (float32 on the CPU beside bfloat16 or
@@ -218,7 +219,7 @@ def load_model(
         )
     maybe_invariant = dtype is None and dev.type == "cpu" and precision == "auto"
     # on CUDA, auto and bfloat16 serve through the static-layout target (CUDA graphs,
-    # row-invariant by its one layout: sampler.static_target); float32 stays transformers
+    # row-invariant by its one layout: sampler.targets.static); float32 stays transformers
     static = dtype is None and dev.type == "cuda" and precision in ("auto", "bfloat16")
     if dtype is None:
         cuda_bf16 = dev.type == "cuda" and precision != "float32"

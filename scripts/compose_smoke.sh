@@ -152,7 +152,7 @@ log "   torch $torch_info (CPU); no wheel, no build secret in the image"
 llama_info=$(docker run --rm --entrypoint python "$POISSONMARK_IMAGE" -c '
 import re, llama_cpp
 from pathlib import Path
-from sampler.gguf_target import repacking_safe
+from sampler.targets.llamacpp import repacking_safe
 lib = Path(llama_cpp.__file__).parent / "lib"
 levels = sorted(p.name[len("libggml-cpu-"):-3] for p in lib.glob("libggml-cpu-*.so"))
 chosen = sorted(set(re.findall(r"libggml-cpu-([\w.]+)\.so", Path("/proc/self/maps").read_text())))

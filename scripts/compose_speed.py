@@ -64,7 +64,7 @@ def worker(tokens: int) -> None:
     if loaded.precision == "gguf":
         import llama_cpp
 
-        from sampler.gguf_target import repacking_safe
+        from sampler.targets.llamacpp import repacking_safe
 
         maps = Path("/proc/self/maps").read_text()
         backends = sorted(set(re.findall(r"/(libggml-cpu[\w.-]*\.so)", maps)))

@@ -20,7 +20,7 @@ pipq() {
 pipq --upgrade pip
 pipq "torch==2.13.0"
 pipq -e ".[test,bench]"
-# llama.cpp (precision gguf, sampler/gguf_target.py): llama-cpp-python has no binary wheel on
+# llama.cpp (precision gguf, sampler/targets/llamacpp.py): llama-cpp-python has no binary wheel on
 # PyPI, so its sdist is built here for THIS CPU (GGML_NATIVE: AVX-512/AMX where present), ~6 min
 # on 2 cores, once per CPU: the wheel is kept under a key of the CPU's model, flags, versions
 # and patch.
@@ -30,7 +30,7 @@ pipq -e ".[test,bench]"
 # garbage tile config and crashed on the first batch of >= 2 tokens; the patch names
 # the whole config to the compiler, loads it before every kernel (torch's oneDNN releases the
 # tiles on the same thread) and marks the version `+poissonmark.amx2`, which is how
-# sampler/gguf_target.py knows that llama.cpp's AMX weight repacking is safe to switch on.
+# sampler/targets/llamacpp.py knows that llama.cpp's AMX weight repacking is safe to switch on.
 # scripts/llama-cpp-row-kernels.patch: Q4_1 x Q8_1 and Q8_0 x Q8_0 matrix kernels for AVX2
 # CPUs (tinyBLAS has no Q4_1 one: without it a forward of q rows costs ~q one-row forwards),
 # taken for one row too so that a row's logits are the same bits alone or in a batch, and an

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rebuild the shipped drafter heads (sampler/heads_data/smollm2-135m-instruct/): target rollouts
+# Rebuild the shipped drafter heads (sampler/drafters/heads_data/smollm2-135m-instruct/): target rollouts
 # (cached), an off-policy ce start, then rkl post-training from it — the objective that scored
 # best on held-out prompts (docs/experiments/drafter-objectives.md). About 25 min on 2 CPU cores,
 # estimated from its parts (rollouts ~8, start ~8, post-training ~4, evaluations ~3).
@@ -11,7 +11,7 @@ bash scripts/setup.sh
 home="${POISSONMARK_HOME:-$HOME/.local/share/poissonmark}"
 start="$home/drafters/ce-stage1"
 post="$home/drafters/post-rkl-s200-a32"
-shipped=sampler/heads_data/smollm2-135m-instruct
+shipped=sampler/drafters/heads_data/smollm2-135m-instruct
 poissonmark distill --objective ce --steps 3000 --anchors 32 --lr 1e-3 --eval-every 500 \
   --out "$start"
 poissonmark distill --objective rkl --init "$start" --steps 200 --anchors 32 --lr 5e-4 \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rebuild the shipped eagle head (sampler/eagle_data/smollm2-135m-instruct) and
+# Rebuild the shipped eagle head (sampler/drafters/eagle_data/smollm2-135m-instruct) and
 # bench/results/drafters.*: target rollouts of the train-split prompts with their hidden states
 # (bench.eagle_data: 16 per prompt for the first 84 (the ELI5 ones and two summarisation), 8 for
 # the other summarisation prompts at T = 1, 2 per prompt at T = 0.7,
@@ -23,7 +23,7 @@ python -m bench.eagle_data --out "$data" --samples 2 --batch 96 --temperatures 0
 python -m bench.train_eagle --data "$data" --out "$out" --ce-steps 6000 --batch 256 --lr 2e-3 \
   --checkpoint 500 --mdraft-steps 600 --mdraft-anchors 16 --proposals 4 --mdraft-lr 2e-4
 cp "$out/ce/eagle.json" "$out/ce/eagle.safetensors" "$out/ce/provenance.json" \
-  sampler/eagle_data/smollm2-135m-instruct/
+  sampler/drafters/eagle_data/smollm2-135m-instruct/
 python -m bench.drafters --home "$home" --eagle "eagle-mdraft=$out/mdraft" --prompts 20 \
   --tokens 128 --temperatures 1 0.7 --cells 4x4,8x6 \
   --cells-for "eagle (shipped)=1x6,2x4,4x4,4x6,8x4,8x6"

@@ -5,8 +5,8 @@ here, from the values the routes check (a schema looser than the server misleads
 every generated client and fuzzer):
 
 - the limits of the settings (``max_new_tokens``, ``max_drafts``, ``max_text_chars``…; the
-  checks are ``service.limits``), as ``maximum`` / ``maxLength`` / ``maxItems``, and a
-  default over its limit lowered to it (``limits.capped_defaults``);
+  checks are ``service.admission``), as ``maximum`` / ``maxLength`` / ``maxItems``, and a
+  default over its limit lowered to it (``admission.capped_defaults``);
 - once the model is loaded, the token ids of its tokenizer (``maximum``) and the drafter specs
   it accepts (an ``enum`` instead of the pattern; ``served_drafters``);
 - integer bounds as integers (FastAPI's document model stores bounds as floats, and a client
@@ -24,8 +24,8 @@ from typing import Any
 from transformers import PreTrainedModel
 
 from sampler.completion import MAX_MESSAGES
-from sampler.eagle import eagle_drafter
-from sampler.heads import SHIPPED_HEADS, heads_drafter
+from sampler.drafters.eagle import eagle_drafter
+from sampler.drafters.heads import SHIPPED_HEADS, heads_drafter
 from service.settings import Settings
 
 JsonSchema = dict[str, Any]

@@ -4,7 +4,7 @@ Every message is safe to show a caller or write to a log: it may name a key id, 
 file path or a Redis location, never key material, a key-encryption key, a bearer token or a
 password. Library code raises these classes (``InvalidInput`` for bad input values) and never
 builds HTTP errors itself; ``PROBLEMS`` maps each class to a status and a stable RFC 9457
-problem type, looked up along the class's MRO (``problem_for``), and ``service.problems``
+problem type, looked up along the class's MRO (``problem_for``), and ``service.http.problems``
 renders the problem+json response.
 
 Exceptions keep their constructor arguments in ``args`` (so they pickle across processes) and
@@ -95,7 +95,7 @@ class KeyStoreUnavailable(PoissonmarkError):
     """Redis could not be reached or refused the operation.
 
     ``where`` is a location with any password already redacted (see
-    ``service.redis.redact_url``).
+    ``service.keys.redis.redact_url``).
     """
 
     def __init__(self, where: str, reason: str) -> None:

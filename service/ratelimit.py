@@ -2,8 +2,8 @@
 
 A fixed window: ``P ratelimit:<kind>:<token id>:<window>`` counts the work units of the
 current ``window_s``-second window; what a request costs is the route's: for ``detect``
-tokens × keys tested (``service.routes.detect``: the detector is an oracle), for ``generate``
-prompt tokens + new tokens requested (``service.routes.generate``). INCRBY and EXPIRE run in
+tokens × keys tested (``service.http.routes.detect``: the detector is an oracle), for ``generate``
+prompt tokens + new tokens requested (``service.http.routes.generate``). INCRBY and EXPIRE run in
 one MULTI, so
 every process of a deployment shares the budget and a counter never outlives its window. At
 the limit the request is refused with ``RateLimited`` (429 + Retry-After: the seconds to the

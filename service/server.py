@@ -2,7 +2,7 @@
 
 ``poissonmark serve`` calls ``prepare_workers`` (for more than one process) and ``run_server``.
 One process serves an app built here from the settings. Several processes each build their own
-app from the same environment (``service.app:served_app`` as a factory) behind one listening
+app from the same environment (``service.http.app:served_app`` as a factory) behind one listening
 socket that uvicorn's supervisor hands them; what they must share is made first, once
 (``prepare_workers``). One process opens the port before the model loads (``/readyz`` says
 ``not_ready`` until it has); each of several loads first and only then accepts from the shared
@@ -22,8 +22,8 @@ import uvicorn
 from uvicorn.supervisors import Multiprocess
 
 from sampler.models import materialise
-from service.app import create_app
-from service.kek import load_or_create_kek
+from service.http.app import create_app
+from service.keys.kek import load_or_create_kek
 from service.metrics import MULTIPROC_ENV
 from service.settings import Settings
 
@@ -111,11 +111,11 @@ def run_server(settings: Settings, *, host: str, port: int, workers: int, log_le
         "port": port,
         "log_level": log_level,
         "log_config": logging_config,
-        "access_log": False,  # ours (service.middleware.AccessLog) has no secrets
+        "access_log": False,  # ours (service.http.middleware.AccessLog) has no secrets
     }
     if workers == 1:
         uvicorn.run(create_app(settings, load_in_background=True), **options)
         return
-    config = TcpConfig("service.app:served_app", factory=True, workers=workers, **options)
+    config = TcpConfig("service.http.app:served_app", factory=True, workers=workers, **options)
     with contextlib.suppress(KeyboardInterrupt):
         Multiprocess(config, sockets=[config.bind_socket()]).run()  # what uvicorn.run does

@@ -95,7 +95,7 @@ class Settings(BaseSettings):
     legacy_token_digests: bool = False
     """Also accept API tokens stored with the earlier unkeyed digest (SHA-256 of the token
     alone). Whoever can write to Redis can then mint tokens: only while clients move to
-    reissued tokens (``service.api_tokens``)."""
+    reissued tokens (``service.keys.api_tokens``)."""
     metrics_token: SecretStr | None = None
     """Bearer token that reads ``/metrics`` and nothing else (>= 32 characters); the admin
     token reads it too. Neither set: ``/metrics`` answers 401 to everyone."""
@@ -148,13 +148,13 @@ class Settings(BaseSettings):
     key_cache_ttl_s: float = Field(default=30.0, ge=0, le=3600)
     """How long detection keeps a decrypted key record (0: no cache). Safe to cache: a record
     never changes but for ``revoked``, which detection by key id ignores, and multi-key
-    detection reads which keys to test from Redis at each request (``service.detection``)."""
+    detection reads which keys to test from Redis at each request (``service.jobs.detection``)."""
     key_cache_size: int = Field(default=20_000, ge=1, le=1_000_000)
     """Cached records; at least ``max_keys_per_detect`` so a tenant's keys stay cached."""
     detect_rate_limit: int = Field(default=600, ge=1)
     """Work units of detection per token per ``detect_rate_window_s``: an item costs
     ceil(tokens × (keys tested + 8 × keys with a full result) / ``detect_work_unit``), at
-    least 1 (``service.detection.DetectPlan``); a request that costs more than the whole
+    least 1 (``service.jobs.detection.DetectPlan``); a request that costs more than the whole
     window's budget is refused (422 ``limit-exceeded``)."""
     detect_work_unit: int = Field(default=10_000, ge=1)
     """Token·keys per rate-limit unit: 10,000 are ~2 ms of one core for the keyed pivots

@@ -3,15 +3,18 @@
 - ``keys``: watermark keys (``service.cli.keys``); ``tokens``: API bearer tokens
   (``service.cli.api_tokens``).
 - ``generate`` (``service.cli.generate``) and ``detect`` (``service.cli.detect``, corpus mode in
-  ``service.cli.corpus``): the same service layer as the HTTP routes (``service.generation``,
-  ``service.detection``), and with ``--json`` the same JSON as their responses.
+  ``service.jobs.corpus``): the same service layer as the HTTP routes (``service.jobs.generation``,
+  ``service.jobs.detection``), and with ``--json`` the same JSON as their responses.
 - ``distill``: train MDraft drafter heads; ``serve``: the HTTP service.
 
 ``service.cli.common`` holds the consoles, the error mapping (one line on stderr, exit 2 for bad
 input, 1 for the environment) and the stores. Heavy libraries (torch, transformers) are imported
 by the commands that need them, when they run: ``keys``, ``tokens`` and ``detect`` never import
-torch (``detect`` loads the tokenizer alone, ``sampler.model_files``; tested in a fresh
+torch (``detect`` loads the tokenizer alone, ``sampler.targets.model_files``; tested in a fresh
 interpreter).
+
+May import: every room of the service (``ray`` only when ``detect --engine ray`` runs),
+``sampler``, ``detector``, ``keyed``. Nothing imports it but its entry point.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ def create(
     as_json: Json = False,
 ) -> None:
     """Create an API token. It is shown once, here; the service stores only its hash."""
-    from service.api_tokens import DEFAULT_SCOPES
+    from service.keys.api_tokens import DEFAULT_SCOPES
 
     settings = Settings()
     with errors(), token_store(settings) as store:

@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     import redis
 
     from sampler.models import LoadedModel
-    from service.api_tokens import TokenStore
-    from service.keystore import KeyStore
+    from service.keys.api_tokens import TokenStore
+    from service.keys.store import KeyStore
 
 out = Console()
 err = Console(stderr=True)
@@ -93,7 +93,7 @@ def errors(code: int | None = None) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _redis(settings: Settings) -> Iterator[redis.Redis]:
-    from service.redis import close_redis, open_redis
+    from service.keys.redis import close_redis, open_redis
 
     url = settings.redis_url.get_secret_value() if settings.redis_url else None
     client = open_redis(url, settings.home)
@@ -106,8 +106,8 @@ def _redis(settings: Settings) -> Iterator[redis.Redis]:
 @contextlib.contextmanager
 def key_store(settings: Settings) -> Iterator[KeyStore]:
     """The watermark key store (the KEK from settings, else the data dir's KEK file)."""
-    from service.kek import load_or_create_kek
-    from service.keystore import KeyStore
+    from service.keys.kek import load_or_create_kek
+    from service.keys.store import KeyStore
 
     with _redis(settings) as client:
         kek = settings.kek_bytes()
@@ -118,8 +118,8 @@ def key_store(settings: Settings) -> Iterator[KeyStore]:
 @contextlib.contextmanager
 def token_store(settings: Settings) -> Iterator[TokenStore]:
     """The API token store (its digest key from the KEK, as ``key_store``'s)."""
-    from service.api_tokens import TokenStore, digest_key
-    from service.kek import load_or_create_kek
+    from service.keys.api_tokens import TokenStore, digest_key
+    from service.keys.kek import load_or_create_kek
 
     with _redis(settings) as client:
         kek = settings.kek_bytes()
@@ -170,19 +170,19 @@ def tokenizer_and_fingerprint(
     settings: Settings, model: str | None, quiet: bool
 ) -> tuple[Any, str]:
     """The model's tokenizer and its fingerprint (remembered with the model's files:
-    ``sampler.model_files.model_tokenizer_fingerprint``)."""
-    from sampler.model_files import model_tokenizer_fingerprint
+    ``sampler.targets.model_files.model_tokenizer_fingerprint``)."""
+    from sampler.targets.model_files import model_tokenizer_fingerprint
 
     tok = tokenizer(settings, model, quiet)
     return tok, model_tokenizer_fingerprint(tok, model or settings.model, settings.home)
 
 
 def tokenizer(settings: Settings, model: str | None, quiet: bool) -> Any:
-    """The tokenizer detection needs (``sampler.model_files.load_detection_tokenizer``: the
+    """The tokenizer detection needs (``sampler.targets.model_files.load_detection_tokenizer``: the
     ``tokenizers`` library alone where the model's files allow, so neither torch nor
     transformers is imported), converting the model first if it never was (transformers,
     quietened, then)."""
-    from sampler.model_files import load_detection_tokenizer, materialise
+    from sampler.targets.model_files import load_detection_tokenizer, materialise
 
     progress = _progress(quiet)
 

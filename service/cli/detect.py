@@ -1,8 +1,8 @@
 """``poissonmark detect``: is this text watermarked by one key, or by any key of a tenant?
 
-The keys and the statistics are ``service.detection``'s, as for ``POST /v1/detect``, and
+The keys and the statistics are ``service.jobs.detection``'s, as for ``POST /v1/detect``, and
 ``--json`` prints the same ``DetectResponse`` that endpoint answers
-(``service.detect_response``: the verdict on the best key's corrected p-value, and each key's
+(``service.jobs.detect_response``: the verdict on the best key's corrected p-value, and each key's
 own result under ``results``); without it ``service.cli.detect_output`` shows the result for
 people. ``--jsonl`` runs a corpus (``service.cli.detect_corpus``).
 """
@@ -234,8 +234,8 @@ def detect(
     Exit status: 0 when a verdict was printed, whatever it is. With --exit-status: 0 for
     watermarked, 1 for not watermarked, 2 for an error. Without --exit-status an error exits 2
     (bad input) or 1 (Redis or files unreachable)."""
-    from service.detect_response import detect_response
-    from service.detection import choose_keys, detect_keys
+    from service.jobs.detect_response import detect_response
+    from service.jobs.detection import choose_keys, detect_keys
 
     settings = Settings()
     with errors(2 if exit_status else None):
@@ -301,7 +301,7 @@ def detect(
         if processing is not None:
             from sampler.completion import prompt_ids
             from service.cli.common import load
-            from service.model_tests import run_model_tests
+            from service.jobs.model_tests import run_model_tests
 
             loaded = load(settings, model, None, as_json)
             tests = run_model_tests(

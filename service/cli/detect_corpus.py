@@ -1,7 +1,7 @@
 """``poissonmark detect --jsonl``: a corpus against one key, one JSON result per line.
 
-The runner is ``service.cli.corpus.detect_corpus`` (this host's processes) or
-``service.ray_corpus.detect_corpus_ray`` (``--engine ray``). On a terminal a progress bar on
+The runner is ``service.jobs.corpus.detect_corpus`` (this host's processes) or
+``service.ray.corpus.detect_corpus_ray`` (``--engine ray``). On a terminal a progress bar on
 stderr shows the documents done, their rate and the time left; when stderr is not a terminal
 (a pipe, a file, a CI log) nothing but the final counts is written there.
 """
@@ -30,7 +30,7 @@ from detector import DetectOptions
 from service.cli.common import err
 
 if TYPE_CHECKING:
-    from service.key_record import KeyRecord
+    from service.keys.record import KeyRecord
 
 ENGINES = ("local", "ray")
 
@@ -97,14 +97,14 @@ def run_corpus(
     Raises:
         ValueError: ``--engine ray`` where Ray is not installed (saying how to install it).
     """
-    from service.cli.corpus import add_q_values, count_lines, detect_corpus
-    from service.detection import DETECTION_NONCE
+    from service.jobs.corpus import add_q_values, count_lines, detect_corpus
+    from service.jobs.detection import DETECTION_NONCE
 
     runner: Any = detect_corpus
     extra: dict[str, Any] = {}
     if run.engine == "ray":
         try:
-            from service.ray_corpus import detect_corpus_ray
+            from service.ray.corpus import detect_corpus_ray
         except ImportError as exc:  # the extra is not installed (the default install)
             missing = exc.name or "ray"
             spec = rich.markup.escape("'poissonmark[ray]'")  # the message is printed as markup

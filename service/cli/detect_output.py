@@ -12,7 +12,7 @@ from service.cli.common import out
 
 if TYPE_CHECKING:
     from detector import Detection, MultiKeyDetection
-    from service.schemas.detect import DetectResponse
+    from service.schemas.detect_result import DetectResponse
 
 _COLOURS = {
     "watermarked": "bold green",

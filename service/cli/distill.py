@@ -1,4 +1,5 @@
-"""``poissonmark distill``: train parallel drafter heads with MDraft (``sampler.distill``)."""
+"""``poissonmark distill``: train parallel drafter heads with MDraft
+(``sampler.training.distill``)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from service.cli.common import DeviceOpt, Json, ModelOpt, emit_json, err, errors
 from service.settings import Settings
 
 if TYPE_CHECKING:
-    from sampler.distill import TrainState
+    from sampler.training.distill import TrainState
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 DEFAULT_PROMPTS = (DATA / "prompts-eli5.jsonl", DATA / "prompts-summarize.jsonl")
@@ -37,7 +38,7 @@ class _TrainingProgress:
 
     def step(self, state: TrainState, loss: float) -> None:
         """``train``'s callback after each optimiser step."""
-        from sampler.distill import reach_summary
+        from sampler.training.distill import reach_summary
 
         if "training" not in self.bars:
             self.bars["training"] = self.progress.add_task("training", total=self.steps)
@@ -86,9 +87,9 @@ def distill(
 
     Use the result as --drafter heads:OUT. On a terminal a progress bar shows the rollouts and
     the training steps with their loss."""
-    from sampler.distill import DistillConfig, evaluate, reach_summary, train
-    from sampler.mdraft import Objective
-    from sampler.rollouts import prepare_data
+    from sampler.training.distill import DistillConfig, evaluate, reach_summary, train
+    from sampler.training.mdraft import Objective
+    from sampler.training.rollouts import prepare_data
 
     settings = Settings()
     with errors():
@@ -109,7 +110,7 @@ def distill(
                 raise ValueError(f"--prompts: {path} does not exist")
         loaded = load(settings, model, device, as_json)
         if init is not None:  # fail before the rollouts, not after
-            from sampler.heads import ParallelHeads
+            from sampler.drafters.heads import ParallelHeads
 
             ParallelHeads.load(init, loaded.model)
         # the bars on a terminal only: a pipe or a log gets neither frames nor their end state

@@ -1,4 +1,5 @@
-"""``poissonmark generate``: a watermarked completion on this machine (``service.generation``)."""
+"""``poissonmark generate``: a watermarked completion on this machine
+(``service.jobs.generation``)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from service.cli.common import (
 from service.settings import Settings
 
 if TYPE_CHECKING:
-    from service.generation import Generated
+    from service.jobs.generation import Generated
 
 METHOD_HELP = (
     f"watermarked: {', '.join(m for m, spec in METHODS.items() if spec.watermarked)}; "
@@ -106,8 +107,8 @@ def generate(
 ) -> None:
     """Generate a watermarked completion (an exact sample of the model)."""
     from sampler.completion import prompt_ids
-    from sampler.model_files import tokenizer_fingerprint
-    from service.generation import generation_request, prepare, run
+    from sampler.targets.model_files import tokenizer_fingerprint
+    from service.jobs.generation import generation_request, prepare, run
 
     settings = Settings()
     with errors():

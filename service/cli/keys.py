@@ -21,8 +21,8 @@ from service.cli.common import (
 from service.settings import Settings
 
 if TYPE_CHECKING:
-    from service.key_record import KeyRecord
-    from service.keystore import KeyStore
+    from service.keys.record import KeyRecord
+    from service.keys.store import KeyStore
 
 app = typer.Typer(no_args_is_help=True, help="Create, list, revoke and delete watermark keys.")
 audit = logging.getLogger("poissonmark.audit")
@@ -113,7 +113,7 @@ def list_keys(
 def _every_page(store: KeyStore, tenant: str | None, include_revoked: bool) -> Iterator[KeyRecord]:
     """Every key of ``tenant`` (all tenants when None) in creation order, one ``list_page`` of
     ``PAGE_MAX`` at a time."""
-    from service.keystore import PAGE_MAX
+    from service.keys.store import PAGE_MAX
 
     cursor = None
     while True:

@@ -146,7 +146,7 @@ PROBLEM_DESCRIPTIONS: dict[int, str] = {
 
 def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses`` entries with a ``Problem`` body (the app documents them as
-    ``application/problem+json``, see ``service.app``)."""
+    ``application/problem+json``, see ``service.http.app``)."""
     return {
         status: {"model": Problem, "description": PROBLEM_DESCRIPTIONS[status]}
         for status in statuses

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from service.key_record import CONTEXT_WIDTH_MAX, CONTEXT_WIDTH_MIN, DEFAULT_CONTEXT_WIDTH
+from service.keys.record import CONTEXT_WIDTH_MAX, CONTEXT_WIDTH_MIN, DEFAULT_CONTEXT_WIDTH
 from service.schemas.common import RequestModel
 
 

@@ -16,8 +16,8 @@ import pytest
 
 from detector import DetectOptions, detect
 from keyed import KeyedSource
-from service.cli.corpus import CorpusCounts, detect_corpus, done_ids
-from service.detect_response import detection_json
+from service.jobs.corpus import CorpusCounts, detect_corpus, done_ids
+from service.jobs.detect_response import detection_json
 from tests.detector.helpers import fixed_secret, keyed_race_ids
 
 SECRET = fixed_secret("cli-jsonl")

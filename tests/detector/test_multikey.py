@@ -209,7 +209,7 @@ def test_multi_key_wire_shape_corrects_spans_for_the_keys(real_tokenizer) -> Non
     # service.detect_response (HTTP and CLI --json): each detailed key's spans carry
     # their windows-corrected p times K (the page shows it as is), and the top level the
     # whole-text and span p corrected for K and the power statement; the schema takes it all.
-    from service.detect_response import detect_response
+    from service.jobs.detect_response import detect_response
 
     secret = fixed_secret("multi-wire")
     ids = keyed_race_ids(secret, num_new=120, seed=9)
@@ -236,7 +236,7 @@ def test_multi_key_edit_tolerant_p_is_corrected_for_the_keys(real_tokenizer) -> 
     # pivots with the p that chose it, so it rejects far above alpha (measured: 70 % at
     # alpha = 0.1, 13 % at 0.01); the wire shape's keys-corrected p (K·p) must reject at most
     # alpha: count <= the upper end of the central 99 % interval of Binomial(300, alpha).
-    from service.detect_response import detect_response
+    from service.jobs.detect_response import detect_response
     from tests.detector.test_null import binomial_bounds
 
     rng = np.random.default_rng(31)

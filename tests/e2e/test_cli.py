@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from service.cli import app
-from service.schemas.detect import DetectResponse
+from service.schemas.detect_result import DetectResponse
 from service.schemas.generate import GenerateResponse
 from tests.fresh import cli_on_a_terminal
 

@@ -14,7 +14,7 @@ from sampler.batch import generate_many
 from sampler.decoder import SamplerConfig, generate
 from sampler.drafters import NgramDrafter, fresh_drafter, self_drafter
 from sampler.processing import Processing
-from sampler.target import Target
+from sampler.targets.base import Target
 from tests.sampler.conftest import VOCAB
 
 SPECULATIVE_CONFIGS = [

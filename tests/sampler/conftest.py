@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from sampler.cached_lm import CachedLM
 from sampler.processing import Processing, dense_logp, process
+from sampler.targets.transformers import CachedLM
 
 VOCAB = 64
 

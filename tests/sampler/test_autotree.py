@@ -13,19 +13,12 @@ import torch
 
 from keyed import KeyedSource, Secret
 from sampler import autotree
-from sampler.autotree import (
-    EXPLORE_EVERY,
-    EXPLORE_MAX,
-    ForwardProfile,
-    TreeChooser,
-    measure_profile,
-    profile_for,
-    set_profile_dir,
-)
+from sampler.autotree import EXPLORE_EVERY, EXPLORE_MAX, TreeChooser
 from sampler.batch import generate_many
-from sampler.cached_lm import as_target
 from sampler.decoder import SamplerConfig, generate
 from sampler.drafters import NgramDrafter, fresh_drafter, self_drafter
+from sampler.targets.profile import ForwardProfile, measure_profile, profile_for, set_profile_dir
+from sampler.targets.transformers import as_target
 from tests.sampler.conftest import VOCAB, tiny_llama
 
 FLAT = ForwardProfile((1, 2, 3, 5, 9, 17, 33), (0.010,) * 7)  # trees cost what a step costs

@@ -11,7 +11,6 @@ import sampler.batch
 import sampler.loop
 from keyed import KeyedSource, Secret
 from sampler.batch import Batch, generate_many, step_many
-from sampler.cached_lm import CachedLM, forward_many
 from sampler.decoder import SamplerConfig, generate
 from sampler.drafters import (
     FixedTokenDrafter,
@@ -20,9 +19,10 @@ from sampler.drafters import (
     fresh_drafter,
     self_drafter,
 )
-from sampler.heads import HeadsDrafter, new_heads
+from sampler.drafters.heads import HeadsDrafter, new_heads
 from sampler.loop import start, step
 from sampler.processing import Processing
+from sampler.targets.transformers import CachedLM, forward_many
 from tests.sampler.conftest import VOCAB
 
 

@@ -59,9 +59,9 @@ def test_batched_equals_solo_20_prompts_128_tokens(real_model, data_files) -> No
 
 @pytest.fixture(scope="module")
 def real_model_bf16(data_dir):  # type: ignore[no-untyped-def]
-    """The real model on the row-invariant bfloat16 runner (``sampler.invariant``)."""
-    from sampler.invariant import RowInvarianceError
+    """The real model on the row-invariant bfloat16 runner (``sampler.targets.cpu_bf16``)."""
     from sampler.models import DEFAULT_MODEL, load_model
+    from sampler.targets.cpu_bf16 import RowInvarianceError
 
     try:
         return load_model(DEFAULT_MODEL, data_dir, device="cpu", precision="bfloat16")

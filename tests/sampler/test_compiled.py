@@ -183,8 +183,8 @@ def test_a_one_node_tree_is_verified_as_the_chain_extend(target, width):
     """``loop.verify_tree``'s shortcut: a tree of the root alone gives the bits of the masked
     forward (``tree_inputs``) and leaves the cache where that forward leaves it, on the
     transformers backend (the gguf backend: ``test_gguf_target``)."""
-    from sampler.cached_lm import open_cache
     from sampler.loop import tree_inputs, verify_tree
+    from sampler.targets.transformers import open_cache
     from sampler.tree import DraftTree
 
     prompt = [(13 * i + 5) % target.config.vocab_size for i in range(6 + width)]

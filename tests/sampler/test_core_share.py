@@ -1,10 +1,10 @@
-"""llama.cpp's thread count under other load (``sampler.gguf_target.CoreShare``)."""
+"""llama.cpp's thread count under other load (``sampler.targets.llamacpp.CoreShare``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from sampler.cpu_features import CoreShare, procs_running
+from sampler.targets.cpu_features import CoreShare, procs_running
 
 
 def test_procs_running_reads_proc_stat(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
-"""``sampler.cpu_features``: the flags are read from /proc/cpuinfo, and importing ``sampler``
-sets the OpenMP wait policy only where the bfloat16 runner is the default (AMX bfloat16, no
-llama.cpp installed) and only if nobody set it (each case in a fresh interpreter: the policy
+"""``sampler.targets.cpu_features``: the flags are read from /proc/cpuinfo, and importing
+``sampler`` sets the OpenMP wait policy only where the bfloat16 runner is the default (AMX bfloat16,
+no llama.cpp installed) and only if nobody set it (each case in a fresh interpreter: the policy
 is read when torch loads OpenMP)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sampler.cpu_features import cpu_flags, cpu_model, native_bfloat16
+from sampler.targets.cpu_features import cpu_flags, cpu_model, native_bfloat16
 
 ROOT = Path(__file__).resolve().parents[2]
 

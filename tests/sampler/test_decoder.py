@@ -11,7 +11,6 @@ import torch
 from scipy import stats
 
 from keyed import KeyedSource, Secret
-from sampler.cached_lm import CachedLM
 from sampler.decoder import SamplerConfig, generate
 from sampler.drafters import (
     FixedTokenDrafter,
@@ -22,6 +21,7 @@ from sampler.drafters import (
 )
 from sampler.policies import History, KeyedRace
 from sampler.processing import Processing, dense_logp, process
+from sampler.targets.transformers import CachedLM
 from sampler.tree import DraftTree
 from tests.sampler.conftest import VOCAB, first_two_token_law, tiny_llama
 

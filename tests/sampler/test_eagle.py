@@ -1,5 +1,5 @@
-"""The autoregressive draft head on the target's features (``sampler.eagle``) on tiny random
-Llamas: MPFR with it emits exactly BASIC-UWM's tokens (MPFR paper Prop. 4.4, stopping-time
+"""The autoregressive draft head on the target's features (``sampler.drafters.eagle``) on tiny
+random Llamas: MPFR with it emits exactly BASIC-UWM's tokens (MPFR paper Prop. 4.4, stopping-time
 drafter invariance) for untrained and random heads, several B and L, warm processing, on
 transformers and on the static target; batched equals solo; a level's laws are the head's
 chain along each node's own path; files round-trip and refuse another target or a backend
@@ -16,14 +16,14 @@ from safetensors.torch import load_file
 
 from keyed import KeyedSource, Secret
 from sampler.batch import generate_many
-from sampler.cached_lm import as_target
 from sampler.decoder import SamplerConfig, generate
 from sampler.drafters import default_drafter, fresh_drafter, make_drafter
-from sampler.eagle import SHIPPED_EAGLE, EagleDrafter, EagleHead, new_eagle, prime_eagle
+from sampler.drafters.eagle import SHIPPED_EAGLE, EagleDrafter, EagleHead, new_eagle, prime_eagle
 from sampler.processing import Processing
-from sampler.rollouts import split_of
-from sampler.static_target import ATTENTION_BLOCK, StaticLlama
-from sampler.target import Target
+from sampler.targets.base import Target
+from sampler.targets.static import ATTENTION_BLOCK, StaticLlama
+from sampler.targets.transformers import as_target
+from sampler.training.rollouts import split_of
 from sampler.tree import DraftTree
 from tests.sampler.conftest import VOCAB, tiny_llama
 

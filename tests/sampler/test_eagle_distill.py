@@ -1,5 +1,5 @@
-"""The eagle head's batched ``ce`` stage (``sampler.eagle_distill``) on a tiny random Llama:
-rollout shards hold the target's top-k continuations and hidden states, ``AnchorData`` its
+"""The eagle head's batched ``ce`` stage (``sampler.training.eagle_distill``) on a tiny random
+Llama: rollout shards hold the target's top-k continuations and hidden states, ``AnchorData`` its
 roots and teachers, the measured acceptance is 1 − TV of the processed laws, ``fit`` raises
 held-out acceptance and is reproducible from its seed; a shard round-trips through its file."""
 
@@ -8,9 +8,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sampler.eagle import new_eagle
-from sampler.eagle_distill import AnchorData, EagleDistillConfig, distill_loss, fit, validate
-from sampler.rollouts import RolloutShard, sample_shards
+from sampler.drafters.eagle import new_eagle
+from sampler.training.eagle_distill import (
+    AnchorData,
+    EagleDistillConfig,
+    distill_loss,
+    fit,
+    validate,
+)
+from sampler.training.rollouts import RolloutShard, sample_shards
 from tests.sampler.conftest import VOCAB
 
 

@@ -1,5 +1,5 @@
-"""Training the eagle head on-policy (``sampler.eagle_train``) on a tiny random Llama: a few
-steps of the cross-entropy baseline and of MDraft (MDraft paper Alg. 1 on the head's own chains)
+"""Training the eagle head on-policy (``sampler.training.eagle_train``) on a tiny random Llama: a
+few steps of the cross-entropy baseline and of MDraft (MDraft paper Alg. 1 on the head's own chains)
 raise the held-out acceptance length τ, a run is reproducible from its seed, and ``unroll`` is
 the drafter's own chain."""
 
@@ -10,10 +10,10 @@ import torch
 
 from keyed import KeyedSource, Secret
 from sampler.decoder import SamplerConfig, generate
-from sampler.eagle import new_eagle
-from sampler.eagle_train import EagleTrainConfig, evaluate, train, unroll
-from sampler.mdraft import Objective
-from sampler.rollouts import Rollout, hidden_states
+from sampler.drafters.eagle import new_eagle
+from sampler.training.eagle_train import EagleTrainConfig, evaluate, train, unroll
+from sampler.training.mdraft import Objective
+from sampler.training.rollouts import Rollout, hidden_states
 from tests.sampler.conftest import VOCAB
 
 

@@ -1,4 +1,4 @@
-"""Precision gguf: the real SmolLM2 GGUF through llama.cpp (``sampler.gguf_target``).
+"""Precision gguf: the real SmolLM2 GGUF through llama.cpp (``sampler.targets.llamacpp``).
 
 The decoder's exactness (MPFR Thm. 5.1: the output does not depend on the drafter, B, L, the
 tree or the batch) rests on one property of the backend: a context's logits are the same bits
@@ -15,10 +15,11 @@ import pytest
 import torch
 
 from keyed import KeyedSource, Secret
-from sampler.cached_lm import forward_many, open_cache
 from sampler.completion import CompletionRequest, complete, complete_many, prompt_ids
 from sampler.decoder import SamplerConfig
-from sampler.gguf_target import (
+from sampler.models import DEFAULT_MODEL, load_model
+from sampler.processing import Processing
+from sampler.targets.llamacpp import (
     PATCHED_BUILD,
     ROW_KERNELS_BUILD,
     GgufCache,
@@ -26,8 +27,7 @@ from sampler.gguf_target import (
     RowInvarianceError,
     repacking_safe,
 )
-from sampler.models import DEFAULT_MODEL, load_model
-from sampler.processing import Processing
+from sampler.targets.transformers import forward_many, open_cache
 
 pytestmark = pytest.mark.realmodel
 
@@ -355,8 +355,8 @@ def test_eagle_on_gguf_equals_basic_uwm_solo_and_batched(gguf_model, data_files)
 def test_a_converted_copy_finds_its_gguf(data_dir, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A local directory converted from an alias (its ``.complete`` names the GGUF) gets
     precision gguf too; a directory without one does not."""
-    from sampler.model_files import materialise
     from sampler.models import gguf_source
+    from sampler.targets.model_files import materialise
 
     converted = materialise(DEFAULT_MODEL, data_dir)
     found = gguf_source(str(converted), converted)
@@ -369,9 +369,9 @@ def test_a_converted_copy_finds_its_gguf(data_dir, tmp_path) -> None:  # type: i
 def test_a_forward_longer_than_a_micro_batch_is_copied_in_place(gguf_model, monkeypatch) -> None:
     """With micro-batches of 8 tokens a 30-token chain runs as four llama.cpp decodes whose
     logits land at rows 0, 8, 16, 24 of the output: equal to the chain token by token."""
-    from sampler import gguf_target
+    from sampler.targets import llamacpp
 
-    monkeypatch.setattr(gguf_target, "UBATCH", 8)
+    monkeypatch.setattr(llamacpp, "UBATCH", 8)
     small = GgufTarget(gguf_model.target.path)  # type: ignore[attr-defined]
     assert small.micro_batch == 8
     joint, alone = small.new_cache(), small.new_cache()
@@ -433,7 +433,7 @@ def test_the_built_llama_cpp_batches_rows_in_one_kernel(target: GgufTarget) -> N
     kernels are taken for one row as for nine, with the same per-element arithmetic."""
     import llama_cpp
 
-    from sampler.cpu_features import cpu_flags
+    from sampler.targets.cpu_features import cpu_flags
 
     assert ROW_KERNELS_BUILD in llama_cpp.__version__, "not scripts/setup.sh's build"
     features = llama_cpp.llama_print_system_info().decode()
@@ -466,7 +466,7 @@ def test_a_forward_profile_belongs_to_one_llama_cpp_build(target: GgufTarget) ->
     llama.cpp build (other kernels: other forward costs) must not reuse it."""
     import llama_cpp
 
-    from sampler.autotree import machine_fingerprint
+    from sampler.targets.profile import machine_fingerprint
 
     assert target.build == llama_cpp.__version__
     here = machine_fingerprint(target)
@@ -504,8 +504,8 @@ def test_repacking_is_switched_off_when_the_probe_fails(gguf_model, data_dir, mo
 
 INTERLEAVED = """
 import torch, torch.nn.functional as F
-from sampler.gguf_target import GgufTarget
-from sampler.model_files import gguf_path
+from sampler.targets.llamacpp import GgufTarget
+from sampler.targets.model_files import gguf_path
 from sampler.models import DEFAULT_MODEL
 target = GgufTarget(gguf_path(DEFAULT_MODEL))
 cache = target.new_cache()
@@ -526,7 +526,7 @@ def test_repacked_batches_survive_another_amx_user_on_the_thread() -> None:
     import subprocess
     import sys
 
-    from sampler.cpu_features import cpu_flags
+    from sampler.targets.cpu_features import cpu_flags
 
     if "amx_int8" not in cpu_flags():
         pytest.skip("no AMX on this CPU: repacked batches use no tiles")

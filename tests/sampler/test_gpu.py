@@ -38,9 +38,9 @@ def test_static_target_on_cuda_equals_transformers_and_itself():
     """The static target on CUDA with its graphs: float64 weights within 1e-12 of transformers
     float64 on the CPU; float32 weights: mpfr = basic-uwm and batched = solo, bit for bit."""
     from sampler.batch import generate_many
-    from sampler.cached_lm import CachedLM
     from sampler.drafters import NgramDrafter, fresh_drafter
-    from sampler.static_target import ATTENTION_BLOCK, StaticLlama
+    from sampler.targets.static import ATTENTION_BLOCK, StaticLlama
+    from sampler.targets.transformers import CachedLM
     from tests.sampler.conftest import VOCAB
 
     model = tiny_llama(0, layers=3)

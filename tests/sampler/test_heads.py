@@ -12,11 +12,11 @@ import torch
 
 from keyed import KeyedSource, Secret
 from sampler.decoder import SamplerConfig, generate
-from sampler.distill import DistillConfig, evaluate, train, verifier_laws
 from sampler.drafters import make_drafter
-from sampler.heads import HeadsDrafter, ParallelHeads, new_heads
-from sampler.mdraft import Objective
-from sampler.rollouts import Rollout, hidden_states
+from sampler.drafters.heads import HeadsDrafter, ParallelHeads, new_heads
+from sampler.training.distill import DistillConfig, evaluate, train, verifier_laws
+from sampler.training.mdraft import Objective
+from sampler.training.rollouts import Rollout, hidden_states
 from tests.sampler.conftest import VOCAB, tiny_llama
 
 

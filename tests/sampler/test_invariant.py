@@ -1,4 +1,4 @@
-"""The row-invariant runner (``sampler.invariant``, issue 18/19; docs/design.md §3 Numerics).
+"""The row-invariant runner (``sampler.targets.cpu_bf16``, issue 18/19; docs/design.md §3 Numerics).
 
 - float64 weights: the runner's Llama forward equals transformers' (tree mask, GQA, RoPE,
   tied or untied head) to 1e-10, so the architecture is implemented right;
@@ -16,13 +16,13 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from keyed import KeyedSource, Secret
-from sampler.cached_lm import CachedLM, forward_many, open_cache
-from sampler.invariant import (
+from sampler.models import load_model
+from sampler.targets.cpu_bf16 import (
     InvariantCache,
     InvariantLlama,
     RowInvarianceError,
 )
-from sampler.models import load_model
+from sampler.targets.transformers import CachedLM, forward_many, open_cache
 from tests.sampler.backend_contract import (
     SPECULATIVE_CONFIGS,
     assert_batched_equals_solo,
@@ -170,8 +170,8 @@ def test_load_model_rejects_an_unknown_precision(tmp_path):
 def test_auto_falls_back_to_float32_where_a_shape_fails_the_probe(monkeypatch):
     """``auto`` checks every linear shape (the LM head alone let a tiny 32x32 o_proj through
     once): one failing shape means float32, a non-Llama too; all passing means bfloat16."""
-    import sampler.invariant as invariant
     from sampler.models import auto_runner
+    from sampler.targets import cpu_bf16 as invariant
 
     try:
         invariant._pack(torch.zeros((16, 16), dtype=torch.bfloat16))
@@ -203,8 +203,8 @@ def test_auto_falls_back_to_float32_where_a_shape_fails_the_probe(monkeypatch):
 def test_a_cpu_without_packed_bfloat16_means_float32(monkeypatch):
     """Where oneDNN has no bfloat16 linear (AVX2 only: it raised RuntimeError at packing on an
     AMD EPYC), the runner refuses with RowInvarianceError and ``auto`` falls back to float32."""
-    import sampler.invariant as invariant
     from sampler.models import auto_runner
+    from sampler.targets import cpu_bf16 as invariant
 
     class NoBfloat16Linear:
         def _reorder_linear_weight(self, weight: torch.Tensor, rows: int) -> torch.Tensor:
@@ -222,8 +222,8 @@ def test_real_model_auto_precision_follows_the_cpu(real_model):
     """The shared real model is loaded with ``auto``: gguf (llama.cpp) where llama-cpp-python
     is installed (scripts/setup.sh builds it), else the bfloat16 runner exactly where the CPU
     has AMX bfloat16 (and its shapes pass the probe), float32 elsewhere."""
-    from sampler.cpu_features import native_bfloat16
-    from sampler.gguf_target import GgufTarget, available
+    from sampler.targets.cpu_features import native_bfloat16
+    from sampler.targets.llamacpp import GgufTarget, available
 
     if available():
         assert real_model.precision == "gguf"
@@ -239,7 +239,7 @@ def test_heads_decode_through_the_runners_head_and_train_through_transformers(bf
     through the runner's packed bfloat16 head, so a request's row is the same bits in a
     batched heads pass as alone; with gradients (distillation) they go through transformers'
     float32 head and the heads learn. Both agree to bfloat16 rounding."""
-    from sampler.heads import new_heads
+    from sampler.drafters.heads import new_heads
 
     heads = new_heads(bf16_target.model, 3)
     g = torch.Generator().manual_seed(5)
@@ -268,8 +268,8 @@ def test_bfloat16_is_refused_on_a_cpu_without_amx(monkeypatch, data_dir):
     """The runner's row invariance was measured on AMX only; on AMD EPYC (avx512_bf16, no AMX)
     the real model's mpfr differed from basic-uwm, so explicit bfloat16 is refused there."""
     import sampler.models
-    from sampler.invariant import RowInvarianceError
     from sampler.models import DEFAULT_MODEL
+    from sampler.targets.cpu_bf16 import RowInvarianceError
 
     monkeypatch.setattr(sampler.models, "native_bfloat16", lambda: False)
     with pytest.raises(RowInvarianceError, match="AMX bfloat16"):

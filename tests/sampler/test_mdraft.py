@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from sampler.mdraft import (
+from sampler.training.mdraft import (
     Objective,
     acceptance_probabilities,
     blended_target,

@@ -1,4 +1,4 @@
-"""The static-layout target (``sampler.static_target``), on the CPU: the same code that runs
+"""The static-layout target (``sampler.targets.static``), on the CPU: the same code that runs
 captured in CUDA graphs on a GPU, here eagerly.
 
 - float64 weights: its Llama forward equals transformers' float64 (tree mask, GQA, RoPE, tied
@@ -15,9 +15,10 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from keyed import KeyedSource, Secret
-from sampler.autotree import machine_fingerprint, tree_invariant
-from sampler.cached_lm import CachedLM, forward_many, open_cache
-from sampler.static_target import ATTENTION_BLOCK, StaticCache, StaticLlama
+from sampler.autotree import tree_invariant
+from sampler.targets.profile import machine_fingerprint
+from sampler.targets.static import ATTENTION_BLOCK, StaticCache, StaticLlama
+from sampler.targets.transformers import CachedLM, forward_many, open_cache
 from tests.sampler.backend_contract import (
     SPECULATIVE_CONFIGS,
     assert_batched_equals_solo,

@@ -1,4 +1,4 @@
-"""One target interface (``sampler.target.Target``): every backend implements it, the loader
+"""One target interface (``sampler.targets.base.Target``): every backend implements it, the loader
 returns it, and nothing reaches a backend through the transformers model's ``__dict__``."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from sampler.cached_lm import CachedLM, TransformersTarget, as_target, open_cache
-from sampler.gguf_target import GgufTarget
-from sampler.invariant import InvariantLlama
-from sampler.static_target import StaticLlama
-from sampler.target import Target
+from sampler.targets.base import Target
+from sampler.targets.cpu_bf16 import InvariantLlama
+from sampler.targets.llamacpp import GgufTarget
+from sampler.targets.static import StaticLlama
+from sampler.targets.transformers import CachedLM, TransformersTarget, as_target, open_cache
 from tests.sampler.conftest import tiny_llama
 
 ROOT = Path(__file__).resolve().parents[2]

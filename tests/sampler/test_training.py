@@ -1,5 +1,5 @@
-"""The drafter trainers' shared optimisation (``sampler.training``): configs refuse values out
-of range naming the field, and the logged learning rate follows the warm-up and cosine."""
+"""The drafter trainers' shared optimisation (``sampler.training.optimiser``): configs refuse values
+out of range naming the field, and the logged learning rate follows the warm-up and cosine."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import re
 import pytest
 import torch
 
-from sampler.eagle_distill import EagleDistillConfig
-from sampler.eagle_train import EagleTrainConfig
-from sampler.training import Optimiser
+from sampler.training.eagle_distill import EagleDistillConfig
+from sampler.training.eagle_train import EagleTrainConfig
+from sampler.training.optimiser import Optimiser
 
 
 @pytest.mark.parametrize(

@@ -32,10 +32,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from sampler.completion import eos_ids
 from sampler.models import LoadedModel
-from service.api_tokens import TokenStore
-from service.app import create_app
-from service.keystore import KeyStore
-from service.redis import delete_prefix
+from service.http.app import create_app
+from service.keys.api_tokens import TokenStore
+from service.keys.redis import delete_prefix
+from service.keys.store import KeyStore
 from service.settings import Settings
 
 SERVER_URL = "redis://127.0.0.1:6379/0"

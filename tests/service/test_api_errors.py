@@ -14,11 +14,11 @@ import pytest
 
 from sampler.decoder import SamplerConfig
 from sampler.drafters import Drafter
-from service.deps import get_limiter, get_worker
-from service.detection_pool import DetectionPool
 from service.errors import PROBLEM_BASE, PROBLEMS, problem_for
+from service.http.deps import get_limiter, get_worker
+from service.jobs.detection_pool import DetectionPool
+from service.jobs.worker import GenerationWorker, Job
 from service.ratelimit import RateLimiter
-from service.worker import GenerationWorker, Job
 from tests.service.conftest import Service, ServiceFactory
 from tests.service.test_api_keys import GEN, problem
 

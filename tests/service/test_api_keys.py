@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from service.api_tokens import TokenStore
 from service.errors import PROBLEM_BASE
+from service.keys.api_tokens import TokenStore
 from tests.service.conftest import Service, ServiceFactory
 
 GEN = {"prompt": "Hi", "max_new_tokens": 4, "method": "basic-uwm"}

@@ -1,4 +1,4 @@
-"""API tokens (``service/api_tokens.py``) and the ``poissonmark tokens``/``serve`` CLI."""
+"""API tokens (``service/keys/api_tokens.py``) and the ``poissonmark tokens``/``serve`` CLI."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import redis
 import redis.asyncio
 from typer.testing import CliRunner
 
-from service.api_tokens import (
+from service.cli import app as cli
+from service.keys.api_tokens import (
     SCOPES,
     TOKEN_PATTERN,
     TokenStore,
@@ -25,8 +26,7 @@ from service.api_tokens import (
     keyed_digest,
     verify_token,
 )
-from service.cli import app as cli
-from service.redis import close_redis, open_redis
+from service.keys.redis import close_redis, open_redis
 from service.settings import Settings
 
 PREFIX = "pmtest:tok:"

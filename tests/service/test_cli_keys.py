@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from service.cli import app
 from service.cli.common import key_store
 from service.errors import UnknownKey
-from service.keystore import PAGE_MAX
+from service.keys.store import PAGE_MAX
 from service.settings import Settings
 
 
@@ -55,7 +55,7 @@ def test_reseal_binds_earlier_records_to_their_tenant(home: Path) -> None:
 
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-    from service.kek import load_or_create_kek
+    from service.keys.kek import load_or_create_kek
 
     with key_store(Settings()) as store:
         key = store.create("sha256:cli", tenant="acme")

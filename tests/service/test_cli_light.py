@@ -44,7 +44,8 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data_dir: Path) -> Pat
 
 
 def test_import_service_cli_loads_no_torch() -> None:
-    code = f"import sys\nimport service.cli, sampler.methods, sampler.model_files\n{TORCH_LOADED}"
+    imports = "import service.cli, sampler.methods, sampler.targets.model_files"
+    code = f"import sys\n{imports}\n{TORCH_LOADED}"
     assert fresh_python(code) == "False"
 
 
@@ -83,7 +84,7 @@ def test_tokenizer_is_autotokenizers(data_dir: Path) -> None:
     """``load_tokenizer`` without torch gives AutoTokenizer's class, ids, offsets and specials."""
     from transformers import AutoTokenizer
 
-    from sampler.model_files import (
+    from sampler.targets.model_files import (
         DEFAULT_MODEL,
         load_tokenizer,
         materialise,
@@ -116,7 +117,7 @@ def test_detection_tokenizer_equals_autotokenizer(data_dir: Path) -> None:
     offsets (special tokens added or not), decodings, special ids, length and fingerprint."""
     from transformers import AutoTokenizer
 
-    from sampler.model_files import (
+    from sampler.targets.model_files import (
         DEFAULT_MODEL,
         TokenizerFile,
         load_detection_tokenizer,
@@ -150,7 +151,7 @@ def test_detection_tokenizer_falls_back_on_unknown_config(data_dir: Path, tmp_pa
     encoding) sends the directory to transformers' class."""
     import shutil
 
-    from sampler.model_files import (
+    from sampler.targets.model_files import (
         DEFAULT_MODEL,
         TokenizerFile,
         load_detection_tokenizer,
@@ -187,7 +188,7 @@ def test_detection_tokenizer_falls_back_on_transformers_only_files(
 
     from transformers import AutoTokenizer
 
-    from sampler.model_files import DEFAULT_MODEL, load_detection_tokenizer, materialise
+    from sampler.targets.model_files import DEFAULT_MODEL, load_detection_tokenizer, materialise
 
     source = materialise(DEFAULT_MODEL, data_dir)
     copy = tmp_path / "model"

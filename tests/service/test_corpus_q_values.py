@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from detector import DetectOptions
 from keyed import KeyedSource
 from service.cli import app
-from service.cli.corpus import add_q_values, detect_corpus, done_ids, row_p_value
+from service.jobs.corpus import add_q_values, detect_corpus, done_ids, row_p_value
 from tests.detector.helpers import fixed_secret, keyed_race_ids
 
 SECRET = fixed_secret("corpus-q-values")

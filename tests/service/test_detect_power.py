@@ -6,7 +6,7 @@ import hashlib
 
 from detector.combined import needed_tokens
 from keyed.prf import Secret
-from service.key_record import KeyRecord, new_key_id
+from service.keys.record import KeyRecord, new_key_id
 from tests.service.conftest import Service, ServiceFactory
 from tests.service.test_api_keys import problem
 

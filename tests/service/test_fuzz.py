@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, settings
 from schemathesis import checks
 from schemathesis.config import SchemathesisConfig
 
-from service.app import create_app
 from service.errors import KEY_ID_PATTERN as KEY_ID
+from service.http.app import create_app
 from tests.service.conftest import LiveServer, Service, make_settings
 
 ROOT = Path(__file__).resolve().parents[2]

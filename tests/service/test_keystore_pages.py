@@ -1,4 +1,4 @@
-"""Key listing in pages, the key-id prefix search and deletion (``service/keystore.py``).
+"""Key listing in pages, the key-id prefix search and deletion (``service/keys/store.py``).
 
 On both backends (the ``backend`` fixture of ``test_keystore.py``): pages walk the creation
 order after an opaque cursor, never repeat or skip a key present for the whole listing (even
@@ -14,8 +14,8 @@ import pytest
 
 from keyed.prf import Secret
 from service.errors import InvalidInput, UnknownKey
-from service.key_record import KeyRecord, created_score, new_key_id
-from service.keystore import PAGE_MAX, KeyStore
+from service.keys.record import KeyRecord, created_score, new_key_id
+from service.keys.store import PAGE_MAX, KeyStore
 from tests.service.test_keystore import TOKENIZER, Backend, backend, store
 
 __all__ = ["backend", "store"]  # fixtures

@@ -28,9 +28,9 @@ from detector.tokens import encode
 from sampler.completion import chat_prompt_ids
 from sampler.drafters import Drafter
 from sampler.models import LoadedModel
-from service.deps import get_worker
 from service.errors import InvalidInput
-from service.worker import GenerationWorker, Job
+from service.http.deps import get_worker
+from service.jobs.worker import GenerationWorker, Job
 from tests.service.conftest import LiveServer, Service, ServiceFactory, make_settings, slowed
 from tests.service.test_api_errors import BlockingWorker
 from tests.service.test_api_keys import problem
@@ -46,7 +46,7 @@ def live_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """``start(loaded)``: a live server on the given model, for the module's tests."""
     from contextlib import ExitStack
 
-    from service.app import create_app
+    from service.http.app import create_app
 
     with ExitStack() as stack:
 

@@ -1,16 +1,16 @@
 """``openapi.yaml`` is generated from the app; this fails when the two drift apart.
 
-Fix a failure by regenerating (``python -m service.openapi``) and reviewing the diff: a changed
+Fix a failure by regenerating (``python -m service.http.openapi``) and reviewing the diff: a changed
 schema is a changed API contract for every client."""
 
 from __future__ import annotations
 
-from service.openapi import OPENAPI_PATH, render
+from service.http.openapi import OPENAPI_PATH, render
 
 
 def test_committed_openapi_matches_the_app() -> None:
     assert OPENAPI_PATH.read_text(encoding="utf-8") == render(), (
-        "openapi.yaml is stale: run `python -m service.openapi` and commit the result"
+        "openapi.yaml is stale: run `python -m service.http.openapi` and commit the result"
     )
 
 
@@ -20,7 +20,7 @@ def test_error_responses_are_documented_as_problem_json() -> None:
     document = yaml.safe_load(render())
     for path, operations in document["paths"].items():
         for method, operation in operations.items():
-            # the OpenAI-compatible routes answer OpenAI's error shape (service.openai_errors)
+            # the OpenAI-compatible routes answer OpenAI's error shape (service.http.openai_errors)
             errors = (
                 "application/json"
                 if "openai" in operation.get("tags", [])

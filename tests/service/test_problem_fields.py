@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from service.deps import get_worker
 from service.errors import QueueFull
+from service.http.deps import get_worker
 from tests.service.conftest import Service, ServiceFactory
 from tests.service.test_api_keys import problem
 

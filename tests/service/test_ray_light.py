@@ -1,6 +1,6 @@
 """The default install stays light: Ray is an optional extra (``poissonmark[ray]``), and
 nothing on the default import path — the CLI with its corpus runner, the HTTP app — imports it
-(fresh interpreter, ``sys.modules``). ``service.ray_corpus`` / ``service.ray_serve`` are
+(fresh interpreter, ``sys.modules``). ``service.ray.corpus`` / ``service.ray.serve`` are
 imported only by ``--engine ray`` and by Serve."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from tests.fresh import fresh_python
 def test_default_import_path_loads_no_ray() -> None:
     code = (
         "import sys\n"
-        "import service.cli, service.cli.detect, service.cli.corpus, service.app\n"
+        "import service.cli, service.cli.detect, service.jobs.corpus, service.http.app\n"
         "print(any(m == 'ray' or m.startswith('ray.') for m in sys.modules))"
     )
     assert fresh_python(code) == "False"
@@ -29,7 +29,7 @@ def test_the_ray_modules_do_load_ray() -> None:
 
     pytest.importorskip("ray")
     code = (
-        "import sys\nimport service.ray_corpus\n"
+        "import sys\nimport service.ray.corpus\n"
         "print(any(m == 'ray' or m.startswith('ray.') for m in sys.modules))"
     )
     assert fresh_python(code) == "True"

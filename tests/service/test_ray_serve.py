@@ -1,6 +1,6 @@
 """The HTTP service as two Ray Serve replicas on a real two-node Ray cluster (issue 16).
 
-``service.ray_serve.build(2)`` on a head and a worker node of this machine (one CPU each, so
+``service.ray.serve.build(2)`` on a head and a worker node of this machine (one CPU each, so
 one replica per node), behind Serve's proxy on the head (same-node routing off: with it, the
 head's replica takes every request it keeps up with); both replicas load the real model
 and share the Redis server at 127.0.0.1:6379 (a private key prefix). A key created through
@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from sampler.models import DEFAULT_MODEL
-from service.redis import delete_prefix
+from service.keys.redis import delete_prefix
 from tests.service.conftest import SERVER_URL
 from tests.service.ray_cluster import LocalRayCluster, free_port
 
@@ -61,7 +61,7 @@ def served(tmp_path: Path, data_dir: Path) -> Iterator[tuple[str, str]]:
         deploy = (
             "import ray\n"
             "from ray import serve\n"
-            "from service.ray_serve import build\n"
+            "from service.ray.serve import build\n"
             f"ray.init(address={cluster.address!r}, log_to_driver=False)\n"
             "serve.start(proxy_location='HeadOnly',"
             f" http_options={{'host': '127.0.0.1', 'port': {port}}})\n"

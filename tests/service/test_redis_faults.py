@@ -20,12 +20,12 @@ import psutil
 import pytest
 import redis
 
-import service.app
-import service.resources
+import service.http.app
+import service.jobs.resources
 from sampler.models import LoadedModel
 from service import server
-from service.api_tokens import TokenStore
-from service.redis import close_redis, embedded_alive, open_redis, revive_embedded
+from service.keys.api_tokens import TokenStore
+from service.keys.redis import close_redis, embedded_alive, open_redis, revive_embedded
 from tests.service.conftest import LiveServer, ServiceFactory, free_port, make_settings
 from tests.service.test_api_keys import GEN, problem
 
@@ -155,16 +155,16 @@ def test_embedded_redis_killed_under_serve_is_started_again_on_its_data(
     with every key and secret intact. The service's restart is held until the test has seen
     the outage (without the hold it may come first on a quick machine), then released."""
     outage_seen = threading.Event()
-    revive = service.resources.revive_embedded
+    revive = service.jobs.resources.revive_embedded
 
     def held_revive(client: Any) -> str | None:
         if not embedded_alive(client):
             outage_seen.wait(30)
         return revive(client)
 
-    monkeypatch.setattr(service.resources, "revive_embedded", held_revive)
-    monkeypatch.setattr(service.resources, "WATCH_INTERVAL_S", 0.1)
-    monkeypatch.setattr(service.app, "load_served_model", lambda _: tiny_loaded)
+    monkeypatch.setattr(service.jobs.resources, "revive_embedded", held_revive)
+    monkeypatch.setattr(service.jobs.resources, "WATCH_INTERVAL_S", 0.1)
+    monkeypatch.setattr(service.http.app, "load_served_model", lambda _: tiny_loaded)
     served: list[Any] = []
     monkeypatch.setattr(server.uvicorn, "run", lambda app, **_: served.append(app))
     settings = make_settings(tmp_path / "home")

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from service.deps import get_limiter
+from service.http.deps import get_limiter
 from service.ratelimit import RateLimiter
 from tests.service.conftest import Service, ServiceFactory
 

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from service.detection import DETAILED_KEY_WEIGHT
+from service.jobs.detection import DETAILED_KEY_WEIGHT
 from service.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]

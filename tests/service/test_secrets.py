@@ -10,7 +10,7 @@ import logging
 
 import pytest
 
-from service.api_tokens import TOKEN_PATTERN
+from service.keys.api_tokens import TOKEN_PATTERN
 from tests.service.conftest import ServiceFactory
 
 

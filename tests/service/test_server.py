@@ -28,7 +28,7 @@ from typer.testing import CliRunner
 
 from sampler.models import DEFAULT_MODEL
 from service.cli import app as cli
-from service.redis import delete_prefix
+from service.keys.redis import delete_prefix
 from service.server import TcpConfig, prepare_workers
 from service.settings import Settings
 from tests.service.conftest import SERVER_URL, free_port
@@ -47,7 +47,7 @@ def _detections_by_pid(shared: str) -> dict[str, float]:
 
 
 def test_the_shared_listener_gives_connections_with_nagle_off() -> None:
-    config = TcpConfig("service.app:create_app", factory=True, host="127.0.0.1", port=0)
+    config = TcpConfig("service.http.app:create_app", factory=True, host="127.0.0.1", port=0)
     listener = config.bind_socket()
     assert listener.proto == socket.IPPROTO_TCP
     port = listener.getsockname()[1]

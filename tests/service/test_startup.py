@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-import service.app
+import service.http.app
 from sampler.models import LoadedModel
 from service import server
 from tests.service.conftest import LiveServer, make_settings
@@ -36,7 +36,7 @@ def test_ready_only_once_the_model_has_loaded(
         return tiny_loaded
 
     served: list[Any] = []
-    monkeypatch.setattr(service.app, "load_served_model", slow_loader)
+    monkeypatch.setattr(service.http.app, "load_served_model", slow_loader)
     monkeypatch.setattr(server.uvicorn, "run", lambda app, **_: served.append(app))
     settings = make_settings(tmp_path / f"home-{secrets.token_hex(4)}")
     server.run_server(settings, host="127.0.0.1", port=0, workers=1, log_level="warning")

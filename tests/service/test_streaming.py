@@ -16,8 +16,8 @@ import pytest
 from keyed import KeyedSource, Secret
 from sampler.decoder import SamplerConfig
 from service.errors import GenerationCancelled
-from service.streaming import IncrementalDecoder, decode_text
-from service.worker import Failed, Finished, GenerationWorker, Tokens
+from service.http.streaming import IncrementalDecoder, decode_text
+from service.jobs.worker import Failed, Finished, GenerationWorker, Tokens
 from tests.service.conftest import Service, ServiceFactory, slowed
 
 SAMPLES = [

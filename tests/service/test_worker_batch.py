@@ -19,9 +19,9 @@ from sampler.completion import eos_ids
 from sampler.decoder import SamplerConfig, generate
 from sampler.drafters import make_drafter
 from sampler.processing import Processing
-from service.detection_pool import _one_torch_thread
 from service.errors import GenerationCancelled, InvalidInput, QueueFull
-from service.worker import Failed, Finished, GenerationWorker, Job, Tokens
+from service.jobs.detection_pool import _one_torch_thread
+from service.jobs.worker import Failed, Finished, GenerationWorker, Job, Tokens
 
 
 def _source(i: int) -> KeyedSource:

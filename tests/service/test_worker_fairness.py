@@ -17,7 +17,7 @@ from sampler.decoder import SamplerConfig
 from sampler.drafters import Drafter
 from sampler.models import LoadedModel
 from service.errors import DeadlineExceeded, QueueFull
-from service.worker import Failed, GenerationWorker, Job
+from service.jobs.worker import Failed, GenerationWorker, Job
 from tests.service.conftest import slowed
 
 SHORT = SamplerConfig("basic-uwm", max_new_tokens=6)  # one token per step: equal lengths

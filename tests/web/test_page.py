@@ -218,7 +218,7 @@ def key_that_does_not_flag(service: Service, text: str, verdict: str = "not_dete
     """A new key under which the server's verdict on the human ``text`` is ``verdict``
     (``not_detected``, or ``insufficient_evidence`` for a text too short to tell) and the page
     would outline no span of it (no window's corrected p at or below alpha: the page outlines
-    those, ``render`` in service/web/app.js, while the verdict's test gives the windows a tenth
+    those, ``render`` in service/http/web/app.js, while the verdict's test gives the windows a tenth
     of alpha, detector/combined.py, so an outlined span and a ``not_detected`` verdict can go
     together). A human text is flagged under a random key with probability alpha (this test's
     passages: 25 of 2,000 random keys at alpha = 0.01), and has such a span with probability
