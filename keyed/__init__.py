@@ -12,6 +12,9 @@ Wan, Gao, Gündüz; arXiv:2609.21858), see docs/design.md. Modules:
 - ``keyed.tensor``: the sampler's clocks on torch tensors (``clock_uniforms``,
   ``exponential_clocks``, ``keys_tensor``), for any device. Not imported here: ``import
   keyed`` loads no torch.
+
+May import: nothing of ours (the bottom of every arrow: ``sampler`` and ``detector`` import
+it, never the other way).
 """
 
 from keyed._kernel_loader import warm_up
