@@ -10,9 +10,10 @@ The detector sees the text, not the prompt: position t is conditioned on ``prefi
 tokenizer's BOS, or nothing) and ids[:t]. Without a prefix position 0 has no context and its
 entropy is reported as 0.0 (no weight). Shapes: T tokens, V vocabulary, C rows per chunk.
 
-The logits come from the backend the model serves generation with (``targets.transformers.open_cache``:
-llama.cpp for precision gguf, the row-invariant bfloat16 runner, or transformers), so the law
-read here is the one the keyed race sampled from, not a float32 approximation of it.
+The logits come from the backend the model serves generation with
+(``targets.transformers.open_cache``: llama.cpp for precision gguf, the row-invariant bfloat16
+runner, or transformers), so the law read here is the one the keyed race sampled from, not a float32
+approximation of it.
 
 Cost (measured in ``bench/results/detector_entropy.json``, ``entropy_cpu``): one causal forward
 of the model over the text plus the processing of T rows of V logits in float64.

@@ -94,8 +94,8 @@ def start_many(
     eos_ids: frozenset[int],
 ) -> list[SequenceState]:
     """Prefill R requests: each target KV cache over its ``prompt[:-1]`` (the last token is
-    the first root), together in one target forward (``targets.transformers.forward_many``: each prompt a
-    causal chain on its own cache; groups split at ``PREFILL_PADDED_TOKENS``); each drafter
+    the first root), together in one target forward (``targets.transformers.forward_many``: each
+    prompt a causal chain on its own cache; groups split at ``PREFILL_PADDED_TOKENS``); each drafter
     starts on its prompt (a method that does not draft drops it).
 
     Args:

@@ -74,8 +74,8 @@ def measure_profile(
     target: Target | PreTrainedModel, repeats: int = PROFILE_REPEATS
 ) -> ForwardProfile:
     """Time the target's forward over chains of ``PROFILE_NODES`` new tokens after
-    ``PROFILE_CONTEXT`` cached ones (its own backend: ``targets.transformers.open_cache``), each right
-    after a one-token forward (what a tree step follows); medians of ``repeats`` after one
+    ``PROFILE_CONTEXT`` cached ones (its own backend: ``targets.transformers.open_cache``), each
+    right after a one-token forward (what a tree step follows); medians of ``repeats`` after one
     warm-up. Token ids are fixed (nothing keyed); ~2 s on the real model
     on 2 CPU cores."""
     served = as_target(target)
