@@ -161,7 +161,7 @@ def room_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 
 
 def reduced(rooms: dict[str, set[str]]) -> dict[str, set[str]]:
-    """The arrows no longer path implies (transitive reduction of an acyclic graph)."""
+    """The arrows a longer path does not imply (transitive reduction of an acyclic graph)."""
 
     def reach(start: str, skip: str) -> set[str]:
         seen: set[str] = set()
