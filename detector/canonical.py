@@ -63,8 +63,6 @@ _INVISIBLE_KIN: Final = (
 )
 """Default_Ignorable_Code_Point ranges outside category Cf (Unicode DerivedCoreProperties)."""
 
-_NEEDS_WORK: Final = re.compile(r"[^\x00-\x7f]| {2}")
-"""A text with no match is its own canonical reading."""
 _WORD_NON_ASCII: Final = re.compile(r"[^\x00-\x7f]")
 
 
@@ -184,20 +182,30 @@ def raw_reading(text: str) -> Reading:
 
 
 def readings(text: str) -> tuple[Reading, ...]:
-    """The readings detection tests: the raw one, and the canonical one when it differs.
+    """The readings detection tests (module docstring, "Nothing legitimate is lost").
 
     Args:
         text: the submitted text (any length; linear time).
     Returns:
-        ``(raw,)`` or ``(raw, canonical)``.
+        ``(raw,)`` when the text is its own canonical reading; ``(canonical,)`` when the two
+        differ only by runs of ASCII spaces inside lines (what doubling spaces leaves; the
+        model's own text has none, and code indentation is kept by the canonical reading);
+        else ``(raw, canonical)``.
     """
-    raw = raw_reading(text)
     canonical = canonical_reading(text)
-    return (raw,) if canonical.text == text else (raw, canonical)
+    if canonical.text == text:
+        return (raw_reading(text),)
+    if _MID_LINE_RUN.sub(" ", text) == canonical.text:
+        return (canonical,)
+    return (raw_reading(text), canonical)
 
 
 def canonical_reading(text: str) -> Reading:
     """The canonical reading of ``text`` (module docstring, steps 1-4).
+
+    Runs of characters that need no work (ASCII other than runs of spaces inside a line) are
+    copied as they are; only the regions around non-ASCII characters and space runs are read
+    character by character.
 
     Args:
         text: any string.
@@ -209,23 +217,101 @@ def canonical_reading(text: str) -> Reading:
     """
     if not isinstance(text, str):
         raise ValueError(f"expected text to be a string, got {type(text).__name__}")
-    if _NEEDS_WORK.search(text) is None:
-        reading = raw_reading(text)
-        return Reading(CANONICAL, text, reading.source_starts, reading.source_ends, Changes())
+    pieces: list[str] = []
+    starts: list[np.ndarray] = []
+    ends: list[np.ndarray] = []
+    counts = Counter[str]()
+    done = 0
+    for match in _REGION.finditer(text):
+        a, b = match.span()
+        if a > 0 and text[a - 1] not in " \n" and unicodedata.combining(text[a]):
+            a -= 1  # an ASCII base letter and the combining marks after it: one cluster
+        if a > done:
+            pieces.append(text[done:a])
+            starts.append(np.arange(done, a, dtype=np.int64))
+            ends.append(np.arange(done + 1, a + 1, dtype=np.int64))
+        read, read_starts, read_ends = _read_region(text, a, b, counts)
+        pieces.append(read)
+        starts.append(np.asarray(read_starts, dtype=np.int64))
+        ends.append(np.asarray(read_ends, dtype=np.int64))
+        done = b
+    if done == 0:
+        index = np.arange(len(text), dtype=np.int64)
+        return Reading(CANONICAL, text, index, index + 1, Changes())
+    pieces.append(text[done:])
+    starts.append(np.arange(done, len(text), dtype=np.int64))
+    ends.append(np.arange(done + 1, len(text) + 1, dtype=np.int64))
+    source_starts, source_ends = np.concatenate(starts), np.concatenate(ends)
+    read = "".join(pieces)
+    read, confusables, read_as = _confusables(read)
+    changes = Changes(
+        counts["invisible"], counts["spaces"], counts["compatibility"], confusables, read_as
+    )
+    return Reading(CANONICAL, read, source_starts, source_ends, changes)
+
+
+_REGION: Final = re.compile(r"(?: *[^\x00-\x7f]| {2,})[^\x00-\x1f\x21-\x7f]*")
+"""A region to read character by character: spaces and non-ASCII characters around a
+non-ASCII character or a run of spaces."""
+_MID_LINE_RUN: Final = re.compile(r"(?<=[^\n ]) {2,}")
+
+
+def _read_region(
+    text: str, a: int, b: int, counts: Counter[str]
+) -> tuple[str, list[int], list[int]]:
+    """Steps 1-3 on ``text[a:b]``: drop invisible characters, read space separators as
+    U+0020 and a run of them as one (leading indentation of a line is kept), NFKC each
+    cluster. Returns the characters read and the (start, end) source span of each."""
     chars: list[str] = []
     starts: list[int] = []
     ends: list[int] = []
-    invisible, separators, compatibility = _clusters(text, chars, starts, ends)
-    spaces = separators + _spaces(chars, starts, ends)
-    confusables, read_as = _confusables(chars)
-    changes = Changes(invisible, spaces, compatibility, dict(confusables), dict(read_as))
-    return Reading(
-        CANONICAL,
-        "".join(chars),
-        np.asarray(starts, dtype=np.int64),
-        np.asarray(ends, dtype=np.int64),
-        changes,
-    )
+    indent = a == 0 or text[a - 1] == "\n"
+    i = a
+    while i < b:
+        ch = text[i]
+        if ch == " " or (ch >= "\x80" and unicodedata.category(ch) in ("Zs", "Zl", "Zp")):
+            if ch in "\u2028\u2029":
+                counts["spaces"] += 1
+                chars.append("\n")
+                starts.append(i)
+                ends.append(i + 1)
+                indent = True
+            elif chars and chars[-1] == " " and not indent:
+                counts["spaces"] += 1
+                ends[-1] = i + 1
+            else:
+                counts["spaces"] += ch != " "
+                chars.append(" ")
+                starts.append(i)
+                ends.append(i + 1)
+            i += 1
+            continue
+        indent = False
+        if is_invisible(ch):
+            counts["invisible"] += 1
+            i += 1
+            continue
+        j = i + 1
+        marks = [ch]
+        while j < b and unicodedata.combining(text[j]):
+            if is_invisible(text[j]):
+                counts["invisible"] += 1
+            else:
+                marks.append(text[j])
+            j += 1
+        cluster = "".join(marks)
+        read = _nfkc(cluster)
+        if read != cluster:
+            counts["compatibility"] += 1
+        for c in read:
+            if c == " " and chars and chars[-1] == " ":
+                ends[-1] = j
+                continue
+            chars.append(c)
+            starts.append(i)
+            ends.append(j)
+        i = j
+    return "".join(chars), starts, ends
 
 
 def is_invisible(ch: str) -> bool:
@@ -236,129 +322,37 @@ def is_invisible(ch: str) -> bool:
     return any(lo <= code <= hi for lo, hi in _INVISIBLE_KIN)
 
 
-def _clusters(
-    text: str, chars: list[str], starts: list[int], ends: list[int]
-) -> tuple[int, int, int]:
-    """Steps 1-2, and the first half of 3: drop invisible characters, read a space separator
-    as U+0020, NFKC each other cluster. Appends the read characters and their source spans;
-    returns (invisible removed, separators rewritten, clusters changed)."""
-    invisible = spaces = compatibility = 0
-    n = len(text)
-    i = 0
-    while i < n:
-        ch = text[i]
-        if ch < "\x80" and (i + 1 == n or text[i + 1] < "\x80"):
-            chars.append(ch)
-            starts.append(i)
-            ends.append(i + 1)
-            i += 1
-            continue
-        if is_invisible(ch):
-            invisible += 1
-            i += 1
-            continue
-        if ch != " " and unicodedata.category(ch) == "Zs":
-            spaces += 1
-            chars.append(" ")
-            starts.append(i)
-            ends.append(i + 1)
-            i += 1
-            continue
-        # a cluster: this character and the combining marks after it (invisible ones dropped)
-        j = i + 1
-        marks = [ch]
-        while j < n and text[j] >= "\x80" and unicodedata.combining(text[j]):
-            if is_invisible(text[j]):
-                invisible += 1
-            else:
-                marks.append(text[j])
-            j += 1
-        cluster = "".join(marks)
-        read = _nfkc(cluster)
-        if read != cluster:
-            compatibility += 1
-        for c in read:
-            if is_invisible(c):  # NFKC never yields these from visible input; kept safe
-                continue
-            chars.append(c)
-            starts.append(i)
-            ends.append(j)
-        i = j
-    return invisible, spaces, compatibility
-
-
 @lru_cache(maxsize=8192)
 def _nfkc(cluster: str) -> str:
     return unicodedata.normalize("NFKC", cluster)
 
 
-def _spaces(chars: list[str], starts: list[int], ends: list[int]) -> int:
-    """Step 3 in place: runs of spaces read as one (NFKC may have made more separators: they
-    read as U+0020 too); Zl/Zp as a newline. Returns how many characters it changed or
-    dropped."""
-    changed = 0
-    out = 0
-    previous_space = False
-    for k, c in enumerate(chars):
-        if c == " " or (c >= "\x80" and unicodedata.category(c) == "Zs"):
-            if previous_space:
-                ends[out - 1] = ends[k]
-                changed += 1
-                continue
-            if c != " ":
-                changed += 1
-            c = " "
-            previous_space = True
-        else:
-            previous_space = False
-            if c in "\u2028\u2029":
-                c = "\n"
-                changed += 1
-        chars[out] = c
-        starts[out] = starts[k]
-        ends[out] = ends[k]
-        out += 1
-    del chars[out:], starts[out:], ends[out:]
-    return changed
+_NON_ASCII_WORD: Final = re.compile(r"[^\W\d_]*[^\x00-\x7f][^\W\d_]*")
+_ASCII_LETTERS: Final = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
 
-def _is_word_char(c: str) -> bool:
-    return c.isalpha() or (c >= "\x80" and unicodedata.category(c)[0] == "M")
-
-
-def _confusables(chars: list[str]) -> tuple[Counter[str], Counter[str]]:
-    """Step 4 in place on ``chars`` (one letter for one letter, so spans stay). Returns
-    (source script -> letters read, target script -> letters read)."""
+def _confusables(text: str) -> tuple[str, dict[str, int], dict[str, int]]:
+    """Step 4: letters of another script read in their word's target script (one letter
+    for one letter, so source spans stay). Returns (text read, source script -> letters
+    read, target script -> letters read)."""
     changed: Counter[str] = Counter()
     read_as: Counter[str] = Counter()
-    if not any(c >= "\x80" for c in chars):
-        return changed, read_as
-    words: list[tuple[int, int]] = []
+    words = [m for m in _NON_ASCII_WORD.finditer(text) if any(c.isalpha() for c in m.group())]
+    if not words:
+        return text, {}, {}
     letters: Counter[str] = Counter()
-    n = len(chars)
-    k = 0
-    while k < n:
-        if not _is_word_char(chars[k]):
-            k += 1
-            continue
-        start = k
-        while k < n and _is_word_char(chars[k]):
-            k += 1
-        words.append((start, k))
-    for start, end in words:
-        for c in chars[start:end]:
+    for c in _WORD_NON_ASCII.findall(text):
+        if c.isalpha():
             script = _script(c)
             if script not in ("COMMON", "INHERITED"):
                 letters[script] += 1
-    if not letters:
-        return changed, read_as
+    letters["LATIN"] += sum(text.count(c) for c in _ASCII_LETTERS)
     main = letters.most_common(1)[0][0]
-    for start, end in words:
-        word = chars[start:end]
-        if not _WORD_NON_ASCII.search("".join(word)):
-            continue
+    out = list(text) if words else []
+    for match in words:
+        word = match.group()
         scripts = Counter(s for s in map(_script, word) if s not in ("COMMON", "INHERITED"))
-        if len(scripts) == 1 and main in scripts:
+        if len(scripts) <= 1 and main in scripts:
             continue
         target = None
         for candidate in (main, *(s for s, _ in scripts.most_common())):
@@ -371,10 +365,12 @@ def _confusables(chars: list[str]) -> tuple[Counter[str], Counter[str]]:
             script = _script(c)
             if script in (target, "COMMON", "INHERITED"):
                 continue
-            chars[start + offset] = _confusable(c, target)  # type: ignore[assignment]
+            out[match.start() + offset] = _confusable(c, target) or c  # a twin exists: _in_script
             changed[script] += 1
             read_as[target] += 1
-    return changed, read_as
+    if not changed:
+        return text, {}, {}
+    return "".join(out), dict(changed), dict(read_as)
 
 
 def _in_script(c: str, script: str) -> bool:

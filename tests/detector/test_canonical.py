@@ -53,6 +53,14 @@ def test_each_rewrite_reads_back_as_the_plain_text(rewrite) -> None:  # type: ig
         assert ch in unicodedata.normalize("NFKC", source) or ch == " " or len(source) == 1
 
 
+def test_code_indentation_is_kept_and_mid_line_runs_read_alone() -> None:
+    code = "def f(x):\n    if x:\n        return 1\n    return 2\n"
+    assert canonical_reading(code).text == code and len(readings(code)) == 1
+    doubled = PLAIN.replace(" ", "  ")
+    (only,) = readings(doubled)
+    assert only.name == CANONICAL and only.text == PLAIN
+
+
 def test_plain_text_is_its_own_reading() -> None:
     assert readings(PLAIN)[0].name == RAW and len(readings(PLAIN)) == 1
     assert canonical_reading(PLAIN).changes.total == 0

@@ -82,8 +82,10 @@ def test_rewrite_keeps_the_detections(name: str, real_tokenizer, answers) -> Non
     assert kept >= math.ceil(0.9 * sum(clean)), (name, kept, sum(clean))
     raw = sum(_raw_only(real_tokenizer, t).verdict == Verdict.WATERMARKED for t in attacked)
     assert raw <= sum(clean) // 2, (name, raw)
+    # runs of spaces inside lines alone: the canonical reading is tested alone (no correction)
+    tried = 1 if name == "doubled_spaces" else 2
     for detection in found:
-        assert detection.reading is not None and detection.reading.readings_tried == 2
+        assert detection.reading is not None and detection.reading.readings_tried == tried
         assert detection.reading.changes.total > 0 and detection.reading.changes.describe()
 
 
