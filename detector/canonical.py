@@ -14,7 +14,8 @@ of rewrite before tokenizing (docs/design.md §4, "Readings"):
    inherent vowels (U+17B4, U+17B5) — Unicode's Default_Ignorable_Code_Point outside Cf.
    Removed.
 2. **compatibility**: NFKC of each cluster (a starter and its combining marks): fullwidth and
-   halfwidth forms, ligatures, styled letters, compatibility spaces. Read in their plain form.
+   halfwidth forms, ligatures, styled letters, compatibility spaces. Read in their plain form
+   (unless that form is more than two characters longer: the reading stays within 3x).
 3. **spaces**: every space separator (category Zs) reads as U+0020 and a run of them as one;
    line and paragraph separators (Zl, Zp) read as a newline.
 4. **confusables**: in a word (a run of letters and marks) that mixes scripts, or that is
@@ -253,6 +254,10 @@ def canonical_reading(text: str) -> Reading:
 _REGION: Final = re.compile(r"(?: *[^\x00-\x7f]| {2,})[^\x00-\x1f\x21-\x7f]*")
 """A region to read character by character: spaces and non-ASCII characters around a
 non-ASCII character or a run of spaces."""
+_MAX_GROWTH: Final = 2
+"""A cluster's NFKC form is read only if it is at most this many characters longer (an
+ellipsis, 1 -> 3, is; an 18-letter ligature is not): the canonical reading of n characters
+has at most 3n, so its tokenization stays within the caps' order of cost."""
 _MID_LINE_RUN: Final = re.compile(r"(?<=[^\n ]) {2,}")
 
 
@@ -301,7 +306,9 @@ def _read_region(
             j += 1
         cluster = "".join(marks)
         read = _nfkc(cluster)
-        if read != cluster:
+        if len(read) > len(cluster) + _MAX_GROWTH:
+            read = cluster  # e.g. U+FDFA, 18 letters: the reading stays within 3x the text
+        elif read != cluster:
             counts["compatibility"] += 1
         for c in read:
             if c == " " and chars and chars[-1] == " ":

@@ -105,6 +105,12 @@ def test_composed_and_decomposed_letters_read_alike() -> None:
     assert canonical_reading("cafe\u0301 ﬁne").text == "café fine"
 
 
+def test_the_reading_grows_at_most_threefold() -> None:
+    assert canonical_reading("\u2026").text == "..."  # an ellipsis: 1 -> 3
+    long_ligature = "\ufdfa" * 1000  # NFKC: 18 letters each
+    assert len(canonical_reading(long_ligature).text) <= 3 * len(long_ligature)
+
+
 def test_newlines_and_tabs_are_kept() -> None:
     text = "def f():\n\treturn 1\n\nx = 2\u2028y"
     assert canonical_reading(text).text == "def f():\n\treturn 1\n\nx = 2\ny"
