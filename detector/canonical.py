@@ -347,15 +347,8 @@ def _confusables(text: str) -> tuple[str, dict[str, int], dict[str, int]]:
     words = [m for m in _NON_ASCII_WORD.finditer(text) if any(c.isalpha() for c in m.group())]
     if not words:
         return text, {}, {}
-    letters: Counter[str] = Counter()
-    for c in _WORD_NON_ASCII.findall(text):
-        if c.isalpha():
-            script = _script(c)
-            if script not in ("COMMON", "INHERITED"):
-                letters[script] += 1
-    letters["LATIN"] += sum(text.count(c) for c in _ASCII_LETTERS)
-    main = letters.most_common(1)[0][0]
-    out = list(text) if words else []
+    main = _main_script(text)
+    out = list(text)
     for match in words:
         word = match.group()
         scripts = Counter(s for s in map(_script, word) if s not in ("COMMON", "INHERITED"))
@@ -378,6 +371,30 @@ def _confusables(text: str) -> tuple[str, dict[str, int], dict[str, int]]:
     if not changed:
         return text, {}, {}
     return "".join(out), dict(changed), dict(read_as)
+
+
+def _main_script(text: str) -> str:
+    """The script most of the text's letters are written in, counting only the letters that
+    have no confusable twin in another script present (a rewrite that puts Cyrillic а, е, о
+    for most Latin vowels leaves the consonants to say the text is Latin; a Russian answer
+    has б, д, ж, л, и… to say it is Cyrillic); all letters when none is unambiguous."""
+    counts = Counter({c: n for c in _ASCII_LETTERS if (n := text.count(c))})
+    counts.update(c for c in _WORD_NON_ASCII.findall(text) if c.isalpha())
+    by_script: dict[str, Counter[str]] = {}
+    for c, n in counts.items():
+        script = _script(c)
+        if script not in ("COMMON", "INHERITED"):
+            by_script.setdefault(script, Counter())[c] = n
+    if not by_script:
+        return "LATIN"
+    plain: Counter[str] = Counter()
+    every: Counter[str] = Counter()
+    for script, letters in by_script.items():
+        for c, n in letters.items():
+            every[script] += n
+            if not any(_confusable(c, other) for other in by_script if other != script):
+                plain[script] += n
+    return (plain or every).most_common(1)[0][0]
 
 
 def _in_script(c: str, script: str) -> bool:

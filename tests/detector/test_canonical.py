@@ -89,6 +89,12 @@ def test_a_text_in_another_script_is_left_as_written() -> None:
     assert canonical_reading(mixed).text == mixed
 
 
+def test_main_script_is_read_from_the_letters_without_a_twin() -> None:
+    # most letters replaced by Cyrillic twins: the consonants left still say "Latin"
+    table = str.maketrans("aceopxyijsABCEHKMOPTX", "асеорхуіјѕАВСЕНКМОРТХ")
+    assert canonical_reading(PLAIN.translate(table)).text == PLAIN
+
+
 def test_mixed_word_reads_in_its_script() -> None:
     # one Cyrillic letter in a Latin word, one Latin letter in a Russian word
     assert canonical_reading("h\u0435llo world").text == "hello world"
