@@ -8,7 +8,7 @@ Public API (docs/design.md §4):
   the level, key id, score families and span search, one frozen validated value.
 - ``detect_multi(tokenizer, sources, ...) -> MultiKeyDetection``: every candidate key, the best
   key's p corrected for their number (Bonferroni); its wire shape is the service's
-  (``service.detect_response.detect_response``: one for the CLI and HTTP).
+  (``service.jobs.detect_response.detect_response``: one for the CLI and HTTP).
 - ``detect_many(tokenizer, source, items, *, workers, ...) -> Iterator[CorpusResult]``: corpora.
 - ``Detection``, ``TokenColumns`` (its per-token evidence in NumPy columns), ``TokenEvidence``
   (one row of it), ``Verdict``, ``Span``, ``SpanSearch``: results and their ``to_json()`` wire
@@ -16,16 +16,21 @@ Public API (docs/design.md §4):
 - ``SCORES``, ``SCORE_NAMES``, ``ScoreFamily``, ``u_score``, ``li_score``, ``lattimore_score``,
   ``anlppt``: the score families (Aaronson, U, Li et al., Lattimore).
 - ``PValue``, ``aaronson_log_sf``, ``aaronson_p_value``, ``min_scored_tokens``: null laws.
+- ``canonical_reading``, ``readings``, ``Reading``, ``ReadingReport``, ``Changes``: the
+  readings of a text (as submitted, and canonical: invisible characters, Unicode spaces,
+  compatibility forms and cross-script confusables undone) that detection tests, corrected
+  for their number (``detector.canonical``, ``detector.readings``).
 - ``check_tokenizer``, ``TokenizerMismatch``, ``TextTokenIdsMismatch``, ``DetectorError``:
   diagnostics and domain errors.
 
 Never imports ``sampler``: keyed randomness comes from ``keyed`` alone.
 """
 
+from detector.canonical import Changes, Reading, ReadingReport, canonical_reading, readings
 from detector.corpus import CorpusItem, CorpusResult, detect_many
-from detector.detect import detect, verdict
+from detector.detect import detect
 from detector.errors import DetectorError, TextTokenIdsMismatch, TokenizerMismatch
-from detector.evidence import Detection, TokenColumns, TokenEvidence, Verdict
+from detector.evidence import Detection, TokenColumns, TokenEvidence, Verdict, verdict
 from detector.multikey import MultiKeyDetection, detect_multi
 from detector.options import DEFAULT_ALPHA, DEFAULT_SCORES, DetectOptions
 from detector.scores import (
@@ -55,6 +60,7 @@ __all__ = [
     "DEFAULT_SCORES",
     "SCORES",
     "SCORE_NAMES",
+    "Changes",
     "CorpusItem",
     "CorpusResult",
     "DetectOptions",
@@ -62,6 +68,8 @@ __all__ = [
     "DetectorError",
     "MultiKeyDetection",
     "PValue",
+    "Reading",
+    "ReadingReport",
     "ScoreFamily",
     "Span",
     "SpanSearch",
@@ -77,6 +85,7 @@ __all__ = [
     "aaronson_p_value",
     "aaronson_terms",
     "anlppt",
+    "canonical_reading",
     "check_tokenizer",
     "detect",
     "detect_many",
@@ -84,6 +93,7 @@ __all__ = [
     "lattimore_score",
     "li_score",
     "min_scored_tokens",
+    "readings",
     "tokenize",
     "u_score",
     "verdict",

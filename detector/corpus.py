@@ -24,7 +24,7 @@ from itertools import islice
 from typing import Any, Final
 
 import keyed
-from detector.detect import DEFAULT_OPTIONS, check_options, detect_tokenized, tokenize_input
+from detector.detect import DEFAULT_OPTIONS, check_options, detect_readings, read_input
 from detector.errors import DetectorError
 from detector.evidence import Detection
 from detector.options import DetectOptions
@@ -79,9 +79,9 @@ class _Job:
 
     def run(self, item: CorpusItem) -> CorpusResult:
         try:
-            tokenized = tokenize_input(self.tokenizer, item.text, item.token_ids)
+            read = read_input(self.tokenizer, item.text, item.token_ids)
             special = frozenset(int(i) for i in self.tokenizer.all_special_ids)
-            detection = detect_tokenized(tokenized, special, self.source, self.options)
+            detection = detect_readings(read, special, self.source, self.options)
         except (ValueError, DetectorError) as exc:
             return CorpusResult(item.id, None, str(exc))
         return CorpusResult(item.id, detection, None)

@@ -1,8 +1,10 @@
 """Detection of one text under one key: text -> ids -> pivots -> scores -> p-value -> verdict.
 
 Pipeline (docs/design.md §4; MPFR paper Alg. 8 and App. E; Aaronson & Kirchner 2023):
-1. tokens: the text with the key's tokenizer (``add_special_tokens=False``, offsets kept,
-   never trimmed or normalised), or the exact ``token_ids`` supplied (case C9).
+1. tokens: each reading of the text with the key's tokenizer (``add_special_tokens=False``,
+   offsets into the submitted text): as submitted, and its canonical reading when it differs
+   (``detector.readings``: the reading with the smallest verdict p is kept and every p-value
+   corrected for the readings tried); or the exact ``token_ids`` supplied (case C9).
 2. plan: ``keyed.detection_plan_arrays`` (the columnar form of ``keyed.detection_plan``,
    tested equal) scores position t iff its whole label window lies in the
    text (t >= m), the token is not special, and its label was not scored earlier in the text;
@@ -35,8 +37,9 @@ from detector.combined import (
     needed_tokens,
     whole_text_log_level,
 )
-from detector.evidence import Detection, TokenColumns, Verdict
+from detector.evidence import Detection, TokenColumns, verdict
 from detector.options import DetectOptions
+from detector.readings import ReadText, best_of, corrected, report_for, tokenize_readings
 from detector.realign import realigned_test
 from detector.spans import find_spans
 from detector.stats import PValue
@@ -88,19 +91,42 @@ def detect(
     check_options(options)
     if not isinstance(source, KeyedSource):
         raise ValueError(f"expected source to be a KeyedSource, got {type(source).__name__}")
-    tokenized = tokenize_input(tokenizer, text, token_ids)
+    read = read_input(tokenizer, text, token_ids)
     special = frozenset(int(i) for i in tokenizer.all_special_ids)
-    return detect_tokenized(tokenized, special, source, options)
+    return detect_readings(read, special, source, options)
+
+
+def read_input(
+    tokenizer: Tokenizer, text: str | None, token_ids: Sequence[int] | None
+) -> tuple[ReadText, ...]:
+    """Validate ``text``/``token_ids`` (as ``detect``) and tokenize each reading once
+    (``detector.readings.tokenize_readings``: the raw and canonical readings of a text alone;
+    exact ids as given)."""
+    _check_input(text, token_ids)
+    if token_ids is not None:
+        token_ids = _check_token_ids(token_ids, len(tokenizer))
+    return tokenize_readings(tokenizer, text, token_ids)
+
+
+def detect_readings(
+    read: Sequence[ReadText],
+    special: frozenset[int],
+    source: KeyedSource,
+    options: DetectOptions,
+) -> Detection:
+    """``detect`` after ``read_input``: each reading tested, the one with the smallest verdict
+    p kept, every p-value corrected for the readings tried (``detector.readings``)."""
+    found = [detect_tokenized(r.tokenized, special, source, options) for r in read]
+    best = best_of(found, lambda d: d.verdict_log10_p_value)
+    return corrected(found[best], report_for(read, best))
 
 
 def tokenize_input(
     tokenizer: Tokenizer, text: str | None, token_ids: Sequence[int] | None
 ) -> TokenizedText:
-    """Validate ``text``/``token_ids`` (as ``detect``) and tokenize them once."""
-    if text is None and token_ids is None:
-        raise ValueError("expected at least one of text or token_ids, got neither")
-    if text is not None and not isinstance(text, str):
-        raise ValueError(f"expected text to be a string, got {type(text).__name__}")
+    """Validate ``text``/``token_ids`` (as ``detect``) and tokenize them once, as submitted
+    (the raw reading alone)."""
+    _check_input(text, token_ids)
     if token_ids is not None:
         token_ids = _check_token_ids(token_ids, len(tokenizer))
     return tokenize(tokenizer, text, token_ids)
@@ -181,15 +207,11 @@ def detect_tokenized(
     )
 
 
-def verdict(p: PValue, num_scored: int, alpha: float, needed: int) -> Verdict:
-    """``watermarked`` if p < α; else ``insufficient_evidence`` if M < needed; else
-    ``not_detected`` (docs/design.md §4). ``p`` is the verdict's test's (``detector.combined``) and
-    ``needed`` its ``needed_tokens(α)``."""
-    if p.p_value < alpha:
-        return Verdict.WATERMARKED
-    if num_scored < needed:
-        return Verdict.INSUFFICIENT_EVIDENCE
-    return Verdict.NOT_DETECTED
+def _check_input(text: str | None, token_ids: Sequence[int] | None) -> None:
+    if text is None and token_ids is None:
+        raise ValueError("expected at least one of text or token_ids, got neither")
+    if text is not None and not isinstance(text, str):
+        raise ValueError(f"expected text to be a string, got {type(text).__name__}")
 
 
 def check_options(options: DetectOptions) -> None:

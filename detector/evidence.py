@@ -24,6 +24,7 @@ from typing import Any, Final, Literal, NamedTuple
 
 import numpy as np
 
+from detector.canonical import ReadingReport
 from detector.combined import CombinedTest
 from detector.realign import RealignedTest
 from detector.scores import anlppt
@@ -224,6 +225,8 @@ class Detection:
         realigned: the edit-tolerant re-aligned test (``detect(..., realign=True)``), else
             None; reported, not used by the verdict.
         context_width: m of the key the text was tested under (None: a hand-made Detection).
+        reading: which reading of a submitted text carried the evidence and what the
+            canonical reading changed (``detector.readings``); None for exact token ids.
     """
 
     key_id: str | None
@@ -243,6 +246,7 @@ class Detection:
     reference_mean_score: float = 1.5
     realigned: RealignedTest | None = None
     context_width: int | None = None
+    reading: ReadingReport | None = None
 
     def __post_init__(self) -> None:
         if self.num_tokens != len(self.evidence.ids):
@@ -292,10 +296,11 @@ class Detection:
         ``{"key_id", "num_tokens", "num_scored", "verdict", "alpha", "p_value",
         "log10_p_value", "test", "power", "edit_tolerant", "scores": {name: {"score",
         "p_value", "log10_p_value", "method", "anlppt", "params"}}, "tokens": [...],
-        "skipped": {...}, "retokenization_matches", "spans"}``; ``p_value`` is the verdict's
-        (``test``: whole text and windows, ``CombinedTest.to_json``); ``power``:
+        "skipped": {...}, "retokenization_matches", "spans", "reading"}``; ``p_value`` is the
+        verdict's (``test``: whole text and windows, ``CombinedTest.to_json``); ``power``:
         ``power_json``; ``edit_tolerant`` is null unless the re-aligned test ran; ``spans`` is
-        null unless the span search ran; ``tokens`` is null when ``tokens=False``.
+        null unless the span search ran; ``tokens`` is null when ``tokens=False``; ``reading``
+        is ``ReadingReport.to_json`` (null for exact token ids).
         """
         params = self.score_params or {}
         log10_p = self.verdict_log10_p_value
@@ -325,4 +330,16 @@ class Detection:
             "skipped": dict(self.skipped),
             "retokenization_matches": self.retokenization_matches,
             "spans": None if self.spans is None else self.spans.to_json(),
+            "reading": None if self.reading is None else self.reading.to_json(),
         }
+
+
+def verdict(p: PValue, num_scored: int, alpha: float, needed: int) -> Verdict:
+    """``watermarked`` if p < α; else ``insufficient_evidence`` if M < needed; else
+    ``not_detected`` (docs/design.md §4). ``p`` is the verdict's test's (``detector.combined``) and
+    ``needed`` its ``needed_tokens(α)``."""
+    if p.p_value < alpha:
+        return Verdict.WATERMARKED
+    if num_scored < needed:
+        return Verdict.INSUFFICIENT_EVIDENCE
+    return Verdict.NOT_DETECTED

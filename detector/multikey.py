@@ -44,6 +44,7 @@ from typing import Final
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from detector.canonical import ReadingReport
 from detector.combined import (
     REFERENCE_MEAN_SCORE,
     combine,
@@ -57,11 +58,11 @@ from detector.detect import (
     DEFAULT_OPTIONS,
     check_options,
     detect_tokenized,
-    tokenize_input,
-    verdict,
+    read_input,
 )
-from detector.evidence import Detection, Verdict
+from detector.evidence import Detection, Verdict, verdict
 from detector.options import DetectOptions
+from detector.readings import ReadText, best_of, report_for
 from detector.scores import aaronson_terms
 from detector.spans import bonferroni_log
 from detector.stats import LN10, PValue, aaronson_log_sf_many
@@ -88,19 +89,24 @@ class MultiKeyDetection:
         num_scored: (K,) int64 each key's scored tokens (keys of one context width agree).
         best_key_id: the key with the smallest verdict p-value.
         num_keys: K.
-        p_value, log10_p_value: the best key's verdict p-value corrected for K keys
-            (Bonferroni), min(1, K·p_best); log10 always finite.
-        whole_text_log10_p_value: log10 min(1, K·min_k p0_k), the plain whole-text test.
-        span_log10_p_value: log10 min(1, K·min_k W_k·scan_k), the best window of any key
-            corrected for windows and keys; None when no key has a window (M < 16).
+        p_value, log10_p_value: the best key's verdict p-value corrected for K keys and R
+            readings (Bonferroni over the K·R pairs), min(1, K·R·p_best); log10 always finite.
+        whole_text_log10_p_value: log10 min(1, K·R·min p0), the plain whole-text test.
+        span_log10_p_value: log10 min(1, K·R·min W·scan), the best window of any key and
+            reading corrected for windows, keys and readings; None when no key has a window
+            (M < 16).
         min_detectable_mean_score: μ* of the best key at its M and the level α/K share of the
             whole text (``detector.combined``); None when it scored nothing.
         reference_mean_score: the strength μ* is compared to.
         verdict: at ``alpha`` on the corrected p (``insufficient_evidence`` when it is not
             significant and the best key scored fewer than ``min_scored_tokens`` tokens).
         alpha: the level.
-        min_scored_tokens: the tokens a typical watermarked text needs to reach α/K, the level
-            the best key's own p must reach (``needed_tokens(α/K)``; α's for K = 1).
+        min_scored_tokens: the tokens a typical watermarked text needs to reach α/(K·R), the
+            level the best key's own p must reach (``needed_tokens``; α's for K·R = 1).
+        reading: which reading carried the evidence and what the canonical reading changed
+            (``detector.readings``); None for exact token ids. The per-key ``results``,
+            ``log_p_values`` and ``verdict_log_p_values`` are those of that reading.
+        num_readings: R, the readings tried (1 or 2).
     """
 
     results: dict[str, Detection]
@@ -119,6 +125,8 @@ class MultiKeyDetection:
     span_log10_p_value: float | None = None
     min_detectable_mean_score: float | None = None
     reference_mean_score: float = REFERENCE_MEAN_SCORE
+    reading: ReadingReport | None = None
+    num_readings: int = 1
 
     def __post_init__(self) -> None:
         k = len(self.key_ids)
@@ -159,6 +167,7 @@ def detect_multi(
     options: DetectOptions = DEFAULT_OPTIONS,
     detailed: int | None = None,
     tokenized: TokenizedText | None = None,
+    read: Sequence[ReadText] | None = None,
 ) -> MultiKeyDetection:
     """Test a text against every candidate key and correct the best p-value for their number.
 
@@ -167,9 +176,11 @@ def detect_multi(
             fingerprint with ``check_tokenizer`` first).
         sources: key id -> keyed source, 1..``MAX_KEYS`` keys (the caller chooses them: active
             keys of the tenant; revoked ones only when asked).
-        text, token_ids: as ``detect``; the text is tokenized once.
-        tokenized: the input already tokenized (``detect.tokenize_input``: a caller that
-            bounds its length first), instead of ``text`` and ``token_ids``.
+        text, token_ids: as ``detect``; each reading of the text is tokenized once.
+        tokenized: the input already tokenized as submitted (one reading), instead of
+            ``text`` and ``token_ids``.
+        read: the input's readings already tokenized (``detect.read_input``: a caller that
+            bounds their length first), instead of ``text``, ``token_ids`` and ``tokenized``.
         options: as ``detect``, for the detailed keys, with ``key_id`` None (each result
             carries its key's id from ``sources``). The best-key search and the correction
             use the Aaronson p-value, the one a verdict uses.
@@ -200,21 +211,30 @@ def detect_multi(
             )
     if detailed is not None and (isinstance(detailed, bool) or detailed < 1):
         raise ValueError(f"expected detailed >= 1 or None, got {detailed!r}")
-    if tokenized is None:
-        tokenized = tokenize_input(tokenizer, text, token_ids)
-    elif text is not None or token_ids is not None:
-        raise ValueError("expected tokenized alone, or text and/or token_ids, got both")
+    given = sum(x is not None for x in (tokenized, read))
+    if given > 1 or (given and (text is not None or token_ids is not None)):
+        raise ValueError("expected read or tokenized alone, or text and/or token_ids, got more")
+    if read is None:
+        if tokenized is not None:
+            read = (ReadText(None, tokenized),)
+        else:
+            read = read_input(tokenizer, text, token_ids)
     special = frozenset(int(i) for i in tokenizer.all_special_ids)
     ids = list(sources)
-    log_p, scan, num_scored = _aaronson_all(tokenized.ids, special, [sources[k] for k in ids])
-    windows = [windows_scanned(int(m)) for m in num_scored.tolist()]
-    combined = np.array(
-        [combine(float(w), float(s), n) for w, s, n in zip(log_p, scan, windows, strict=True)]
-    )  # (K,)
-    best, corrected = best_key_corrected(combined)
-    _, whole_corrected = best_key_corrected(log_p)
-    scans = [float(s) + math.log(n) for s, n in zip(scan, windows, strict=True) if n]
-    span = bonferroni_log(min(scans), len(ids)) / LN10 if scans else None
+    tests = [_key_tests(r.tokenized, special, [sources[k] for k in ids]) for r in read]
+    pick = best_of(tests, lambda t: float(np.min(t.combined)))
+    chosen = tests[pick]
+    log_p, num_scored, combined = chosen.log_p, chosen.num_scored, chosen.combined
+    pairs = len(ids) * len(read)
+    best = int(np.argmin(combined))
+    corrected = bonferroni_log(float(combined[best]), pairs)
+    whole_corrected = bonferroni_log(min(float(np.min(t.log_p)) for t in tests), pairs)
+    scans = [
+        float(s) + math.log(n) for t in tests for s, n in zip(t.scan, t.windows, strict=True) if n
+    ]
+    span = bonferroni_log(min(scans), pairs) / LN10 if scans else None
+    tokenized = read[pick].tokenized
+    report = report_for(read, pick)
     order = np.argsort(combined, kind="stable")[: len(ids) if detailed is None else detailed]
     # the re-aligned test (seconds per key on long texts with wide contexts) for the best key
     # alone: its p is the one reported, corrected for K; running it for every detailed key let
@@ -228,11 +248,13 @@ def detect_multi(
         )
         for i in order.tolist()
     }
+    if report is not None:
+        results = {k: dataclasses.replace(d, reading=report) for k, d in results.items()}
     best_result = results[ids[best]]
     corrected_p = PValue.from_log(best_result.p_value.score, corrected, "exact")
-    needed = _needed(options.alpha, len(ids), best_result.min_scored_tokens, options)
+    needed = _needed(options.alpha, pairs, best_result.min_scored_tokens, options)
     m_best = best_result.num_scored
-    mu = min_detectable_mean_score(m_best, whole_text_log_level(options.alpha, m_best, len(ids)))
+    mu = min_detectable_mean_score(m_best, whole_text_log_level(options.alpha, m_best, pairs))
     return MultiKeyDetection(
         results=results,
         key_ids=tuple(ids),
@@ -250,7 +272,32 @@ def detect_multi(
         span_log10_p_value=span,
         min_detectable_mean_score=mu,
         reference_mean_score=options.reference_mean_score,
+        reading=report,
+        num_readings=len(read),
     )
+
+
+@dataclass(frozen=True, eq=False)
+class _KeyTests:
+    """Every key's tests on one reading: (K,) ln p, best-window ln p, M, windows W, and the
+    verdict's combined ln p."""
+
+    log_p: NDArray[np.float64]
+    scan: NDArray[np.float64]
+    num_scored: NDArray[np.int64]
+    windows: list[int]
+    combined: NDArray[np.float64]
+
+
+def _key_tests(
+    tokenized: TokenizedText, special: frozenset[int], sources: Sequence[KeyedSource]
+) -> _KeyTests:
+    log_p, scan, num_scored = _aaronson_all(tokenized.ids, special, sources)
+    windows = [windows_scanned(int(m)) for m in num_scored.tolist()]
+    combined = np.array(
+        [combine(float(w), float(s), n) for w, s, n in zip(log_p, scan, windows, strict=True)]
+    )  # (K,)
+    return _KeyTests(log_p, scan, num_scored, windows, combined)
 
 
 def _aaronson_all(

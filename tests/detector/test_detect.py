@@ -338,6 +338,7 @@ def test_to_json_contract(real_tokenizer) -> None:  # type: ignore[no-untyped-de
         "skipped",
         "retokenization_matches",
         "spans",
+        "reading",
     ]
     assert payload["key_id"] == "key-1" and payload["verdict"] in {v.value for v in Verdict}
     test = payload["test"]
