@@ -62,7 +62,7 @@ from detector.detect import (
 )
 from detector.evidence import Detection, Verdict, verdict
 from detector.options import DetectOptions
-from detector.readings import ReadText, best_of, report_for
+from detector.readings import ReadText, best_of, corrected, report_for
 from detector.scores import aaronson_terms
 from detector.spans import bonferroni_log
 from detector.stats import LN10, PValue, aaronson_log_sf_many
@@ -80,7 +80,8 @@ class MultiKeyDetection:
 
     Attributes:
         results: the full ``Detection`` of each detailed key by key id, best first (ties in
-            the caller's order). Their verdicts and p-values are per key, *uncorrected*.
+            the caller's order). Their verdicts and p-values are per key, *uncorrected* for
+            the K keys (corrected for the R readings, as ``detect``'s).
         key_ids: (K,) every key tested, in the caller's order.
         log_p_values: (K,) float64 each key's own Aaronson natural-log p-value, uncorrected,
             in ``key_ids`` order (``/ LN10`` is bit for bit ``detect``'s ``log10_p_value``).
@@ -104,8 +105,9 @@ class MultiKeyDetection:
         min_scored_tokens: the tokens a typical watermarked text needs to reach α/(K·R), the
             level the best key's own p must reach (``needed_tokens``; α's for K·R = 1).
         reading: which reading carried the evidence and what the canonical reading changed
-            (``detector.readings``); None for exact token ids. The per-key ``results``,
-            ``log_p_values`` and ``verdict_log_p_values`` are those of that reading.
+            (``detector.readings``); None for exact token ids. ``log_p_values`` and
+            ``verdict_log_p_values`` are that reading's, uncorrected; the per-key ``results``
+            are that reading's with every p-value corrected for R (as ``detect``'s), not K.
         num_readings: R, the readings tried (1 or 2).
     """
 
@@ -227,7 +229,7 @@ def detect_multi(
     log_p, num_scored, combined = chosen.log_p, chosen.num_scored, chosen.combined
     pairs = len(ids) * len(read)
     best = int(np.argmin(combined))
-    corrected = bonferroni_log(float(combined[best]), pairs)
+    corrected_log = bonferroni_log(float(combined[best]), pairs)
     whole_corrected = bonferroni_log(min(float(np.min(t.log_p)) for t in tests), pairs)
     scans = [
         float(s) + math.log(n) for t in tests for s, n in zip(t.scan, t.windows, strict=True) if n
@@ -248,10 +250,10 @@ def detect_multi(
         )
         for i in order.tolist()
     }
-    if report is not None:
-        results = {k: dataclasses.replace(d, reading=report) for k, d in results.items()}
+    # each key's own result carries the reading report and its p-values times R, as detect's
+    results = {k: corrected(d, report) for k, d in results.items()}
     best_result = results[ids[best]]
-    corrected_p = PValue.from_log(best_result.p_value.score, corrected, "exact")
+    corrected_p = PValue.from_log(best_result.p_value.score, corrected_log, "exact")
     needed = _needed(options.alpha, pairs, best_result.min_scored_tokens, options)
     m_best = best_result.num_scored
     mu = min_detectable_mean_score(m_best, whole_text_log_level(options.alpha, m_best, pairs))
@@ -263,7 +265,7 @@ def detect_multi(
         best_key_id=ids[best],
         num_keys=len(ids),
         p_value=corrected_p.p_value,
-        log10_p_value=corrected / LN10,
+        log10_p_value=corrected_log / LN10,
         verdict=verdict(corrected_p, best_result.num_scored, options.alpha, needed),
         alpha=options.alpha,
         min_scored_tokens=needed,

@@ -72,6 +72,27 @@ def _show_power(verdict: str, mu: float | None, reference: float) -> None:
         )
 
 
+def reading_line(result: Detection) -> str | None:
+    """What reading the text needed, in words (None when it was read as submitted and nothing
+    in it is rewritten): a sign of tampering."""
+    reading = result.reading
+    if reading is None or not reading.changes.total:
+        return None
+    which = "its canonical reading" if reading.name == "canonical" else "the text as submitted"
+    tried = (
+        f"; p-values corrected for the {reading.readings_tried} readings tried"
+        if reading.readings_tried > 1
+        else ""
+    )
+    return f"read as {which}: {'; '.join(reading.changes.describe())}{tried}"
+
+
+def _show_reading(result: Detection) -> None:
+    line = reading_line(result)
+    if line is not None:
+        out.print(Text(line, style="yellow"), highlight=False)
+
+
 def show(result: Detection, num_keys: int = 1) -> None:
     """Verdict, p-values, skips, spans, then the text with scored tokens on green; with
     ``num_keys`` > 1 the spans' and the re-aligned test's p also corrected for the keys."""
@@ -87,6 +108,7 @@ def show(result: Detection, num_keys: int = 1) -> None:
         f"whole text: log10 p {a.log10_p_value:.2f}   Aaronson score: {a.score:.1f}",
         highlight=False,
     )
+    _show_reading(result)
     if num_keys == 1:
         _show_power(
             result.verdict.value, result.min_detectable_mean_score, result.reference_mean_score

@@ -4,7 +4,9 @@
 ``detect_response`` builds it once from the detector's ``MultiKeyDetection``: the verdict on the
 best key's corrected p-value, the plain whole-text and span p-values corrected for the keys,
 what the text could have shown (``power``), then the detailed keys' own results (best first),
-each with its p-values corrected for the K keys tested where a key's own p would be selected,
+each with its p-values corrected for the K keys tested and the R readings of the text (the
+text as submitted and its canonical reading, ``detector.readings``) where a key's own p would
+be selected,
 and the tests that read the model (``service.jobs.model_tests``) when they ran. ``detection_json``
 is one key's result as plain JSON: the line of a corpus run.
 """
@@ -17,7 +19,12 @@ from typing import TYPE_CHECKING, Any, Final
 from detector.bands import NO_BAND, evidence_bands
 from detector.evidence import Detection
 from detector.multikey import MultiKeyDetection
-from service.schemas.detect_result import DetectResponse, KeyDetectionOut, PowerOut
+from service.schemas.detect_result import (
+    DetectResponse,
+    KeyDetectionOut,
+    PowerOut,
+    ReadingOut,
+)
 
 if TYPE_CHECKING:
     from service.jobs.model_tests import ModelTests
@@ -54,7 +61,8 @@ def detection_json(detection: Detection, *, tokens: bool, raw: bool = True) -> d
 
 
 def _corrected(log10_p: float, keys: float) -> dict[str, float]:
-    """``keys_corrected_(log10_)p_value``: min(1, K·p) with ``keys`` = log10 K."""
+    """``keys_corrected_(log10_)p_value``: min(1, K·p) with ``keys`` = log10 K (each key's p
+    is already R times its reading's)."""
     log10 = min(0.0, log10_p + keys)
     return {"keys_corrected_log10_p_value": log10, "keys_corrected_p_value": 10.0**log10}
 
@@ -75,10 +83,13 @@ def detect_response(
         else coarse bands. model_tests: the tests that read the model, one result per detailed key
         in
             ``found.results`` order (``service.jobs.model_tests.run_model_tests``); None: not run.
-    Each detailed key's spans and its ``edit_tolerant`` test also carry their p times K (capped
-    at 1): the keys are ranked by the verdict's p, which shares the plain labels' pivots, so a
-    key's own p is selected, not valid for "one of these keys". No key material.
+    Each detailed key's p-values are already R times its reading's (``detector.readings``);
+    its spans, its ``edit_tolerant`` test and the tests that read the model also carry their
+    p times K (capped at 1): the keys are ranked by the verdict's p, which shares the plain
+    labels' pivots, so a key's own p is selected, not valid for "one of these keys". No key
+    material.
     """
+    # a key's own results carry the readings' correction already (``detector.readings``)
     keys = math.log10(found.num_keys)
     results = []
     for index, (key_id, detection) in enumerate(found.results.items()):
@@ -101,11 +112,13 @@ def detect_response(
         best[f"{name}_p_value"] = None if log10 is None else 10.0**log10
     mu = found.min_detectable_mean_score
     span = found.span_log10_p_value
+    reading = found.reading
     return DetectResponse(
         verdict=found.verdict.value,
         alpha=found.alpha,
         best_key_id=found.best_key_id,
         num_keys=found.num_keys,
+        reading=None if reading is None else ReadingOut.model_validate(reading.to_json()),
         p_value=found.p_value,
         log10_p_value=found.log10_p_value,
         whole_text_p_value=10.0**found.whole_text_log10_p_value,

@@ -28,7 +28,8 @@ from typing import Final
 
 from detector.multikey import MultiKeyDetection, detect_multi
 from detector.options import DetectOptions as DetectorOptions
-from detector.tokens import TokenizedText, Tokenizer, check_tokenizer
+from detector.readings import ReadText
+from detector.tokens import Tokenizer, check_tokenizer
 from service.errors import LimitExceeded, NoKeys
 from service.keys.record import KeyRecord
 from service.keys.store import KeyStore
@@ -119,23 +120,29 @@ class DetectPlan:
     scored (``DetectionPool.plan``): the cost the rate limit charges.
 
     Attributes:
-        tokenized: each item's tokens (``detector.detect.tokenize_input``), in item order.
+        read: each item's readings, tokenized (``detector.detect.read_input``: the text as
+            submitted and its canonical reading when it differs; exact ids alone), in item
+            order.
         prompts: each item's templated prompt ids (for the tests that read the model), or None.
         key_ids: the keys to test (the request's ``key_id``, or the tenant's candidates).
         detailed: how many keys get a full result: min(keys, ``max_results``).
     """
 
-    tokenized: list[TokenizedText]
+    read: list[tuple[ReadText, ...]]
     prompts: list[list[int] | None]
     key_ids: list[str]
     detailed: int = 1
 
     @property
     def work(self) -> list[int]:
-        """(items,) work in token·keys per item: tokens × (keys tested +
+        """(items,) work in token·keys per item: tokens of every reading × (keys tested +
         ``DETAILED_KEY_WEIGHT`` × keys detailed)."""
         keys = len(self.key_ids) + DETAILED_KEY_WEIGHT * self.detailed
-        return [len(t.ids) * keys for t in self.tokenized]
+        return [sum(len(r.tokenized.ids) for r in read) * keys for read in self.read]
+
+    def tokens(self, index: int) -> int:
+        """Tokens of item ``index``'s longest reading (what ``max_tokens`` bounds)."""
+        return max(len(r.tokenized.ids) for r in self.read[index])
 
     def cost(self, unit: int) -> int:
         """Rate-limit units: Σ over items of max(1, ceil(work / ``unit``))."""
@@ -150,11 +157,11 @@ def detect_keys(
     text: str | None = None,
     token_ids: Sequence[int] | None = None,
     detailed: int = DEFAULT_DETAILED,
-    tokenized: TokenizedText | None = None,
+    read: Sequence[ReadText] | None = None,
 ) -> MultiKeyDetection:
-    """One text against ``records`` (from ``choose_keys``), tokenized once (or given as
-    ``tokenized`` instead of ``text``/``token_ids``); the full result of the best ``detailed``
-    keys.
+    """One text against ``records`` (from ``choose_keys``), each reading tokenized once (or
+    given as ``read`` instead of ``text``/``token_ids``); the full result of the best
+    ``detailed`` keys, every p corrected for the keys and the readings tried.
 
     Raises:
         ValueError: from the detector (bad ids, no keys, ``options.key_id`` set).
@@ -167,5 +174,5 @@ def detect_keys(
         token_ids=token_ids,
         options=options,
         detailed=detailed,
-        tokenized=tokenized,
+        read=read,
     )

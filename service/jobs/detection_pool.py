@@ -30,10 +30,10 @@ from typing import Any, TypeVar
 
 import cachetools
 
-from detector.detect import tokenize_input
+from detector.detect import read_input
 from detector.errors import TextTokenIdsMismatch
 from detector.options import DetectOptions as DetectorOptions
-from detector.tokens import TokenizedText
+from detector.readings import ReadText
 from service.errors import InvalidInput, LimitExceeded
 from service.jobs.detect_response import detect_response
 from service.jobs.detection import DetectPlan, candidate_key_ids, choose_keys, detect_keys
@@ -184,7 +184,7 @@ class DetectionPool:
         model: Any = None,
         prompt_ids: list[int] | None = None,
         raw_evidence: bool = False,
-        tokenized: TokenizedText | None = None,
+        read: Sequence[ReadText] | None = None,
     ) -> DetectResponse:
         """One text against ``records`` (``detect_response``); with
         ``options.reads_model`` (entropy weighting, likelihood ratio, edit filter), those
@@ -192,12 +192,12 @@ class DetectionPool:
         ``prompt_ids``, the item's checked prompt from ``prompt_ids()``, when it has one).
         With ``options.evidence``, the best key's per-token evidence: raw (pivots and terms)
         only with ``raw_evidence`` and for a text (never for caller-chosen ``token_ids``),
-        else coarse bands (``evidence_rows``). ``tokenized``: the item already tokenized
-        (``plan``).
+        else coarse bands (``evidence_rows``). ``read``: the item's readings already
+        tokenized (``plan``).
 
         Raises:
             InvalidInput: ``token_ids`` when the item's ids do not decode to its ``text``
-                (``tokenized``).
+                (``read``).
         """
         wanted = DetectorOptions(
             alpha=options.alpha,
@@ -206,10 +206,10 @@ class DetectionPool:
             realign=options.realign,
             reference_mean_score=options.reference_mean_score,
         )
-        if tokenized is None:
-            tokenized = self.tokenized(item)
+        if read is None:
+            read = self.read(item)
         found = detect_keys(
-            self.tokenizer(), records, wanted, detailed=options.max_results, tokenized=tokenized
+            self.tokenizer(), records, wanted, detailed=options.max_results, read=read
         )
         raw = raw_evidence and item.token_ids is None
         tests = None
@@ -255,9 +255,10 @@ class DetectionPool:
             raise LimitExceeded(field, self.max_prompt_tokens, len(ids), unit)
         return ids
 
-    def tokenized(self, item: DetectInput) -> TokenizedText:
-        """The item's tokens (text tokenized, or its ``token_ids`` with their pieces); their
-        number is checked by ``check_plan``.
+    def read(self, item: DetectInput) -> tuple[ReadText, ...]:
+        """The item's readings tokenized (a text as submitted and its canonical reading when it
+        differs, or its ``token_ids`` with their pieces); their number is checked by
+        ``check_plan``.
 
         Raises:
             InvalidInput: ``token_ids`` when both are given and the ids do not decode to the
@@ -265,7 +266,7 @@ class DetectionPool:
                 the text; the message names both fields).
         """
         try:
-            return tokenize_input(self.tokenizer(), item.text, item.token_ids)
+            return read_input(self.tokenizer(), item.text, item.token_ids)
         except TextTokenIdsMismatch as exc:
             raise InvalidInput("token_ids", str(exc)) from None
 
@@ -295,9 +296,9 @@ class DetectionPool:
         prompts = _each_item(
             items, batch, lambda item: self.prompt_ids(item) if model_tests else None
         )
-        tokenized = _each_item(items, batch, self.tokenized)
+        read = _each_item(items, batch, self.read)
         detailed = min(len(key_ids), options.max_results)
-        return DetectPlan(tokenized, prompts, key_ids, detailed)
+        return DetectPlan(read, prompts, key_ids, detailed)
 
     def check_plan(
         self,
@@ -315,12 +316,13 @@ class DetectionPool:
                 token limit, or ``evidence`` and the row limit.
         """
         cap = self.max_tokens
-        for i, (item, tokenized) in enumerate(zip(items, plan.tokenized, strict=True)):
-            if cap is not None and len(tokenized.ids) > cap:
+        for i, item in enumerate(items):
+            tokens = plan.tokens(i)
+            if cap is not None and tokens > cap:
                 field = "text" if item.token_ids is None else "token_ids"
                 field = f"items[{i}].{field}" if batch else field
-                raise LimitExceeded(field, cap, len(tokenized.ids), "tokens after tokenizing")
-        rows = sum(len(t.ids) for t in plan.tokenized)
+                raise LimitExceeded(field, cap, tokens, "tokens after tokenizing")
+        rows = sum(plan.tokens(i) for i in range(len(items)))
         rows_cap = self.max_evidence_tokens
         if options.evidence and rows_cap is not None and rows > rows_cap:
             raise LimitExceeded("evidence", rows_cap, rows, "rows (tokens) per response")
@@ -343,7 +345,7 @@ class DetectionPool:
         (``items[i].<field>``); ``raw_evidence``: the caller holds the ``evidence`` scope
         (``detect``)."""
         records = self.candidate_keys(store, tenant, options, max_keys, plan.key_ids)
-        work = list(zip(items, plan.prompts, plan.tokenized, strict=True))
+        work = list(zip(items, plan.prompts, plan.read, strict=True))
         return _each_item(
             work,
             batch,

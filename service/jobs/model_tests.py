@@ -16,6 +16,7 @@ terms (M,) float64 of its M scored positions (``detector.evidence.TokenColumns``
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -107,7 +108,22 @@ def run_model_tests(
             return rank_filtered_test(skip, terms, rank, detection.context_width).to_json()
         return likelihood_ratio_test(skip, terms, logp, conditioned_on_prompt=conditioned).to_json()
 
-    return ModelTests({name: [run(name, d) for d in found.results.values()] for name, _ in asked})
+    readings = found.num_readings
+    return ModelTests(
+        {
+            name: [_for_readings(run(name, d), readings) for d in found.results.values()]
+            for name, _ in asked
+        }
+    )
+
+
+def _for_readings(result: dict[str, Any], readings: int) -> dict[str, Any]:
+    """A test's p times the R readings of the text tried (the reading it runs on was chosen
+    on the verdict's p, ``detector.readings``), capped at 1."""
+    if readings == 1:
+        return result
+    log10 = min(0.0, float(result["log10_p_value"]) + math.log10(readings))
+    return result | {"log10_p_value": log10, "p_value": 10.0**log10}
 
 
 def request_processing(options: DetectOptions) -> Any:

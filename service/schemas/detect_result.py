@@ -67,8 +67,8 @@ class SpanOut(BaseModel):
     corrected_log10_p_value: float
     keys_corrected_p_value: float | None = Field(
         default=None,
-        description="min(1, K·W·p): corrected for the windows and the `num_keys` keys tested "
-        "(a span is significant at alpha when this is below it).",
+        description="min(1, K·W·p): corrected for the windows and the K = `num_keys` · "
+        "`readings_tried` pairs (a span is significant at alpha when this is below it).",
     )
     keys_corrected_log10_p_value: float | None = None
 
@@ -122,9 +122,9 @@ class EditTolerantOut(BaseModel):
     plain_weight: float = Field(description="The plain label's share of a position's weight.")
     keys_corrected_p_value: float | None = Field(
         default=None,
-        description="min(1, K·p): corrected for the `num_keys` keys tested (the keys are "
-        "ranked by the verdict's p, which shares this test's plain pivots, so a key's own p is "
-        "not valid for 'one of these keys'; this one is).",
+        description="min(1, K·p): corrected for the K = `num_keys` · `readings_tried` pairs "
+        "(the keys are ranked by the verdict's p, which shares this test's plain pivots, "
+        "so a key's own p is not valid for 'one of these keys'; this one is).",
     )
     keys_corrected_log10_p_value: float | None = None
 
@@ -149,7 +149,7 @@ class EntropyWeightedOut(BaseModel):
         description="The weight rule (`detector.weighted.ENTROPY_WEIGHTING`)."
     )
     keys_corrected_p_value: float | None = Field(
-        default=None, description="min(1, K·p) for the `num_keys` keys tested."
+        default=None, description="min(1, K·p) for the K = `num_keys` · `readings_tried` pairs."
     )
     keys_corrected_log10_p_value: float | None = None
 
@@ -173,7 +173,7 @@ class EditFilteredOut(BaseModel):
         description="The filter (`detector.weighted.RANK_FILTER`)."
     )
     keys_corrected_p_value: float | None = Field(
-        default=None, description="min(1, K·p) for the `num_keys` keys tested."
+        default=None, description="min(1, K·p) for the K = `num_keys` · `readings_tried` pairs."
     )
     keys_corrected_log10_p_value: float | None = None
 
@@ -203,7 +203,7 @@ class LikelihoodRatioOut(BaseModel):
         description="Whether the law came after the item's `prompt`/`messages`."
     )
     keys_corrected_p_value: float | None = Field(
-        default=None, description="min(1, K·p) for the `num_keys` keys tested."
+        default=None, description="min(1, K·p) for the K = `num_keys` · `readings_tried` pairs."
     )
     keys_corrected_log10_p_value: float | None = None
 
@@ -212,6 +212,37 @@ class SpanSearchOut(BaseModel):
     windows_scanned: int
     lengths: list[int]
     spans: list[SpanOut]
+
+
+class ReadingChangesOut(BaseModel):
+    """What the canonical reading changed in the submitted text: a sign of tampering."""
+
+    invisible: int = Field(
+        description="Invisible characters removed (Unicode Cf and Default_Ignorable kin)."
+    )
+    spaces: int = Field(description="Space characters read as one plain space.")
+    compatibility: int = Field(description="Characters read in their NFKC form.")
+    confusables: dict[str, int] = Field(
+        description="Letters read as their twin in the word's script, by their own script "
+        "(Unicode's name, e.g. `CYRILLIC`)."
+    )
+    read_as: dict[str, int] = Field(description="The same letters, by the script read as.")
+    summary: list[str] = Field(
+        description="The changes in words, e.g. `41 invisible characters removed`."
+    )
+
+
+class ReadingOut(BaseModel):
+    """Which reading of the text carried the evidence (docs/design.md §4, Readings)."""
+
+    name: Literal["raw", "canonical"] = Field(
+        description="`raw`: the text as submitted; `canonical`: invisible characters removed, "
+        "Unicode spaces, compatibility forms and cross-script look-alike letters read plainly."
+    )
+    readings_tried: int = Field(
+        description="1 or 2: every p-value of the response is corrected for it."
+    )
+    changes: ReadingChangesOut
 
 
 class KeyDetectionOut(BaseModel):
@@ -247,20 +278,27 @@ class KeyDetectionOut(BaseModel):
 
 
 class DetectResponse(BaseModel):
-    """The verdict at ``alpha`` on the best key's p-value corrected for ``num_keys`` keys; the
-    p is the verdict's test, whole text and spans together (``test`` of each result)."""
+    """The verdict at ``alpha`` on the best key's p-value corrected for ``num_keys`` keys and
+    the readings tried; the p is the verdict's test, whole text and spans together (``test``
+    of each result)."""
 
     verdict: Verdict
     alpha: float
     best_key_id: str
     num_keys: int
+    reading: ReadingOut | None = Field(
+        default=None,
+        description="Which reading of `text` carried the evidence and what the canonical "
+        "reading changed; null for `token_ids` (scored as given).",
+    )
     p_value: float = Field(
-        description="min(1, num_keys · the best key's verdict p): whole text and spans."
+        description="min(1, num_keys · readings_tried · the best key's verdict p): whole "
+        "text and spans."
     )
     log10_p_value: float
     whole_text_p_value: float = Field(
         description="The smallest plain whole-text Aaronson p of any key (not always the best "
-        "key's), corrected for the keys: min(1, num_keys · min_k p_whole,k)."
+        "key's), corrected for the keys and readings: min(1, K · min p_whole)."
     )
     whole_text_log10_p_value: float
     span_p_value: float | None = Field(
@@ -271,27 +309,27 @@ class DetectResponse(BaseModel):
     power: PowerOut
     entropy_weighted_p_value: float | None = Field(
         default=None,
-        description="With `entropy_weighting: true`: min(1, num_keys · the smallest "
+        description="With `entropy_weighting: true`: min(1, K · the smallest "
         "entropy-weighted p of the keys in `results`), valid for 'one of the keys' (beside the "
         "verdict, not used by it).",
     )
     entropy_weighted_log10_p_value: float | None = None
     likelihood_ratio_p_value: float | None = Field(
         default=None,
-        description="With `likelihood_ratio: true`: min(1, num_keys · the smallest "
+        description="With `likelihood_ratio: true`: min(1, K · the smallest "
         "likelihood-ratio p of the keys in `results`), valid for 'one of the keys' (beside the "
         "verdict, not used by it).",
     )
     likelihood_ratio_log10_p_value: float | None = None
     edit_filtered_p_value: float | None = Field(
         default=None,
-        description="With `edit_filter: true`: min(1, num_keys · the smallest edit-filtered "
+        description="With `edit_filter: true`: min(1, K · the smallest edit-filtered "
         "p of the keys in `results`), valid for 'one of the keys' (beside the verdict, not "
         "used by it).",
     )
     edit_filtered_log10_p_value: float | None = None
     min_scored_tokens: int = Field(
-        description="Scored tokens a typical watermarked text needs to reach alpha / num_keys "
+        description="Scored tokens a typical watermarked text needs to reach alpha / K "
         "(below it, a result that is not significant is `insufficient_evidence`)."
     )
     results: list[KeyDetectionOut] = Field(

@@ -1,4 +1,4 @@
-"""``poissonmark detect --jsonl`` (service/cli/corpus.py, the detect command's corpus mode): one
+"""``poissonmark detect --jsonl`` (service/jobs/corpus.py, the detect command's corpus mode): one
 JSON result per input line in input order, error lines, resume, and worker processes.
 
 In-process tests call the public corpus runner with a tokenizer and a keyed source (no key

@@ -178,3 +178,29 @@ def test_errors_and_piped_output_read_plainly(home: Path) -> None:
     assert found.exit_code == 0, found.output
     line = next(x for x in found.stdout.splitlines() if x.startswith("p-value:"))
     assert len(line) > 80 and re.search(r"scored tokens: \d+ of \d+$", line), found.stdout
+
+
+@pytest.mark.realmodel
+def test_detect_says_what_the_canonical_reading_changed(home: Path) -> None:
+    """A generated answer with a zero-width space after every space and Cyrillic а for Latin a:
+    found, and the output says which reading carried it and what it changed."""
+    key = create_key()
+    made = invoke(
+        "generate", "--key", key, "--prompt", "Why is the sky blue?", "--max-new-tokens", "96",
+        "--nonce", "3", "--json",
+    )  # fmt: skip
+    assert made.exit_code == 0, made.output
+    text = json.loads(made.stdout)["text"]
+    attacked = text.replace(" ", " \u200b").replace("a", "\u0430")
+    shown = invoke("detect", "--key", key, "--text", attacked)
+    assert shown.exit_code == 0, shown.output
+    assert "verdict: watermarked" in shown.stdout
+    assert f"{text.count(' ')} invisible characters removed" in shown.stdout
+    assert f"{text.count('a')} Cyrillic letters read as Latin" in shown.stdout
+    assert "corrected for the 2 readings tried" in shown.stdout
+    as_json = invoke("detect", "--key", key, "--text", attacked, "--json")
+    reading = json.loads(as_json.stdout)["reading"]
+    assert reading["name"] == "canonical" and reading["readings_tried"] == 2
+    assert reading["changes"]["invisible"] == text.count(" ")
+    clean = json.loads(invoke("detect", "--key", key, "--text", text, "--json").stdout)
+    assert clean["reading"]["readings_tried"] == 1 and clean["reading"]["changes"]["summary"] == []
