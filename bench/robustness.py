@@ -453,6 +453,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     start = time.perf_counter()
+    meta = run_metadata()  # the commit whose detector this process imports, taken now
     inputs = load_inputs(args.quick)
     rows = text_attacks(inputs.tok, inputs.pool, inputs.vocabulary)
     if args.only:
@@ -464,7 +465,8 @@ def main() -> None:
         results |= model_rows(inputs, LENGTHS)
     import detector
 
-    meta = run_metadata()
+    if run_metadata()["commit"] != meta["commit"]:
+        meta["commit_at_end"] = run_metadata()["commit"]  # the tree moved during the run
     out: dict[str, Any] = {
         **meta,
         "command": " ".join(["python -m bench.robustness", *sys.argv[1:]]),

@@ -181,8 +181,8 @@ def _model_lines(rows: dict[str, Any]) -> list[str]:
         tokens = ", ".join(f"{n}: {t:.0f}" for n, t in para["mean_tokens"].items())
         lines.append(
             f"- Paraphrase: mean tokens of the rewrite by source length ({tokens}). No "
-            f"stronger paraphraser could be run offline (none ships its weights in a package "
-            f"this machine can install)."
+            f"stronger paraphraser could be run: this machine reaches package registries "
+            f"only, and no package found in PyPI's index ships a paraphrase model's weights."
         )
     emoji = rows.get("emoji_kept")
     if emoji is not None:
