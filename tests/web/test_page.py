@@ -214,6 +214,21 @@ def test_watermarked_text_is_found_with_its_evidence(page: Page, service: Servic
     page.screenshot("watermarked.png")
 
 
+def test_invisible_characters_are_read_through_and_shown(page: Page, service: Service) -> None:
+    """A zero-width space after every space of a watermarked answer: still found, the page says
+    what the canonical reading removed, and the evidence view shows the text as pasted."""
+    key = service.create_key()
+    answer = watermarked(service, key)
+    attacked = answer["text"].replace(" ", " \u200b")
+    page.sign_in(service.admin)
+    assert page.check(attacked, key) == "watermarked"
+    note = page.page.locator("#reading")
+    assert note.is_visible()
+    assert f"{answer['text'].count(' ')} invisible characters removed" in note.text_content()
+    assert page.evidence_text() == page.checked_text(attacked)
+    page.screenshot("invisible-characters.png")
+
+
 def key_that_does_not_flag(service: Service, text: str, verdict: str = "not_detected") -> str:
     """A new key under which the server's verdict on the human ``text`` is ``verdict``
     (``not_detected``, or ``insufficient_evidence`` for a text too short to tell) and the page

@@ -271,6 +271,25 @@ function renderResult(response) {
     );
   }
 
+  // a sign of tampering: what the canonical reading had to undo before the text was scored
+  const reading = $("reading");
+  const changes = response.reading ? response.reading.changes.summary : [];
+  reading.hidden = changes.length === 0;
+  reading.replaceChildren();
+  if (changes.length) {
+    const which =
+      response.reading.name === "canonical" ? "its canonical reading" : "the text as pasted";
+    const tried =
+      response.reading.readings_tried > 1
+        ? " Both readings were tested; the p-value is corrected for the " +
+          `${response.reading.readings_tried} tried.`
+        : "";
+    reading.append(
+      `This text holds characters a reader does not see or letters from another script: ` +
+        `${changes.join("; ")}. The evidence comes from ${which}.${tried}`,
+    );
+  }
+
   const numbers = $("numbers");
   numbers.replaceChildren();
   addNumber(numbers, "p-value", formatP(response.log10_p_value));
