@@ -109,6 +109,7 @@ def main() -> None:
     parser.add_argument("--corpus-texts", type=int, default=6000)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--chunk-size", type=int, default=8, help="corpus mode: texts per task")
+    parser.add_argument("--out", type=Path, default=OUT_JSON, help="the result file")
     args = parser.parse_args()
 
     tokenizer = load_tokenizer(DEFAULT_MODEL, data_home())
@@ -205,8 +206,8 @@ def main() -> None:
         "repeats": args.repeats,
         "results": rows,
     }
-    OUT_JSON.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {OUT_JSON}")
+    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {args.out}")
     for name, row in rows.items():
         if name == "stages_us_per_text":
             print(f"{name}: {row['compiled']}  NumPy fallback: {row['numpy_fallback']}")
