@@ -50,3 +50,33 @@ def test_the_reference_strength_sets_what_too_short_means(
         body = {"key_id": key_id, "text": SHORT, "reference_mean_score": bad}
         r = svc.client.post("/v1/detect", json=body, headers=svc.admin)
         assert problem(r, 422, "invalid-request")["field"] == "body.reference_mean_score"
+
+
+def test_a_text_of_invisible_characters_is_insufficient_evidence(
+    module_services: ServiceFactory,
+) -> None:
+    """Nothing but zero-width and format characters: a verdict, not an error, and the reading
+    says what was removed; with a readable text around them the tokens index the text sent."""
+    svc = module_services()
+    key_id = fixed_key(svc, b"test_detect_power")
+    hidden = "\u200b\u200c\u200d\u2060\ufeff" * 40
+    found = svc.client.post(
+        "/v1/detect", json={"key_id": key_id, "text": hidden}, headers=svc.admin
+    )
+    assert found.status_code == 200, found.text
+    body = found.json()
+    assert body["verdict"] == "insufficient_evidence"
+    assert body["reading"]["changes"]["invisible"] == 200
+    assert body["reading"]["changes"]["summary"] == ["200 invisible characters removed"]
+    text = SHORT.replace(" ", "\u00a0\u200b")
+    shown = svc.client.post(
+        "/v1/detect", json={"key_id": key_id, "text": text, "evidence": True}, headers=svc.admin
+    ).json()
+    assert shown["reading"]["readings_tried"] == 2
+    tokens = shown["results"][0]["tokens"]
+    assert "".join(t["text"] for t in tokens) == text
+    assert tokens[0]["start"] == 0 and tokens[-1]["end"] == len(text)
+    by_ids = svc.client.post(
+        "/v1/detect", json={"key_id": key_id, "token_ids": [504, 3003]}, headers=svc.admin
+    ).json()
+    assert by_ids["reading"] is None
