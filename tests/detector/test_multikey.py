@@ -83,7 +83,7 @@ def test_detect_multi_finds_the_right_key(real_tokenizer) -> None:  # type: igno
     assert result.p_value == pytest.approx(10**result.log10_p_value, rel=1e-9, abs=1e-300)
     assert result.verdict is Verdict.WATERMARKED
     assert result.min_scored_tokens > 28  # alpha / 4 needs more tokens than alpha
-    # The wire shape is the service's (service.detect_response, one for CLI and HTTP).
+    # The wire shape is the service's (service.jobs.detect_response, one for CLI and HTTP).
     assert secret.reveal().hex() not in repr(result)
 
 
@@ -206,7 +206,7 @@ def test_multi_key_span_p_is_valid_under_h0(real_tokenizer, human_passages, keys
 
 
 def test_multi_key_wire_shape_corrects_spans_for_the_keys(real_tokenizer) -> None:  # type: ignore[no-untyped-def]
-    # service.detect_response (HTTP and CLI --json): each detailed key's spans carry
+    # service.jobs.detect_response (HTTP and CLI --json): each detailed key's spans carry
     # their windows-corrected p times K (the page shows it as is), and the top level the
     # whole-text and span p corrected for K and the power statement; the schema takes it all.
     from service.jobs.detect_response import detect_response
