@@ -79,6 +79,7 @@ class Changes:
         confusables: script name (Unicode's, e.g. ``"CYRILLIC"``) -> letters of that script
             read as a confusable letter of their word's target script.
         read_as: target script name -> letters read as one of its letters.
+        pairs: (source script, target script) -> letters read so (what ``describe`` says).
     """
 
     invisible: int = 0
@@ -86,6 +87,7 @@ class Changes:
     compatibility: int = 0
     confusables: dict[str, int] = field(default_factory=dict)
     read_as: dict[str, int] = field(default_factory=dict)
+    pairs: dict[tuple[str, str], int] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -102,9 +104,8 @@ class Changes:
             out.append(f"{_count(self.spaces, 'space character')} read as plain single spaces")
         if self.compatibility:
             out.append(f"{_count(self.compatibility, 'compatibility form')} read in plain form")
-        target = " or ".join(s.title() for s in sorted(self.read_as)) or "Latin"
-        for script, n in sorted(self.confusables.items()):
-            out.append(f"{_count(n, script.title() + ' letter')} read as {target}")
+        for (source, target), n in sorted(self.pairs.items()):
+            out.append(f"{_count(n, source.title() + ' letter')} read as {target.title()}")
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -189,14 +190,15 @@ def readings(text: str) -> tuple[Reading, ...]:
         text: the submitted text (any length; linear time).
     Returns:
         ``(raw,)`` when the text is its own canonical reading; ``(canonical,)`` when the two
-        differ only by runs of ASCII spaces inside lines (what doubling spaces leaves; the
-        model's own text has none, and code indentation is kept by the canonical reading);
-        else ``(raw, canonical)``.
+        differ only by runs of ASCII spaces after a sentence's or clause's punctuation (the
+        typewriter's two spaces after a full stop, common in human text; a model does not
+        write them, and a rewrite that doubles every space also doubles those between words,
+        so it is read both ways); else ``(raw, canonical)``.
     """
     canonical = canonical_reading(text)
     if canonical.text == text:
         return (raw_reading(text),)
-    if _MID_LINE_RUN.sub(" ", text) == canonical.text:
+    if _SENTENCE_GAP.sub(" ", text) == canonical.text:
         return (canonical,)
     return (raw_reading(text), canonical)
 
@@ -225,8 +227,9 @@ def canonical_reading(text: str) -> Reading:
     done = 0
     for match in _REGION.finditer(text):
         a, b = match.span()
-        if a > 0 and text[a - 1] not in " \n" and unicodedata.combining(text[a]):
-            a -= 1  # an ASCII base letter and the combining marks after it: one cluster
+        first = text[a]
+        if a > 0 and text[a - 1] not in " \n" and (_is_mark(first) or is_invisible(first)):
+            a -= 1  # an ASCII base letter and the marks after it (invisible ones too): a cluster
         if a > done:
             pieces.append(text[done:a])
             starts.append(np.arange(done, a, dtype=np.int64))
@@ -244,9 +247,19 @@ def canonical_reading(text: str) -> Reading:
     ends.append(np.arange(done + 1, len(text) + 1, dtype=np.int64))
     source_starts, source_ends = np.concatenate(starts), np.concatenate(ends)
     read = "".join(pieces)
-    read, confusables, read_as = _confusables(read)
+    read, pairs = _confusables(read)
+    confusables: Counter[str] = Counter()
+    read_as: Counter[str] = Counter()
+    for (source, target), n in pairs.items():
+        confusables[source] += n
+        read_as[target] += n
     changes = Changes(
-        counts["invisible"], counts["spaces"], counts["compatibility"], confusables, read_as
+        counts["invisible"],
+        counts["spaces"],
+        counts["compatibility"],
+        dict(confusables),
+        dict(read_as),
+        pairs,
     )
     return Reading(CANONICAL, read, source_starts, source_ends, changes)
 
@@ -254,11 +267,15 @@ def canonical_reading(text: str) -> Reading:
 _REGION: Final = re.compile(r"(?: *[^\x00-\x7f]| {2,})[^\x00-\x1f\x21-\x7f]*")
 """A region to read character by character: spaces and non-ASCII characters around a
 non-ASCII character or a run of spaces."""
+_MAX_MARKS: Final = 30
+"""Combining marks a cluster may carry and still be normalised: Unicode's stream-safe limit
+(UAX #15); NFKC's canonical reordering is quadratic in a cluster's length, so a longer one is
+read as written."""
 _MAX_GROWTH: Final = 2
 """A cluster's NFKC form is read only if it is at most this many characters longer (an
 ellipsis, 1 -> 3, is; an 18-letter ligature is not): the canonical reading of n characters
 has at most 3n, so its tokenization stays within the caps' order of cost."""
-_MID_LINE_RUN: Final = re.compile(r"(?<=[^\n ]) {2,}")
+_SENTENCE_GAP: Final = re.compile(r"(?<=[.!?:;]) {2,}")
 
 
 def _read_region(
@@ -298,14 +315,15 @@ def _read_region(
             continue
         j = i + 1
         marks = [ch]
-        while j < b and unicodedata.combining(text[j]):
+        while j < b and (unicodedata.combining(text[j]) or is_invisible(text[j])):
             if is_invisible(text[j]):
-                counts["invisible"] += 1
+                counts["invisible"] += 1  # an invisible character never splits a cluster
             else:
                 marks.append(text[j])
             j += 1
         cluster = "".join(marks)
-        read = _nfkc(cluster)
+        # past Unicode's stream-safe limit a cluster is read as written (linear time)
+        read = cluster if len(marks) > _MAX_MARKS + 1 else _nfkc(cluster)
         if len(read) > len(cluster) + _MAX_GROWTH:
             read = cluster  # e.g. U+FDFA, 18 letters: the reading stays within 3x the text
         elif read != cluster:
@@ -321,6 +339,10 @@ def _read_region(
     return "".join(chars), starts, ends
 
 
+def _is_mark(ch: str) -> bool:
+    return unicodedata.combining(ch) != 0
+
+
 def is_invisible(ch: str) -> bool:
     """True for a format character (Cf) or Default_Ignorable kin (module docstring, step 1)."""
     if unicodedata.category(ch) == "Cf":
@@ -329,24 +351,31 @@ def is_invisible(ch: str) -> bool:
     return any(lo <= code <= hi for lo, hi in _INVISIBLE_KIN)
 
 
-@lru_cache(maxsize=8192)
 def _nfkc(cluster: str) -> str:
+    """NFKC of a cluster of at most ``_MAX_MARKS`` + 1 characters; short ones cached (the cache
+    holds at most 8,192 clusters of at most 8 characters)."""
+    if len(cluster) <= 8:
+        return _nfkc_short(cluster)
     return unicodedata.normalize("NFKC", cluster)
 
 
-_NON_ASCII_WORD: Final = re.compile(r"[^\W\d_]*[^\x00-\x7f][^\W\d_]*")
+@lru_cache(maxsize=8192)
+def _nfkc_short(cluster: str) -> str:
+    return unicodedata.normalize("NFKC", cluster)
+
+
+_LETTER_RUN: Final = re.compile(r"[^\W\d_]+")
 _ASCII_LETTERS: Final = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
 
-def _confusables(text: str) -> tuple[str, dict[str, int], dict[str, int]]:
+def _confusables(text: str) -> tuple[str, dict[tuple[str, str], int]]:
     """Step 4: letters of another script read in their word's target script (one letter
-    for one letter, so source spans stay). Returns (text read, source script -> letters
-    read, target script -> letters read)."""
-    changed: Counter[str] = Counter()
-    read_as: Counter[str] = Counter()
-    words = [m for m in _NON_ASCII_WORD.finditer(text) if any(c.isalpha() for c in m.group())]
+    for one letter, so source spans stay). Returns (text read, (source script, target
+    script) -> letters read)."""
+    changed: Counter[tuple[str, str]] = Counter()
+    words = [m for m in _LETTER_RUN.finditer(text) if not m.group().isascii()]
     if not words:
-        return text, {}, {}
+        return text, {}
     main = _main_script(text)
     out = list(text)
     for match in words:
@@ -366,11 +395,10 @@ def _confusables(text: str) -> tuple[str, dict[str, int], dict[str, int]]:
             if script in (target, "COMMON", "INHERITED"):
                 continue
             out[match.start() + offset] = _confusable(c, target) or c  # a twin exists: _in_script
-            changed[script] += 1
-            read_as[target] += 1
+            changed[script, target] += 1
     if not changed:
-        return text, {}, {}
-    return "".join(out), dict(changed), dict(read_as)
+        return text, {}
+    return "".join(out), dict(changed)
 
 
 def _main_script(text: str) -> str:

@@ -212,6 +212,13 @@ def _check_input(text: str | None, token_ids: Sequence[int] | None) -> None:
         raise ValueError("expected at least one of text or token_ids, got neither")
     if text is not None and not isinstance(text, str):
         raise ValueError(f"expected text to be a string, got {type(text).__name__}")
+    if text is not None and not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(
+                f"expected text to be valid Unicode, got a lone surrogate at character {exc.start}"
+            ) from None
 
 
 def check_options(options: DetectOptions) -> None:

@@ -22,6 +22,7 @@ from typing import TypeVar
 import numpy as np
 
 from detector.canonical import RAW, Changes, Reading, ReadingReport, readings
+from detector.combined import min_detectable_mean_score, needed_tokens, whole_text_log_level
 from detector.evidence import Detection, verdict
 from detector.spans import SpanSearch
 from detector.stats import PValue
@@ -89,8 +90,9 @@ def best_of(values: Sequence[T], log_p: Callable[[T], float]) -> int:
 
 def corrected(detection: Detection, report: ReadingReport | None) -> Detection:
     """``detection`` with its reading report and every p-value multiplied by R (capped at 1):
-    the scores, the verdict's test and its parts, the re-aligned test, the spans; the verdict
-    is taken again on the corrected p."""
+    the scores, the verdict's test and its parts, the re-aligned test, the spans; what the text
+    could show (``min_scored_tokens``, ``min_detectable_mean_score``) at the level α/R; the
+    verdict taken again on the corrected p."""
     if report is None:
         return detection
     factor = report.readings_tried
@@ -115,8 +117,21 @@ def corrected(detection: Detection, report: ReadingReport | None) -> Detection:
     spans = detection.spans
     if spans is not None:
         spans = _corrected_spans(spans, ln)
+    try:  # what a typical watermarked text needs to reach α/R, the level the reading's p must
+        needed = needed_tokens(detection.alpha / factor, detection.reference_mean_score)
+    except ValueError:  # beyond the table: α's
+        needed = detection.min_scored_tokens
+    m = detection.num_scored
+    mu = min_detectable_mean_score(m, whole_text_log_level(detection.alpha, m, factor))
     out = dataclasses.replace(
-        detection, scores=scores, test=test, realigned=realigned, spans=spans, reading=report
+        detection,
+        scores=scores,
+        test=test,
+        realigned=realigned,
+        spans=spans,
+        reading=report,
+        min_scored_tokens=needed,
+        min_detectable_mean_score=mu,
     )
     log_p = out.verdict_log10_p_value * LN10
     p = PValue.from_log(out.p_value.score, log_p, "exact")

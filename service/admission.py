@@ -95,6 +95,8 @@ class Deadline:
 
     @classmethod
     def from_now(cls, setting: str, seconds: float) -> Deadline:
+        """A deadline ``seconds`` from now on the running event loop's clock, named by its
+        ``setting`` in the 504 it causes."""
         return cls(setting, seconds, asyncio.get_running_loop().time() + seconds)
 
     async def run(self, work: Awaitable[T]) -> T:
@@ -314,6 +316,8 @@ def capped_defaults(request: GenerateRequest, settings: Settings) -> GenerateReq
 
 
 def check_generate(request: GenerateRequest, settings: Settings) -> None:
+    """A generation's caps (``max_new_tokens``, ``drafts``, ``lookahead``, the prompt's
+    characters and messages). Raises ``LimitExceeded`` naming the field and the limit."""
     _at_most("max_new_tokens", request.max_new_tokens, settings.max_new_tokens)
     _at_most("drafts", request.drafts, settings.max_drafts)
     _at_most("lookahead", request.lookahead, settings.max_lookahead)
@@ -368,6 +372,8 @@ def check_detect_input(
 
 
 def check_batch(items: list[DetectInput], settings: Settings, vocab_size: int) -> None:
+    """A batch's size (``max_batch``) and each item's caps, named ``items[i].<field>``. Raises
+    ``LimitExceeded`` or ``InvalidInput``."""
     _at_most("items", len(items), settings.max_batch, "items")
     for i, item in enumerate(items):
         check_detect_input(item, settings, vocab_size, f"items[{i}].")

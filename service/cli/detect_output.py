@@ -35,7 +35,9 @@ def show_multi_key(found: MultiKeyDetection, tenant: str) -> None:
     plural = "s" if found.num_keys != 1 else ""
     out.print(
         f"tested {found.num_keys} key{plural} of tenant {tenant}; best key "
-        f"[bold]{found.best_key_id}[/]; p-value corrected for {found.num_keys} key{plural}: "
+        f"[bold]{found.best_key_id}[/]; p-value corrected for {found.num_keys} key{plural}"
+        + (f" and {found.num_readings} readings" if found.num_readings > 1 else "")
+        + ": "
         f"{found.p_value:.3g} (log10 p {found.log10_p_value:.2f})",
         highlight=False,
     )

@@ -63,7 +63,9 @@ class SpanOut(BaseModel):
     score: float
     p_value: float
     log10_p_value: float
-    corrected_p_value: float = Field(description="min(1, W·p): corrected for the W windows.")
+    corrected_p_value: float = Field(
+        description="min(1, W·R·p): corrected for the W windows and the R readings tried."
+    )
     corrected_log10_p_value: float
     keys_corrected_p_value: float | None = Field(
         default=None,
@@ -87,7 +89,9 @@ class VerdictTestOut(BaseModel):
     p_value: float
     log10_p_value: float
     whole_text_log10_p_value: float = Field(description="The plain whole-text Aaronson p.")
-    scan_log10_p_value: float = Field(description="The best window's p times W (capped at 1).")
+    scan_log10_p_value: float = Field(
+        description="The best window's p times W and R (capped at 1)."
+    )
 
 
 class PowerOut(BaseModel):
@@ -97,7 +101,8 @@ class PowerOut(BaseModel):
     min_detectable_mean_score: float | None = Field(
         description="The per-token mean Aaronson score (nats; 1 under H0) at which a text of "
         "this many scored tokens would have been detected at alpha (the whole text's share of "
-        "it, and for the response alpha / num_keys); null when nothing was scored."
+        "it, and alpha over the readings tried and, for the response, the keys); null when "
+        "nothing was scored."
     )
     reference_mean_score: float = Field(
         description="The mean score of a typically watermarked text (1.5) the verdict "
@@ -246,7 +251,8 @@ class ReadingOut(BaseModel):
 
 
 class KeyDetectionOut(BaseModel):
-    """One key's result, uncorrected for the number of keys."""
+    """One key's result, uncorrected for the number of keys (corrected for the readings
+    tried, `reading.readings_tried`)."""
 
     key_id: str
     verdict: Verdict
@@ -254,7 +260,9 @@ class KeyDetectionOut(BaseModel):
     num_tokens: int
     num_scored: int
     min_scored_tokens: int
-    p_value: float = Field(description="The verdict's p for this key (`test`), uncorrected.")
+    p_value: float = Field(
+        description="The verdict's p for this key (`test`), uncorrected for the keys."
+    )
     log10_p_value: float
     test: VerdictTestOut
     power: PowerOut
@@ -302,7 +310,7 @@ class DetectResponse(BaseModel):
     )
     whole_text_log10_p_value: float
     span_p_value: float | None = Field(
-        description="The best window of any key, corrected for the windows and the keys; "
+        description="The best window of any key, corrected for the windows, keys and readings; "
         "null below 16 scored tokens."
     )
     span_log10_p_value: float | None
@@ -333,7 +341,8 @@ class DetectResponse(BaseModel):
         "(below it, a result that is not significant is `insufficient_evidence`)."
     )
     results: list[KeyDetectionOut] = Field(
-        description="The own, uncorrected results of the best `max_results` keys, best first."
+        description="The own results of the best `max_results` keys, best first, uncorrected "
+        "for the keys."
     )
 
 

@@ -53,12 +53,41 @@ def test_each_rewrite_reads_back_as_the_plain_text(rewrite) -> None:  # type: ig
         assert ch in unicodedata.normalize("NFKC", source) or ch == " " or len(source) == 1
 
 
-def test_code_indentation_is_kept_and_mid_line_runs_read_alone() -> None:
+def test_code_indentation_is_kept_and_sentence_gaps_read_alone() -> None:
     code = "def f(x):\n    if x:\n        return 1\n    return 2\n"
     assert canonical_reading(code).text == code and len(readings(code)) == 1
-    doubled = PLAIN.replace(" ", "  ")
-    (only,) = readings(doubled)
-    assert only.name == CANONICAL and only.text == PLAIN
+    # the typewriter's two spaces after a full stop: the canonical reading alone
+    typed = "It is blue.  Air scatters light.  Short waves most."
+    (only,) = readings(typed)
+    assert only.name == CANONICAL and only.text == typed.replace(".  ", ". ")
+    # every space doubled, or a run inside code: both readings
+    assert [r.name for r in readings(PLAIN.replace(" ", "  "))] == [RAW, CANONICAL]
+    assert [r.name for r in readings("x = 1  # one\n")] == [RAW, CANONICAL]
+
+
+def test_adversarial_inputs_stay_linear() -> None:
+    """Inputs that made quadratic paths (a long word beside one region; a cluster of 80,000
+    combining marks) read in well under a second each; 10 s is a bound a quadratic path
+    exceeds by minutes (measured) and a linear one never approaches."""
+    import time
+
+    for text in (
+        "a" * 100_000 + "  b",
+        "\uff41" * 100_000,
+        "a" + "\u0301" * 40_000 + "\u0316" * 40_000,
+    ):
+        start = time.perf_counter()
+        readings(text)
+        assert time.perf_counter() - start < 10.0
+
+
+def test_an_invisible_character_does_not_split_a_cluster() -> None:
+    assert canonical_reading("cafe\u200b\u0301").text == "caf\u00e9"
+
+
+def test_each_script_pair_is_said_on_its_own() -> None:
+    said = canonical_reading("h\u0435llo w\u03bfrld").changes.describe()
+    assert said == ["1 Cyrillic letter read as Latin", "1 Greek letter read as Latin"]
 
 
 def test_plain_text_is_its_own_reading() -> None:

@@ -1,5 +1,5 @@
 """The verdict's test (detector/combined.py): whole text and windows in one valid p, its
-family-wise error rate under H0, and the power statement (issue 15 items 1 and 4).
+family-wise error rate under H0, and the power statement.
 
 Statistical checks: counts of p <= α against the upper end of the central 99% interval of
 Binomial(N, α) (``binomial_bounds(..., 0.99)``): a valid test exceeds it with probability

@@ -164,7 +164,7 @@ def test_the_verdict_needs_the_tokens_of_the_corrected_level(real_tokenizer) -> 
 
 def _multi_key_h0(real_tokenizer, passages: list[str], keys: int) -> dict[str, int]:  # type: ignore[no-untyped-def]
     """Per alpha in {0.1, 0.01}: how many human passages each multi-key p rejects under
-    ``keys`` fixed keys none of them was generated with (issue 15 item 3)."""
+    ``keys`` fixed keys none of them was generated with."""
     sources = {f"pmk_h0_{i}": fixed_source(f"multi-h0-{i}") for i in range(keys)}
     counts: dict[str, int] = {}
     for text in passages:

@@ -1,4 +1,4 @@
-"""Validity under H0: P(p <= α) <= α for every score (docs/design.md §4, issue 3).
+"""Validity under H0: P(p <= α) <= α for every score (docs/design.md §4).
 
 Two nulls: fresh i.i.d. uniform pivots (the model of H0: a text independent of the key has
 independent U(0, 1) pivots at distinct labels), and the real detector on human text under

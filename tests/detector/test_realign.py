@@ -1,6 +1,6 @@
 """The edit-tolerant re-aligned test (detector/realign.py): its candidates, its exact
 per-position law, validity under H0 on human and adversarially repetitive text, and that it
-recovers what insertions destroy (issue 15 item 2).
+recovers what insertions destroy.
 
 Statistical checks: counts of p <= α against the upper end of the central 99% interval of
 Binomial(N, α) (``binomial_bounds(..., 0.99)``; a valid test exceeds it with probability

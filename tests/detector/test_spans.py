@@ -139,7 +139,7 @@ def test_span_found_when_whole_text_is_not_significant(real_tokenizer, human_pas
     # 200 watermarked tokens (mean term ~1.9) after 20,000 human tokens: the whole-text excess
     # (~180 over a sd of ~140) is not significant at alpha = 0.01 for this fixed key and seed,
     # but the best window is, after the Bonferroni correction for ~10^4 windows — and so the
-    # verdict, whose test takes the windows in (detector.combined, issue 15), is watermarked
+    # verdict, whose test takes the windows in (detector.combined), is watermarked
     # while the plain whole-text p stays reported as it was.
     secret = fixed_secret("c3-diluted")
     human = human_ids(real_tokenizer, human_passages, 20_000)

@@ -1,5 +1,5 @@
 """The ``poissonmark`` CLI through its JSON contract, as real subprocesses on the real model and
-the embedded Redis (issue 2, item 7)."""
+the embedded Redis."""
 
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ def test_keys_generate_detect_round_trip(cli_env):
     by_text = json.loads(piped.stdout)
     assert by_text["verdict"] == "watermarked"
 
-    # --entropy-weighting (issue 15 item 5): the weighted test beside the plain verdict, which
+    # --entropy-weighting: the weighted test beside the plain verdict, which
     # it does not change; the generation's own processing (T = 1, top-k 50 by default)
     weighted = run(
         cli_env, "detect", "--key", key["key_id"], "--json", "--text", g["text"],

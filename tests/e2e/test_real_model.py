@@ -1,5 +1,5 @@
 """End to end on the real SmolLM2-135M-Instruct (CPU, float32): MPFR equals keyed AR decoding,
-and watermarked generations are detected (issue 2; MPFR paper Prop. 4.4, Alg. 8)."""
+and watermarked generations are detected (MPFR paper Prop. 4.4, Alg. 8)."""
 
 from __future__ import annotations
 

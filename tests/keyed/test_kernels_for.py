@@ -1,5 +1,5 @@
 """``kernels_for``: a small call in a process that has not loaded the compiled kernels runs
-NumPy (same bits) and does not load numba; once loaded, every call uses them (issue 17, item 6:
+NumPy (same bits) and does not load numba; once loaded, every call uses them (item 6:
 a one-shot ``poissonmark detect`` of a short text)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Trees sized by cost (``sampler.autotree``, issue 18 item 2): the choice follows the forward
+"""Trees sized by cost (``sampler.autotree``): the choice follows the forward
 profile and the request's acceptance, falls back to one-token steps where no tree pays and
 keeps exploring; whatever it chooses, keyed-race output equals basic-uwm (Thm. 5.1), solo and
 batched, on float64 tiny models."""

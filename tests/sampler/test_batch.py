@@ -1,4 +1,4 @@
-"""Continuous batching (``sampler.batch``, issue 19) on float64 tiny Llamas: every request's
+"""Continuous batching (``sampler.batch``) on float64 tiny Llamas: every request's
 token ids equal the same request served alone, with mixed prompt lengths, methods, keys,
 processing, B, L and drafters in one batch, requests joining and leaving between steps."""
 

@@ -1,4 +1,4 @@
-"""Continuous batching on the real SmolLM2-135M-Instruct (float32, issue 19): ``complete_many``
+"""Continuous batching on the real SmolLM2-135M-Instruct (float32): ``complete_many``
 gives each request the tokens ``complete`` gives it alone. A batched forward rounds floats
 differently from a solo one, so a near-tie of the race can flip: the issue allows 1 in 20."""
 

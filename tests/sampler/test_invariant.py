@@ -1,4 +1,4 @@
-"""The row-invariant runner (``sampler.targets.cpu_bf16``, issue 18/19; docs/design.md §3 Numerics).
+"""The row-invariant runner (``sampler.targets.cpu_bf16``; docs/design.md §3 Numerics).
 
 - float64 weights: the runner's Llama forward equals transformers' (tree mask, GQA, RoPE,
   tied or untied head) to 1e-10, so the architecture is implemented right;

@@ -1,4 +1,4 @@
-"""The prompt window draws from the nonce stream (docs/design.md §2; issue 17, item 7), on a float64
+"""The prompt window draws from the nonce stream (docs/design.md §2), on a float64
 tiny Llama: the first m response positions, whose labels reach into the prompt, are keyed by
 (nonce, position); later positions by their label at first use, exactly the positions the
 detector scores; so different nonces give fresh samples and drafters still change nothing."""

@@ -1,4 +1,4 @@
-"""The one-shot CLI commands stay light and read input exactly (issue 17, item 6).
+"""The one-shot CLI commands stay light and read input exactly.
 
 - ``import service.cli`` (every command's start-up), and the ``keys``, ``tokens`` and ``detect``
   commands run to the end, load no torch (fresh interpreter, ``sys.modules``); the detector

@@ -1,4 +1,4 @@
-"""Corpus mode's Benjamini–Hochberg q-values (issue 15, item 6; ``corpus.add_q_values``).
+"""Corpus mode's Benjamini–Hochberg q-values (item 6; ``corpus.add_q_values``).
 
 The q-values are checked against a hand BH written here from its definition (q_(i) =
 min_{j >= i} min(1, p_(j)·m/j) over the m detection rows sorted by p), float for float; the

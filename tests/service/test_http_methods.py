@@ -1,4 +1,4 @@
-"""HEAD and the ``Allow`` header (issue 17: ``HEAD`` on a GET route was a 405 whose ``Allow``
+"""HEAD and the ``Allow`` header (``HEAD`` on a GET route was a 405 whose ``Allow``
 header was empty, or listed HEAD itself)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``/metrics`` counts what it says it counts (issue 17: the rate-limit counter stayed 0)."""
+"""``/metrics`` counts what it says it counts (the rate-limit counter stayed 0)."""
 
 from __future__ import annotations
 

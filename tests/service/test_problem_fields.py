@@ -1,4 +1,4 @@
-"""Every 4xx for a bad request names the field (issue 17 item 9), and a full queue is the
+"""Every 4xx for a bad request names the field, and a full queue is the
 callers' load, logged as a warning rather than an error."""
 
 from __future__ import annotations

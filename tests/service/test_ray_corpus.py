@@ -1,4 +1,4 @@
-"""``poissonmark detect --jsonl --engine ray`` on a real two-node Ray cluster (issue 16).
+"""``poissonmark detect --jsonl --engine ray`` on a real two-node Ray cluster.
 
 The cluster is two ``ray start`` nodes on this machine (``tests/service/ray_cluster.py``: one
 CPU each, so the two detector actors run one per node). The reference is the local engine's

@@ -1,4 +1,4 @@
-"""The HTTP service as two Ray Serve replicas on a real two-node Ray cluster (issue 16).
+"""The HTTP service as two Ray Serve replicas on a real two-node Ray cluster.
 
 ``service.ray.serve.build(2)`` on a head and a worker node of this machine (one CPU each, so
 one replica per node), behind Serve's proxy on the head (same-node routing off: with it, the

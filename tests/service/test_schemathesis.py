@@ -1,4 +1,4 @@
-"""The live API against its own OpenAPI document, fuzzed by schemathesis (issue 17).
+"""The live API against its own OpenAPI document, fuzzed by schemathesis.
 
 Every check schemathesis has (``--checks all``) over every phase (examples, coverage, fuzzing,
 stateful): a schema-valid request must not be refused as invalid (the document may not be

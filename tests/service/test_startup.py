@@ -1,4 +1,4 @@
-"""The served app listens before its model loads (issue 17 item 9: the port opened only after
+"""The served app listens before its model loads (the port opened only after
 the load, so ``/readyz`` could never say ``not_ready``).
 
 ``run_server`` is called with uvicorn's ``run`` replaced by one that records the app; that app

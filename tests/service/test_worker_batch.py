@@ -1,4 +1,4 @@
-"""The generation worker's continuous batching (issue 19), on a tiny random Llama behind the
+"""The generation worker's continuous batching, on a tiny random Llama behind the
 real tokenizer: concurrent jobs step together and each gets exactly its solo output and only
 its own tokens; a cancelled job frees its slot for a waiting one; the worker keeps its torch
 threads after the detection pool's initializer set 1."""

@@ -1,4 +1,4 @@
-"""``/docs`` renders offline (issue 17: Swagger UI came from a CDN, so the page was blank).
+"""``/docs`` renders offline (Swagger UI came from a CDN, so the page was blank).
 
 Every request the browser makes is intercepted: those to the live server on loopback go
 through, any other is aborted and recorded. The page must list the API's operations, with no

@@ -603,7 +603,7 @@ def test_the_key_picker_searches_and_all_keys_works_at_2000_keys(
     ],
 )
 def test_p_values_are_worded_as_odds(page: Page, p: float, words: str) -> None:
-    """1/p said as "1 text in N" (issue 17: p = 0.87 read "about 1 text in 1", 1.6e-15 read
+    """1/p said as "1 text in N" (p = 0.87 read "about 1 text in 1", 1.6e-15 read
     "1 in 10^14" for 1 in 6.25 x 10^14)."""
     text = page.page.evaluate("(p) => chanceText(Math.log10(p))", p)
     assert words in text, text
