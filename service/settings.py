@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -16,6 +17,7 @@ from pydantic import (
     AliasChoices,
     Field,
     SecretStr,
+    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -33,6 +35,27 @@ _SECRET_FILES: dict[str, tuple[str, ...]] = {
 """Secrets that may come from a file (``<name>_file``): the input keys each is set by (the
 first is the one the file's text is given as)."""
 _PLACEHOLDER_WORDS = ("changeme", "change-me", "change_me", "example", "placeholder", "xxxxxxxx")
+
+
+class SettingsError(ValueError):
+    """A setting that does not validate: one line per setting, each naming its variable and the
+    rule it breaks (``POISSONMARK_ADMIN_TOKEN: expected at least 32 random characters …``),
+    without pydantic's error types, locations and help URLs. The CLI prints it and exits 2."""
+
+
+def _setting_problem(error: Mapping[str, Any]) -> str:
+    """One line for one of pydantic's errors: the variable, then what is wrong with it.
+
+    Our validators' messages already start with the variable (``POISSONMARK_KEK: …``);
+    pydantic's own (types, bounds, patterns) are prefixed with it.
+    """
+    context = error.get("ctx") or {}
+    problem = str(context["error"]) if "error" in context else str(error["msg"])
+    if problem.startswith("POISSONMARK_") or not error["loc"]:
+        return problem
+    name = str(error["loc"][0])
+    variable = name if name.isupper() else f"POISSONMARK_{name.upper()}"  # an alias: REDIS_URL
+    return f"{variable}: {problem}"
 
 
 class Settings(BaseSettings):
@@ -54,6 +77,18 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="POISSONMARK_", extra="ignore", hide_input_in_errors=True
     )
+
+    def __init__(self, **values: Any) -> None:
+        """Read the environment (and ``values``, which win over it).
+
+        Raises:
+            SettingsError: a setting does not validate (every such setting, one a line).
+        """
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            problems = dict.fromkeys(_setting_problem(error) for error in exc.errors())
+            raise SettingsError("\n".join(problems)) from None
 
     home: Path = Path("~/.local/share/poissonmark")
     redis_url: SecretStr | None = Field(

@@ -19,6 +19,8 @@ May import: every room of the service (``ray`` only when ``detect --engine ray``
 
 from __future__ import annotations
 
+import inspect
+
 import typer
 
 from service.cli import api_tokens, detect, distill, generate, keys, serve
@@ -36,6 +38,25 @@ app.command()(detect.detect)
 app.add_typer(api_tokens.app, name="tokens")
 app.command()(distill.distill)
 app.command()(serve.serve)
+
+
+def _paragraphs(text: str) -> str:
+    """``text`` with each paragraph on one line. Rich keeps every line break of a help text
+    and wraps it again at the terminal's width, so a docstring's breaks would cut sentences."""
+    return "\n\n".join(" ".join(block.split()) for block in inspect.cleandoc(text).split("\n\n"))
+
+
+def _flowing_help(group: typer.Typer) -> None:
+    """Every command's help (its docstring unless given) as paragraphs, in ``group`` and the
+    groups under it."""
+    for command in group.registered_commands:
+        command.help = _paragraphs(command.help or inspect.getdoc(command.callback) or "")
+    for sub in group.registered_groups:
+        if sub.typer_instance is not None:
+            _flowing_help(sub.typer_instance)
+
+
+_flowing_help(app)
 
 
 def main() -> None:

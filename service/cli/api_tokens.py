@@ -6,8 +6,7 @@ from typing import Annotated
 
 import typer
 
-from service.cli.common import Json, emit_json, err, errors, out, report, token_store
-from service.settings import Settings
+from service.cli.common import Json, emit_json, err, errors, out, read_settings, report, token_store
 
 app = typer.Typer(no_args_is_help=True, help="Create, list and revoke API bearer tokens.")
 
@@ -29,7 +28,7 @@ def create(
     """Create an API token. It is shown once, here; the service stores only its hash."""
     from service.keys.api_tokens import DEFAULT_SCOPES
 
-    settings = Settings()
+    settings = read_settings()
     with errors(), token_store(settings) as store:
         token, record = store.create(tenant, scope or DEFAULT_SCOPES, name)
     if as_json:
@@ -48,7 +47,7 @@ def list_tokens(
     as_json: Json = False,
 ) -> None:
     """List API tokens (ids, tenants, scopes; never the tokens)."""
-    settings = Settings()
+    settings = read_settings()
     with errors(), token_store(settings) as store:
         records = store.list_tokens(tenant)
     if as_json:
@@ -74,7 +73,7 @@ def list_tokens(
 @app.command("revoke")
 def revoke(token_id: str, as_json: Json = False) -> None:
     """Revoke an API token by its id; it stops working at once."""
-    settings = Settings()
+    settings = read_settings()
     with errors(), token_store(settings) as store:
         record = store.revoke(token_id)
     report(record.public(), as_json, f"revoked token {record.token_id}")

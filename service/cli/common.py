@@ -91,6 +91,13 @@ def errors(code: int | None = None) -> Iterator[None]:
         fail(f"{where}{exc.strerror or str(exc) or type(exc).__name__}", code or 1)
 
 
+def read_settings() -> Settings:
+    """The settings from the environment; one that does not validate is its line on stderr
+    (``service.settings.SettingsError``) and exit status 2, never a traceback."""
+    with errors():
+        return Settings()
+
+
 @contextlib.contextmanager
 def _redis(settings: Settings) -> Iterator[redis.Redis]:
     from service.keys.redis import close_redis, open_redis

@@ -27,12 +27,12 @@ from service.cli.common import (
     err,
     errors,
     key_store,
+    read_settings,
     tokenizer_and_fingerprint,
 )
 from service.cli.detect_corpus import CorpusRun, check_corpus_options, run_corpus
 from service.cli.detect_output import show, show_model_tests, show_multi_key, tenant_line
 from service.errors import NoKeys
-from service.settings import Settings
 
 
 def score_families(names: Sequence[str], li_delta: float, lattimore_epsilon: float) -> list[Any]:
@@ -237,7 +237,7 @@ def detect(
     from service.jobs.detect_response import detect_response
     from service.jobs.detection import choose_keys, detect_keys
 
-    settings = Settings()
+    settings = read_settings()
     with errors(2 if exit_status else None):
         if text is not None and file is not None:
             raise ValueError("give at most one of --text or --file")

@@ -11,8 +11,17 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.progress import Progress, TaskID
 
-from service.cli.common import DeviceOpt, Json, ModelOpt, emit_json, err, errors, load, out
-from service.settings import Settings
+from service.cli.common import (
+    DeviceOpt,
+    Json,
+    ModelOpt,
+    emit_json,
+    err,
+    errors,
+    load,
+    out,
+    read_settings,
+)
 
 if TYPE_CHECKING:
     from sampler.training.distill import TrainState
@@ -91,7 +100,7 @@ def distill(
     from sampler.training.mdraft import Objective
     from sampler.training.rollouts import prepare_data
 
-    settings = Settings()
+    settings = read_settings()
     with errors():
         config = DistillConfig(
             objective=Objective.named(objective, alpha, proposals),

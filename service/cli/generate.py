@@ -20,8 +20,8 @@ from service.cli.common import (
     key_store,
     load,
     out,
+    read_settings,
 )
-from service.settings import Settings
 
 if TYPE_CHECKING:
     from service.jobs.generation import Generated
@@ -110,7 +110,7 @@ def generate(
     from sampler.targets.model_files import tokenizer_fingerprint
     from service.jobs.generation import generation_request, prepare, run
 
-    settings = Settings()
+    settings = read_settings()
     with errors():
         if (prompt is None) == (messages_file is None):
             raise ValueError("give exactly one of --prompt or --messages-file")

@@ -15,10 +15,10 @@ from service.cli.common import (
     errors,
     key_store,
     out,
+    read_settings,
     report,
     tokenizer_and_fingerprint,
 )
-from service.settings import Settings
 
 if TYPE_CHECKING:
     from service.keys.record import KeyRecord
@@ -48,7 +48,7 @@ def create(
     as_json: Json = False,
 ) -> None:
     """Create a key bound to the model's tokenizer."""
-    settings = Settings()
+    settings = read_settings()
     with errors():
         _, fingerprint = tokenizer_and_fingerprint(settings, model, as_json)
         with key_store(settings) as store:
@@ -84,7 +84,7 @@ def list_keys(
 ) -> None:
     """List keys, revoked ones included with their state, as GET /v1/keys does (public
     fields only), oldest first."""
-    settings = Settings()
+    settings = read_settings()
     with errors(), key_store(settings) as store:
         records = _every_page(store, tenant, not active)
         if as_json:
@@ -129,7 +129,7 @@ def _every_page(store: KeyStore, tenant: str | None, include_revoked: bool) -> I
 @app.command("revoke")
 def revoke(key_id: str, as_json: Json = False) -> None:
     """Revoke a key: it can no longer generate (detection with it still works)."""
-    settings = Settings()
+    settings = read_settings()
     with errors(), key_store(settings) as store:
         record = store.revoke(key_id)
     report(record.public(), as_json, f"revoked {record.key_id}")
@@ -141,7 +141,7 @@ def reseal(as_json: Json = False) -> None:
     those of earlier forms and those a previous KEK sealed (POISSONMARK_KEK_PREVIOUS, during a
     rotation); the service also does it when it starts. Idempotent. Reports how many records
     each KEK now seals (a rotation is done when only the current one is left)."""
-    settings = Settings()
+    settings = read_settings()
     with errors(), key_store(settings) as store:
         count = store.reseal()
         sealed_by = store.sealed_by()
@@ -162,7 +162,7 @@ def delete(
 ) -> None:
     """Delete a key for good: its secret is wiped, text it watermarked can no longer be tested
     with it (revoke instead to keep detecting)."""
-    settings = Settings()
+    settings = read_settings()
     if not yes:
         typer.confirm(f"Delete {key_id}? Text it watermarked can no longer be detected", abort=True)
     with errors(), key_store(settings) as store:

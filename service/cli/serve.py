@@ -7,8 +7,7 @@ from typing import Annotated
 
 import typer
 
-from service.cli.common import errors, quiet_transformers
-from service.settings import Settings
+from service.cli.common import errors, quiet_transformers, read_settings
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -28,8 +27,8 @@ def serve(
     from service.server import prepare_workers, run_server
 
     quiet_transformers()
+    settings = read_settings()
     with errors():
-        settings = Settings()
         processes = settings.workers if workers is None else workers
         if log_level.lower() not in LOG_LEVELS:
             raise ValueError(f"--log-level: expected debug, info, warning or error: {log_level}")

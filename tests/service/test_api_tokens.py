@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import secrets
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +30,8 @@ from service.keys.api_tokens import (
     verify_token,
 )
 from service.keys.redis import close_redis, open_redis
-from service.settings import Settings
+from service.settings import Settings, SettingsError
+from tests.fresh import ROOT
 
 PREFIX = "pmtest:tok:"
 KEY = digest_key(bytes(range(32)))
@@ -182,6 +186,54 @@ def test_cli_serve_refuses_a_placeholder_admin_token(monkeypatch: pytest.MonkeyP
     result = CliRunner().invoke(cli, ["serve"])
     assert result.exit_code == 2
     assert "placeholder" in result.output and placeholder not in result.output
+
+
+SHORT_TOKEN_REASON = (
+    "error: POISSONMARK_ADMIN_TOKEN: expected at least 32 random characters "
+    "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe())'`)"
+)
+
+
+def assert_only_the_reason(output: str) -> None:
+    """``output`` is the one line naming the setting and the limit: no traceback, none of
+    pydantic's error counts, types or help URLs."""
+    assert output.strip().splitlines() == [SHORT_TOKEN_REASON], output
+    for noise in ("Traceback", "validation error", "pydantic", "type=", "https://"):
+        assert noise not in output, (noise, output)
+
+
+def test_cli_tokens_create_with_a_short_admin_token_prints_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("POISSONMARK_HOME", str(tmp_path))
+    monkeypatch.setenv("POISSONMARK_ADMIN_TOKEN", "short")
+    made = CliRunner().invoke(cli, ["tokens", "create"])
+    assert made.exit_code == 2, made.output
+    assert_only_the_reason(made.output)
+
+
+def test_serve_with_a_short_admin_token_logs_the_reason(tmp_path: Path) -> None:
+    """The installed command in its own process, as a user or a container starts it."""
+    env = {**os.environ, "POISSONMARK_HOME": str(tmp_path), "POISSONMARK_ADMIN_TOKEN": "short"}
+    served = subprocess.run(
+        [sys.executable, "-m", "service.cli", "serve", "--port", "0"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert served.returncode == 2, served.stderr
+    assert served.stdout == ""
+    assert_only_the_reason(served.stderr)
+
+
+def test_settings_errors_name_each_variable_and_its_rule() -> None:
+    with pytest.raises(SettingsError) as caught:
+        Settings(admin_token="short", port="http", precision="float16", redis_prefix="")
+    assert sorted(str(caught.value).splitlines()) == [
+        "POISSONMARK_ADMIN_TOKEN: expected at least 32 random characters "
+        "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe())'`)",
+        "POISSONMARK_PORT: Input should be a valid integer, unable to parse string as an integer",
+        "POISSONMARK_PRECISION: Input should be 'auto', 'float32', 'bfloat16' or 'gguf'",
+        "POISSONMARK_REDIS_PREFIX: String should have at least 1 character",
+    ]
 
 
 def test_settings_errors_never_echo_secrets() -> None:

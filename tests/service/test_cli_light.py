@@ -14,8 +14,10 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -277,6 +279,46 @@ def test_help_carries_no_measurements(command: list[str]) -> None:
     text = " ".join(shown.output.replace("│", " ").split())
     for figure in ("measured", "bench/", "tok/s", " ms ", "µs", "``", "results/"):
         assert figure not in text, (figure, text)
+
+
+def help_summary(output: str) -> list[list[str]]:
+    """The paragraphs of a command's help above its panels, each as its lines (stripped)."""
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("Usage:")) + 1
+    end = next(i for i, line in enumerate(lines) if line.startswith("╭"))
+    paragraphs: list[list[str]] = [[]]
+    for line in lines[start:end]:
+        if line.strip():
+            paragraphs[-1].append(line.strip())
+        elif paragraphs[-1]:
+            paragraphs.append([])
+    return [p for p in paragraphs if p]
+
+
+def test_detect_help_flows_as_paragraphs() -> None:
+    """Each paragraph of ``detect --help`` breaks a line only where the next word would not fit
+    in the 200 columns (rich's margin of one column each side), never where the docstring did."""
+    shown = CliRunner().invoke(app, ["detect", "--help"], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0, shown.output
+    paragraphs = help_summary(shown.output)
+    assert len(paragraphs) == 2 and paragraphs[1][0].startswith("Exit status:"), paragraphs
+    for paragraph in paragraphs:
+        assert paragraph[-1].endswith("."), paragraph
+        for line, following in itertools.pairwise(paragraph):
+            assert len(line) + 1 + len(following.split()[0]) > 200 - 2, (line, following)
+
+
+def test_command_lists_flow_as_paragraphs() -> None:
+    """A command's summary in its group's list wraps at the terminal's width only: at 200
+    columns no row of it is as short as a docstring's line (at most 100 characters)."""
+    for group in ([], ["keys"]):
+        shown = CliRunner().invoke(app, [*group, "--help"], env={"COLUMNS": "200"})
+        assert shown.exit_code == 0, shown.output
+        rows = [line.strip("│ ") for line in shown.output.splitlines() if line.startswith("│")]
+        for row, following in itertools.pairwise(rows):
+            starts_a_command = re.match(r"[a-z]+ {2,}\S", following) is not None
+            if not starts_a_command and not following.startswith("-"):  # row wraps on
+                assert len(row) > 120, (row, following)
 
 
 def test_generate_help_says_the_speed_settings_keep_the_text() -> None:
