@@ -29,7 +29,11 @@ H200), so this target never lets a shape change:
   it, so the bits that follow are the same unless a value lies within ~1e-16 of a rounding
   boundary (as ``sampler.targets.cpu_bf16`` does on the CPU; measured, not proven: the tests compare
   bits). Attention is a small share of this model's FLOPs.
-- **CUDA graphs.** On CUDA each group forward (one per block count) is captured once and
+- **block counts in powers of two.** A group's window is its block count rounded up to a
+  power of two (at most the capacity's blocks): the extra blocks add exact zeros as above, so
+  the bits are those of the exact count, and a 4,096-token prompt needs 6 window shapes
+  (1, 2, 4, 8, 16, 32 blocks) instead of 32.
+- **CUDA graphs.** On CUDA each group forward (one per window) is captured once and
   replayed: the inputs are copied into static buffers, the logits of the real rows leave the
   device in one copy (bfloat16, widened on the host: exact).
 
@@ -81,6 +85,8 @@ class StaticLlama(SlotTarget):
             and a draft tree).
         slots: sequences that can hold a cache at once (the service batches up to 32).
         graphs: capture CUDA graphs (default: on CUDA).
+        buckets: round block counts up to powers of two (module docstring; off: the exact
+            count, the same bits with more window shapes).
     Raises:
         ValueError: another architecture or RoPE type, a weights dtype not listed, sizes < 1,
             a capacity not a multiple of ``ATTENTION_BLOCK``, graphs off CUDA.
@@ -97,6 +103,7 @@ class StaticLlama(SlotTarget):
         capacity: int = 4864,
         slots: int = 48,
         graphs: bool | None = None,
+        buckets: bool = True,
     ) -> None:
         config = model.config
         if getattr(config, "model_type", None) != "llama":
@@ -123,6 +130,7 @@ class StaticLlama(SlotTarget):
         self.work = torch.float64 if weights == torch.float64 else torch.float32
         self.group_slots, self.rows, self.capacity, self.slots = group_slots, rows, capacity, slots
         self.graphs = graphs
+        self.buckets = buckets
         self.hidden_size = int(config.hidden_size)
         self.vocab_size = int(config.vocab_size)
         theta = float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
@@ -307,7 +315,10 @@ class StaticLlama(SlotTarget):
         self, group: list[int], first: int, starts: list[int], counts: list[int]
     ) -> int:
         end = max(starts[s] + min(counts[s], first + self.rows) for s in group)
-        return max(1, -(-end // ATTENTION_BLOCK))
+        exact = max(1, -(-end // ATTENTION_BLOCK))
+        if not self.buckets:
+            return exact
+        return min(1 << (exact - 1).bit_length(), self.capacity // ATTENTION_BLOCK)
 
     def _load_group(
         self,
