@@ -416,6 +416,10 @@ def main() -> None:
         loaded = random_model(args.device, args.layers, (g, r), args.tokenizer, args.home)
     else:
         loaded = load_model(DEFAULT_MODEL, args.home, device=args.device, precision="auto")
+    if isinstance(loaded.target, StaticLlama):  # every CUDA graph before any clock starts
+        capture_seconds = loaded.target.capture_windows()
+    else:
+        capture_seconds = None
     prompts_all = [
         prompt_ids(loaded, messages=row["messages"])
         for row in shared_prompts(max(args.prompts, args.concurrent))
@@ -425,6 +429,7 @@ def main() -> None:
         "config": {"prompts": args.prompts, "tokens": args.tokens, "weights": args.weights,
                    "top_k": TOP_K, "temperature": 1.0, "precision": loaded.precision},
         "gpu": gpu_fingerprint(loaded),
+        "capture_seconds": capture_seconds,
         "errors": {},
     }  # fmt: skip
 

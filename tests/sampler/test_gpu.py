@@ -62,6 +62,7 @@ def test_static_target_on_cuda_equals_transformers_and_itself():
         tiny_llama(0, layers=3), device="cuda", weights=torch.float32, group_slots=2, rows=4,
         capacity=2 * ATTENTION_BLOCK, slots=8,
     )  # fmt: skip
+    assert served.capture_windows() > 0  # both windows, before the first forward
     requests = []
     for i in range(5):
         src = KeyedSource(Secret((40 + i).to_bytes(32, "little")), 4, True, i)

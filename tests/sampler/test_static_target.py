@@ -152,6 +152,21 @@ def test_bucketed_block_counts_give_the_bits_of_exact_ones():
         assert torch.equal(bucketed, exact)
 
 
+def test_every_forward_runs_a_window_capture_windows_captures():
+    """The windows captured up front (powers of two of blocks, and the capacity's blocks)
+    cover every block count a forward can ask for, at every length up to the capacity."""
+    static = StaticLlama(
+        tiny_llama(0, layers=1), weights=torch.float32, group_slots=2, rows=4,
+        capacity=38 * ATTENTION_BLOCK, slots=2,
+    )  # fmt: skip
+    assert static.windows() == [1, 2, 4, 8, 16, 32, 38]
+    needed = {static._blocks_needed([0], 0, [start], [1]) for start in range(static.capacity)}
+    assert needed == set(static.windows())
+    assert static.capture_windows() < 1.0  # no graphs on the CPU: nothing to capture
+    static.buckets = False
+    assert static.windows() == list(range(1, 39))
+
+
 def _source(i: int) -> KeyedSource:
     return KeyedSource(Secret((700 + i).to_bytes(32, "little")), 4, True, i)
 
