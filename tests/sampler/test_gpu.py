@@ -35,8 +35,9 @@ def test_decoder_output_identical_on_cpu_and_cuda():
 
 
 def test_static_target_on_cuda_equals_transformers_and_itself():
-    """The static target on CUDA with its graphs: float64 weights within 1e-12 of transformers
-    float64 on the CPU; float32 weights: mpfr = basic-uwm and batched = solo, bit for bit."""
+    """The static target on CUDA with its graphs: float64 weights close to transformers float64
+    on the CPU (tolerance below); float32 weights: mpfr = basic-uwm and batched = solo, bit
+    for bit (one device, one kernel per shape)."""
     from sampler.batch import generate_many
     from sampler.drafters import NgramDrafter, fresh_drafter
     from sampler.targets.static import ATTENTION_BLOCK, StaticLlama
@@ -51,11 +52,17 @@ def test_static_target_on_cuda_equals_transformers_and_itself():
     assert exact.graphs
     prompt = [(5 * j + 2) % VOCAB for j in range(ATTENTION_BLOCK + 9)]
     ours, theirs = exact.new_cache().extend(prompt), CachedLM(model).extend(prompt)
-    torch.testing.assert_close(ours, theirs, atol=1e-12, rtol=0)
+    # Not the CPU's 1e-12 (tests/sampler/test_static_target.py): RMSNorm and RoPE's cos/sin run
+    # in float32 in both implementations (as transformers computes them), and CUDA's reduction
+    # order and rsqrtf/cosf move their last bits (~1e-7 relative, a few float32 ulps) from the
+    # CPU's. Over 3 layers and logits up to ~7 that is ~1e-6 (1e-4 leaves a margin), while a
+    # wrong mask, position or block changes which keys a row reads: far more than 1e-4.
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-5)
     served = StaticLlama(
         tiny_llama(0, layers=3), device="cuda", weights=torch.float32, group_slots=2, rows=4,
         capacity=2 * ATTENTION_BLOCK, slots=8,
     )  # fmt: skip
+    assert served.capture_windows() > 0  # both windows, before the first forward
     requests = []
     for i in range(5):
         src = KeyedSource(Secret((40 + i).to_bytes(32, "little")), 4, True, i)

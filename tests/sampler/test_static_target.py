@@ -124,6 +124,49 @@ def test_float32_rows_do_not_depend_on_the_forward(float32_static):
     assert torch.equal(batched[2], in_tree)
 
 
+def test_bucketed_block_counts_give_the_bits_of_exact_ones():
+    """Windows rounded up to a power of two of blocks (3 -> 4 here) add blocks of exact zeros:
+    a prompt over three blocks and a tree after it give the same logits, bit for bit, as
+    with the exact count (torch.equal)."""
+    seen: dict[bool, list[int]] = {True: [], False: []}
+    out: dict[bool, list[torch.Tensor]] = {}
+    prompt = [(11 * j + 5) % VOCAB for j in range(2 * ATTENTION_BLOCK + 20)]
+    tokens, depths, visible = _tree_inputs(len(prompt))
+    for buckets in (True, False):
+        static = StaticLlama(
+            tiny_llama(0, layers=2), weights=torch.float32, group_slots=2, rows=4,
+            capacity=4 * ATTENTION_BLOCK, slots=2, buckets=buckets,
+        )  # fmt: skip
+        run = static._run_group
+
+        def spy(blocks: int, run=run, seen=seen[buckets]):  # type: ignore[no-untyped-def]
+            seen.append(blocks)
+            return run(blocks)
+
+        static._run_group = spy  # type: ignore[method-assign]
+        cache = static.new_cache()
+        out[buckets] = [cache.extend(prompt), cache.forward(tokens, depths, visible, len(prompt))]
+    assert max(seen[False]) == 3 and max(seen[True]) == 4
+    assert set(seen[True]) <= {1, 2, 4}
+    for bucketed, exact in zip(out[True], out[False], strict=True):
+        assert torch.equal(bucketed, exact)
+
+
+def test_every_forward_runs_a_window_capture_windows_captures():
+    """The windows captured up front (powers of two of blocks, and the capacity's blocks)
+    cover every block count a forward can ask for, at every length up to the capacity."""
+    static = StaticLlama(
+        tiny_llama(0, layers=1), weights=torch.float32, group_slots=2, rows=4,
+        capacity=38 * ATTENTION_BLOCK, slots=2,
+    )  # fmt: skip
+    assert static.windows() == [1, 2, 4, 8, 16, 32, 38]
+    needed = {static._blocks_needed([0], 0, [start], [1]) for start in range(static.capacity)}
+    assert needed == set(static.windows())
+    assert static.capture_windows() < 1.0  # no graphs on the CPU: nothing to capture
+    static.buckets = False
+    assert static.windows() == list(range(1, 39))
+
+
 def _source(i: int) -> KeyedSource:
     return KeyedSource(Secret((700 + i).to_bytes(32, "little")), 4, True, i)
 
