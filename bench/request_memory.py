@@ -1,7 +1,7 @@
 """Peak memory of the largest detect requests the limits allow, through the service's path.
 
 One request = what ``POST /v1/detect`` does after its limits: tokenize (``DetectionPool``'s
-``tokenize_input``), every key's Aaronson p and best window, full results of the best
+``read_input``), every key's Aaronson p and best window, full results of the best
 ``max_results`` keys (``service.jobs.detection.detect_keys``), the ``DetectResponse`` with the best
 key's per-token evidence (``service.jobs.detect_response``, raw: the `evidence` scope's, the
 larger), dumped to JSON. Options at their most: every score family, spans,
@@ -71,7 +71,7 @@ def request(
     (``RLIMIT_AS``, set once the sampler thread runs; lifted again afterwards)."""
     import secrets
 
-    from detector.detect import tokenize_input
+    from detector.detect import read_input
     from detector.options import DetectOptions
     from detector.scores import SCORE_NAMES
     from keyed.prf import Secret
@@ -106,8 +106,8 @@ def request(
         )
     start = time.perf_counter()
     try:
-        tokenized = tokenize_input(tokenizer, text, None)
-        found = detect_keys(tokenizer, records, options, detailed=MAX_RESULTS, tokenized=tokenized)
+        read = read_input(tokenizer, text, None)
+        found = detect_keys(tokenizer, records, options, detailed=MAX_RESULTS, read=read)
         body = detect_response(found, tokens=True, raw=True).model_dump_json()
     finally:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))

@@ -96,10 +96,12 @@ def test_detect_help_shows_the_ray_extra_in_brackets(home: Path) -> None:
 
 
 def write_corpus(home: Path, key: str) -> Path:
-    """Two documents: human text and 60 ids the key watermarked."""
+    """Two documents: human text too short to score (no token has the 4 tokens of context a
+    label needs, so it is never flagged, whatever the random key) and 60 ids the key
+    watermarked."""
     corpus = home / "corpus.jsonl"
     rows = [
-        {"id": "human", "text": "The committee met on Tuesday and agreed to postpone the vote."},
+        {"id": "human", "text": "Noted, thanks."},
         {"id": "marked", "token_ids": json.loads(marked_ids(key, seed=5))},
     ]
     corpus.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
