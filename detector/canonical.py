@@ -34,8 +34,9 @@ each reading's p is valid and min(1, R·min p) is too). A Russian answer, code w
 spaces or an emoji with its variation selector is found on the raw reading.
 
 Linear in the text's length: one pass per step over the characters, a dictionary lookup per
-non-ASCII character; an ASCII text without a run of spaces is its own canonical reading and
-costs one scan in C.
+non-ASCII character (a cluster past Unicode's stream-safe limit of 30 marks is read as
+written, so NFKC's reordering never turns quadratic); an ASCII text without a run of spaces
+is its own canonical reading and costs one scan in C.
 """
 
 from __future__ import annotations
