@@ -77,23 +77,29 @@ class Changes:
         spaces: space characters rewritten: non-ASCII separators read as a space and spaces
             dropped from runs.
         compatibility: clusters read in their NFKC form.
-        confusables: script name (Unicode's, e.g. ``"CYRILLIC"``) -> letters of that script
-            read as a confusable letter of their word's target script.
-        read_as: target script name -> letters read as one of its letters.
-        pairs: (source script, target script) -> letters read so (what ``describe`` says).
+        pairs: (source script, target script) -> letters of the source script (Unicode's name,
+            e.g. ``"CYRILLIC"``) read as their confusable twin in the target script.
     """
 
     invisible: int = 0
     spaces: int = 0
     compatibility: int = 0
-    confusables: dict[str, int] = field(default_factory=dict)
-    read_as: dict[str, int] = field(default_factory=dict)
     pairs: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    @property
+    def confusables(self) -> dict[str, int]:
+        """Source script -> letters of it read as another script's."""
+        return _by(self.pairs, 0)
+
+    @property
+    def read_as(self) -> dict[str, int]:
+        """Target script -> letters read as one of its letters."""
+        return _by(self.pairs, 1)
 
     @property
     def total(self) -> int:
         """Characters changed in all."""
-        return self.invisible + self.spaces + self.compatibility + sum(self.confusables.values())
+        return self.invisible + self.spaces + self.compatibility + sum(self.pairs.values())
 
     def describe(self) -> list[str]:
         """Plain sentences, one per class that changed, e.g. ``"41 invisible characters
@@ -119,6 +125,13 @@ class Changes:
             "read_as": dict(sorted(self.read_as.items())),
             "summary": self.describe(),
         }
+
+
+def _by(pairs: dict[tuple[str, str], int], side: int) -> dict[str, int]:
+    out: Counter[str] = Counter()
+    for pair, n in pairs.items():
+        out[pair[side]] += n
+    return dict(out)
 
 
 def _count(n: int, noun: str) -> str:
@@ -192,13 +205,13 @@ def readings(text: str) -> tuple[Reading, ...]:
     Returns:
         ``(raw,)`` when the text is its own canonical reading; ``(canonical,)`` when the two
         differ only by runs of ASCII spaces after a sentence's or clause's punctuation (the
-        typewriter's two spaces after a full stop, common in human text; a model does not
-        write them, and a rewrite that doubles every space also doubles those between words,
+        typewriter's two spaces after a full stop, common in human text and rare in a model's;
+        a rewrite that doubles every space also doubles those between words,
         so it is read both ways); else ``(raw, canonical)``.
     """
     canonical = canonical_reading(text)
-    if canonical.text == text:
-        return (raw_reading(text),)
+    if canonical.text == text:  # its spans are the identity: the raw reading itself
+        return (Reading(RAW, text, canonical.source_starts, canonical.source_ends, Changes()),)
     if _SENTENCE_GAP.sub(" ", text) == canonical.text:
         return (canonical,)
     return (raw_reading(text), canonical)
@@ -249,19 +262,7 @@ def canonical_reading(text: str) -> Reading:
     source_starts, source_ends = np.concatenate(starts), np.concatenate(ends)
     read = "".join(pieces)
     read, pairs = _confusables(read)
-    confusables: Counter[str] = Counter()
-    read_as: Counter[str] = Counter()
-    for (source, target), n in pairs.items():
-        confusables[source] += n
-        read_as[target] += n
-    changes = Changes(
-        counts["invisible"],
-        counts["spaces"],
-        counts["compatibility"],
-        dict(confusables),
-        dict(read_as),
-        pairs,
-    )
+    changes = Changes(counts["invisible"], counts["spaces"], counts["compatibility"], pairs)
     return Reading(CANONICAL, read, source_starts, source_ends, changes)
 
 

@@ -145,19 +145,20 @@ class MultiKeyDetection:
         return self.results[self.best_key_id]
 
 
-def best_key_corrected(log_p: ArrayLike) -> tuple[int, float]:
+def best_key_corrected(log_p: ArrayLike, tests: int | None = None) -> tuple[int, float]:
     """Index of the smallest p and its Bonferroni-corrected natural-log p-value.
 
     Args:
         log_p: (K,) float64 natural-log p-values of the K keys, K >= 1.
     Returns:
-        (argmin, ln min(1, K·p_min)); ties go to the first index.
+        (argmin, ln min(1, n·p_min)) with n = ``tests``, or K when None (the keys are the
+        tests; with R readings per key, K·R); ties go to the first index.
     """
     values = np.asarray(log_p, dtype=np.float64)
     if values.ndim != 1 or values.size == 0:
         raise ValueError(f"expected log_p of shape (K,) with K >= 1, got {values.shape}")
     best = int(np.argmin(values))
-    return best, bonferroni_log(float(values[best]), int(values.size))
+    return best, bonferroni_log(float(values[best]), int(values.size) if tests is None else tests)
 
 
 def detect_multi(
@@ -228,8 +229,7 @@ def detect_multi(
     chosen = tests[pick]
     log_p, num_scored, combined = chosen.log_p, chosen.num_scored, chosen.combined
     pairs = len(ids) * len(read)
-    best = int(np.argmin(combined))
-    corrected_log = bonferroni_log(float(combined[best]), pairs)
+    best, corrected_log = best_key_corrected(combined, pairs)
     whole_corrected = bonferroni_log(min(float(np.min(t.log_p)) for t in tests), pairs)
     scans = [
         float(s) + math.log(n) for t in tests for s, n in zip(t.scan, t.windows, strict=True) if n

@@ -24,7 +24,7 @@ import numpy as np
 from detector.canonical import RAW, Changes, Reading, ReadingReport, readings
 from detector.combined import min_detectable_mean_score, needed_tokens, whole_text_log_level
 from detector.evidence import Detection, verdict
-from detector.spans import SpanSearch
+from detector.spans import SpanSearch, bonferroni_log
 from detector.stats import PValue
 from detector.tokens import TokenizedText, Tokenizer, tokenize
 
@@ -98,25 +98,24 @@ def corrected(detection: Detection, report: ReadingReport | None) -> Detection:
     factor = report.readings_tried
     if factor == 1:
         return dataclasses.replace(detection, reading=report)
-    ln = math.log(factor)
     scores = {
-        name: PValue.from_log(p.score, p.log10_p_value * LN10 + ln, p.method)
+        name: PValue.from_log(p.score, bonferroni_log(p.log10_p_value * LN10, factor), p.method)
         for name, p in detection.scores.items()
     }
     test = detection.test
     if test is not None:
         test = dataclasses.replace(
             test,
-            log_p=min(0.0, test.log_p + ln),
-            whole_text_log_p=min(0.0, test.whole_text_log_p + ln),
-            scan_log_p=min(0.0, test.scan_log_p + ln),
+            log_p=bonferroni_log(test.log_p, factor),
+            whole_text_log_p=bonferroni_log(test.whole_text_log_p, factor),
+            scan_log_p=bonferroni_log(test.scan_log_p, factor),
         )
     realigned = detection.realigned
     if realigned is not None:
-        realigned = dataclasses.replace(realigned, log_p=min(0.0, realigned.log_p + ln))
+        realigned = dataclasses.replace(realigned, log_p=bonferroni_log(realigned.log_p, factor))
     spans = detection.spans
     if spans is not None:
-        spans = _corrected_spans(spans, ln)
+        spans = _corrected_spans(spans, factor)
     try:  # what a typical watermarked text needs to reach α/R, the level the reading's p must
         needed = needed_tokens(detection.alpha / factor, detection.reference_mean_score)
     except ValueError:  # beyond the table: α's
@@ -140,10 +139,10 @@ def corrected(detection: Detection, report: ReadingReport | None) -> Detection:
     )
 
 
-def _corrected_spans(search: SpanSearch, ln: float) -> SpanSearch:
+def _corrected_spans(search: SpanSearch, factor: int) -> SpanSearch:
     spans = []
     for span in search.spans:
-        log10 = min(0.0, span.corrected_log10_p_value + ln / LN10)
+        log10 = bonferroni_log(span.corrected_log10_p_value * LN10, factor) / LN10
         spans.append(
             dataclasses.replace(span, corrected_log10_p_value=log10, corrected_p_value=10**log10)
         )
