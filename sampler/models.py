@@ -38,6 +38,7 @@ from sampler.targets.model_files import (
     gguf_path,
     load_tokenizer,
     materialise,
+    model_name,
     tokenizer_fingerprint,
 )
 from sampler.targets.profile import set_profile_dir
@@ -55,6 +56,7 @@ __all__ = [
     "load_model",
     "load_tokenizer",
     "materialise",
+    "model_name",
     "resolve_device",
     "tokenizer_fingerprint",
 ]
@@ -65,8 +67,8 @@ PRECISIONS = ("auto", "float32", "bfloat16", "gguf")
 row-invariant runner of ``sampler.targets.cpu_bf16``; on CUDA the static-layout target of
 ``sampler.targets.static``, CUDA graphs over bfloat16 weights),
 ``gguf`` (CPU: the model's GGUF file with its own quantised weights through llama.cpp,
-``sampler.targets.llamacpp``; an alias or the converted copy of one), ``auto``: bfloat16 (the
-static target) on CUDA;
+``sampler.targets.llamacpp``; an alias, a GGUF path or the converted copy of either),
+``auto``: bfloat16 (the static target) on CUDA;
 on the CPU ``gguf`` where llama-cpp-python is installed, the model has a GGUF file and the
 invariance probe passes (measured: ~5x float32's tokens/s on AMD EPYC,
 ``bench/results/speed_cpu_gguf.json``), else the bfloat16 runner where the CPU has AMX bfloat16
@@ -86,6 +88,8 @@ class LoadedModel:
     gguf, which also sets ``torch.set_num_threads(1)``, process-wide): drafters share its
     layers, the tree chooser its config. ``dtype`` is the target's compute precision (the
     logits' dtype). Built without a ``target``, it decodes on ``model``'s own forward.
+    ``name`` is for people (``model_files.model_name``: the alias, a directory's last part or
+    a GGUF file's stem), not a path to load.
     """
 
     name: str
@@ -105,7 +109,8 @@ class LoadedModel:
 
 def gguf_source(name: str, path: Path) -> Path | None:
     """The GGUF file behind model ``name`` loaded from ``path``: an alias's file, or the
-    ``source`` a converted copy's ``.complete`` marker names (``model_files.materialise``)."""
+    ``source`` a converted copy's ``.complete`` marker names (``model_files.materialise``: a
+    GGUF path's copy, or the alias's copy passed as a directory)."""
     if name in ALIASES:
         return gguf_path(name)
     try:
@@ -185,12 +190,16 @@ def load_model(
     """Load a causal LM and its tokenizer for decoding.
 
     Args:
-        name: an alias (``smollm2-135m-instruct``) or a local HF model directory.
+        name: an alias (``smollm2-135m-instruct``), a GGUF file (converted once for the
+            transformers copy; ``auto`` and ``gguf`` run llama.cpp on the file) or a local HF
+            model directory (``sampler.targets.model_files.locate``).
         data_dir: where converted copies are cached.
         device: ``"auto"`` (CUDA when present, else CPU), ``"cpu"``, ``"cuda:0"``...
         dtype: transformers weights dtype (overrides ``precision``; race math stays float32+).
         precision: one of ``PRECISIONS``; ``LoadedModel.dtype`` says which one ``auto`` chose.
     Raises:
+        ModelNotFound: an unknown name. GgufFileError (a ValueError): a file that is not a
+            readable GGUF, or a tokenizer beside it that names other tokens.
         ValueError: an unknown precision, bfloat16 on the CPU for a non-Llama model, gguf
             off the CPU.
         RowInvarianceError: bfloat16 on a CPU without AMX bfloat16, or whose bfloat16 kernels
@@ -261,6 +270,6 @@ def load_model(
         chosen = "bfloat16"
     set_profile_dir(target, data_dir / "profiles")  # tree "auto"'s forward costs
     return LoadedModel(
-        name=name, model=model, tokenizer=tokenizer, device=dev, dtype=dtype, precision=chosen,
-        target=target,
+        name=model_name(name, data_dir), model=model, tokenizer=tokenizer, device=dev,
+        dtype=dtype, precision=chosen, target=target,
     )  # fmt: skip

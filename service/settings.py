@@ -108,6 +108,8 @@ class Settings(BaseSettings):
     metrics_token_file: Path | None = None
     redis_url_file: Path | None = None
     model: str = "smollm2-135m-instruct"
+    """An alias, a GGUF file's path or a local HF model directory
+    (``sampler.targets.model_files.locate``); ``poissonmark serve`` checks it before it listens."""
     device: str = "auto"
     precision: Literal["auto", "float32", "bfloat16", "gguf"] = "auto"
     """Target precision (``sampler.models.PRECISIONS``): ``gguf`` is the model's GGUF file

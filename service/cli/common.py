@@ -40,7 +40,9 @@ def plain_when_piped() -> None:
 
 
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
-ModelOpt = Annotated[str | None, typer.Option("--model", help="Alias or local HF model dir.")]
+ModelOpt = Annotated[
+    str | None, typer.Option("--model", help="Alias, GGUF file or local HF model dir.")
+]
 DeviceOpt = Annotated[str | None, typer.Option("--device", help="auto, cpu, cuda…")]
 PrecisionOpt = Annotated[
     str | None,
@@ -187,9 +189,9 @@ def tokenizer_and_fingerprint(
 def tokenizer(settings: Settings, model: str | None, quiet: bool) -> Any:
     """The tokenizer detection needs (``sampler.targets.model_files.load_detection_tokenizer``: the
     ``tokenizers`` library alone where the model's files allow, so neither torch nor
-    transformers is imported), converting the model first if it never was (transformers,
-    quietened, then)."""
-    from sampler.targets.model_files import load_detection_tokenizer, materialise
+    transformers is imported), converting a GGUF's tokenizer first if it never was
+    (transformers, quietened, then; the weights stay as they are)."""
+    from sampler.targets.model_files import load_detection_tokenizer, tokenizer_dir
 
     progress = _progress(quiet)
 
@@ -199,5 +201,5 @@ def tokenizer(settings: Settings, model: str | None, quiet: bool) -> Any:
             progress(message)
 
     with _status("preparing tokenizer…", quiet):
-        materialise(model or settings.model, settings.home, converting)
+        tokenizer_dir(model or settings.model, settings.home, converting)
         return load_detection_tokenizer(model or settings.model, settings.home)

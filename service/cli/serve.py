@@ -24,6 +24,7 @@ def serve(
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
 ) -> None:
     """Run the HTTP service (FastAPI under uvicorn; settings from POISSONMARK_* variables)."""
+    from sampler.targets.model_files import check_model
     from service.server import prepare_workers, run_server
 
     quiet_transformers()
@@ -32,6 +33,7 @@ def serve(
         processes = settings.workers if workers is None else workers
         if log_level.lower() not in LOG_LEVELS:
             raise ValueError(f"--log-level: expected debug, info, warning or error: {log_level}")
+        check_model(settings.model, settings.home)  # an unknown name or a bad file: one line
         shared = prepare_workers(settings) if processes > 1 else None
     try:
         run_server(
