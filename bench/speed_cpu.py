@@ -29,6 +29,7 @@ Ratios in ``ratios`` are of those aggregate rates, measured in this run.
     bash scripts/setup.sh   # builds llama-cpp-python 0.3.36 for this CPU once (~6 min on 2 cores)
     python -m bench.speed_cpu [--prompts 20] [--tokens 128] [--rows basic-uwm llama.cpp ...]
         [--model smollm2-135m-instruct | path/to/file.gguf | HF dir]
+    python -m bench.requantize Q8_0 F16   # the shipped file as other GGUF types, for --model
 
 Numerics seen on the way (llama-cpp-python 0.3.36, the Q4_1 file, 2 threads): with the peer's
 settings (F16 KV cache) a chain evaluated one token at a time and as one batch differ by up to

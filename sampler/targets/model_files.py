@@ -117,6 +117,8 @@ def locate(name: str, data_dir: Path) -> ModelFiles:
     path = Path(name).expanduser()
     if path.is_dir() and (path / "config.json").is_file():
         return ModelFiles(name, path)
+    if path.suffix.lower() == ".gguf" and not path.exists():
+        raise ModelNotFound(f"model {name!r}: no such GGUF file")
     if path.is_file():
         gguf_files.check_header(path)
         directory = gguf_files.cache_dir(path, data_dir)

@@ -1,5 +1,5 @@
 """A GGUF file as the model, end to end: the shipped file requantised to Q8_0 and to F16 with
-llama.cpp's own quantize API, passed by path.
+llama.cpp's own quantize API (``bench.requantize``), passed by path.
 
 - ``load_model(<path>)`` runs llama.cpp on that file (precision ``auto`` picks gguf) and mpfr
   emits basic-uwm's tokens (MPFR Thm. 5.1; exact equality, no statistical allowance);
@@ -17,7 +17,6 @@ run); the quantisation runs once per module (a few seconds each).
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil
@@ -29,6 +28,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from bench.requantize import requantized
 from keyed import KeyedSource, Secret
 from sampler.completion import complete, prompt_ids
 from sampler.decoder import SamplerConfig
@@ -37,7 +37,6 @@ from sampler.models import DEFAULT_MODEL, LoadedModel, load_model
 from sampler.targets.gguf_files import GgufFileError
 from sampler.targets.llamacpp import GgufTarget
 from sampler.targets.model_files import (
-    gguf_path,
     load_detection_tokenizer,
     load_tokenizer,
     locate,
@@ -57,32 +56,10 @@ PROMPTS = [
 TEXTS = ["Hello, world!", "  Ünïcödé — text\twith\nlines 123", "<|im_start|>user\nhi<|im_end|>"]
 
 
-def quantize(source: Path, target: Path, ftype: int) -> Path:
-    """``source`` requantised to ``ftype`` with ``llama_cpp.llama_model_quantize``."""
-    import llama_cpp
-
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = ftype
-    params.allow_requantize = True
-    params.nthread = 2
-    status = llama_cpp.llama_model_quantize(
-        str(source).encode(), str(target).encode(), ctypes.byref(params)
-    )
-    assert status == 0, f"llama_model_quantize returned {status}"
-    return target
-
-
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    import llama_cpp
-
     folder = tmp_path_factory.mktemp("gguf")
-    shipped = gguf_path(DEFAULT_MODEL)
-    stem = shipped.name.removesuffix(".Q4_1.gguf")
-    return {
-        "q8_0": quantize(shipped, folder / f"{stem}.Q8_0.gguf", llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0),
-        "f16": quantize(shipped, folder / f"{stem}.F16.gguf", llama_cpp.LLAMA_FTYPE_MOSTLY_F16),
-    }
+    return {"q8_0": requantized("Q8_0", folder), "f16": requantized("F16", folder)}
 
 
 @pytest.fixture(scope="module")

@@ -106,7 +106,7 @@ def test_a_cut_gguf_is_one_line(tmp_path: Path) -> None:
 
 
 def test_an_unknown_name_or_a_missing_file(tmp_path: Path) -> None:
-    with pytest.raises(ModelNotFound, match="a GGUF file"):
+    with pytest.raises(ModelNotFound, match="no such GGUF file"):
         locate(str(tmp_path / "missing.gguf"), tmp_path)
     with pytest.raises(ModelNotFound, match="unknown model 'no-such-alias'"):
         locate("no-such-alias", tmp_path)
