@@ -151,6 +151,12 @@ class StaticLlama(SlotTarget):
         self._lock = threading.RLock()
         self.forward_lock = threading.Lock()  # one group forward at a time (static buffers)
         self.inputs = GroupInputs.zeros(group_slots, rows, capacity, dev)
+        # the host side of the inputs, filled in place each group and copied in one
+        # asynchronous copy per buffer (page-locked on CUDA); the mask's window only
+        self.staging = GroupInputs.zeros(
+            group_slots, rows, capacity, torch.device("cpu"), pin=dev.type == "cuda"
+        )
+        self._padding_columns = (capacity + torch.arange(rows)).repeat(group_slots)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self._pool: Any = None
         self._capture_stream: Any = None  # one side stream for every capture (CUDA only)
@@ -331,8 +337,10 @@ class StaticLlama(SlotTarget):
                 members = [s for s in range(len(caches)) if counts[s] > first]
                 for g0 in range(0, len(members), self.group_slots):
                     group = members[g0 : g0 + self.group_slots]
-                    self._load_group(group, first, caches, starts, tokens, depths, visible, bases)
                     blocks = self._blocks_needed(group, first, starts, counts)
+                    self._load_group(
+                        group, first, blocks, caches, starts, tokens, depths, visible, bases
+                    )
                     out, last = self._run_group(blocks)
                     self._collect(out, last, group, first, counts, logits, hidden, caches)
         for s, cache in enumerate(caches):
@@ -355,6 +363,7 @@ class StaticLlama(SlotTarget):
         self,
         group: list[int],
         first: int,
+        blocks: int,
         caches: list[StaticCache],
         starts: list[int],
         tokens: list[list[int]],
@@ -362,14 +371,21 @@ class StaticLlama(SlotTarget):
         visible: list[torch.Tensor],
         bases: list[int],
     ) -> None:
-        """Fill the static input buffers with pass rows [first, first + R) of ``group``."""
-        g_slots, r, cap = self.group_slots, self.rows, self.capacity
-        ids = torch.zeros((g_slots, r), dtype=torch.long)
-        positions = torch.zeros((g_slots, r), dtype=torch.float32)
-        columns = (cap + torch.arange(r)).repeat(g_slots, 1)  # padding rows: scratch
-        row_slots = torch.full((g_slots, r), self.spare, dtype=torch.long)
-        slots = torch.full((g_slots,), self.spare, dtype=torch.long)
-        mask = torch.zeros((g_slots, r, cap), dtype=torch.bool)
+        """Fill the static input buffers with pass rows [first, first + R) of ``group``: built
+        in ``staging`` on the host, then one copy per buffer; of the mask only the ``blocks``
+        window that the group forward reads (columns past it are never read)."""
+        r = self.rows
+        width = blocks * ATTENTION_BLOCK
+        host = self.staging
+        ids, positions = host.ids.view(-1, r), host.positions.view(-1, r)
+        columns, row_slots = host.columns.view(-1, r), host.row_slots.view(-1, r)
+        ids.zero_()
+        positions.zero_()
+        host.columns.copy_(self._padding_columns)  # padding rows: scratch columns
+        row_slots.fill_(self.spare)
+        host.group.fill_(self.spare)
+        mask = host.mask.view(-1)[: self.group_slots * r * width].view(-1, r, width)
+        mask.zero_()
         mask[:, :, 0] = True  # padding rows see position 0 only (their output is dropped)
         for place, s in enumerate(group):
             n = min(len(tokens[s]) - first, r)
@@ -380,7 +396,7 @@ class StaticLlama(SlotTarget):
                     f"row {s}: a token attends to a later token of its forward; order the "
                     "tokens so that each sees only earlier ones"
                 )
-            slots[place] = caches[s].slot
+            host.group[place] = caches[s].slot
             row_slots[place] = caches[s].slot
             ids[place, :n] = torch.tensor(tokens[s][first : first + n], dtype=torch.long)
             positions[place, :n] = torch.tensor(
@@ -389,13 +405,10 @@ class StaticLlama(SlotTarget):
             columns[place, :n] = p + first + torch.arange(n)
             mask[place, :n] = False
             mask[place, :n, : p + first + n] = seen[:, : p + first + n]
-        dev, inputs = self.runs_on, self.inputs
-        inputs.ids.copy_(ids.view(-1).to(dev, non_blocking=True))
-        inputs.positions.copy_(positions.view(-1).to(dev, non_blocking=True))
-        inputs.columns.copy_(columns.view(-1).to(dev, non_blocking=True))
-        inputs.row_slots.copy_(row_slots.view(-1).to(dev, non_blocking=True))
-        inputs.group.copy_(slots.to(dev, non_blocking=True))
-        inputs.mask.copy_(mask.to(dev, non_blocking=True))
+        inputs = self.inputs
+        for buffer, staged in zip(inputs.buffers()[:-1], host.buffers()[:-1], strict=True):
+            buffer.copy_(staged, non_blocking=True)
+        inputs.mask[:, :, :width].copy_(mask, non_blocking=True)
 
     def _collect(
         self,

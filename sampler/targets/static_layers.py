@@ -141,16 +141,24 @@ class GroupInputs:
     mask: torch.Tensor
 
     @classmethod
-    def zeros(cls, group_slots: int, rows: int, capacity: int, device: torch.device) -> GroupInputs:
+    def zeros(
+        cls, group_slots: int, rows: int, capacity: int, device: torch.device, pin: bool = False
+    ) -> GroupInputs:
+        """Zeroed buffers on ``device``; ``pin``: in page-locked host memory (``device`` the
+        CPU), the staging side of asynchronous copies to a CUDA device."""
         m = group_slots * rows
+
+        def zeros(*shape: int, dtype: torch.dtype) -> torch.Tensor:
+            return torch.zeros(shape, dtype=dtype, device=device, pin_memory=pin)
+
         with torch.inference_mode():
             return cls(
-                ids=torch.zeros(m, dtype=torch.long, device=device),
-                positions=torch.zeros(m, dtype=torch.float32, device=device),
-                columns=torch.zeros(m, dtype=torch.long, device=device),
-                row_slots=torch.zeros(m, dtype=torch.long, device=device),
-                group=torch.zeros(group_slots, dtype=torch.long, device=device),
-                mask=torch.zeros((group_slots, rows, capacity), dtype=torch.bool, device=device),
+                ids=zeros(m, dtype=torch.long),
+                positions=zeros(m, dtype=torch.float32),
+                columns=zeros(m, dtype=torch.long),
+                row_slots=zeros(m, dtype=torch.long),
+                group=zeros(group_slots, dtype=torch.long),
+                mask=zeros(group_slots, rows, capacity, dtype=torch.bool),
             )
 
     def buffers(self) -> tuple[torch.Tensor, ...]:
