@@ -1,0 +1,249 @@
+"""The backend contract (``tests/sampler/backend_contract.py``: MPFR/PFR emit BASIC-UWM's tokens
+whatever the drafter, MPFR Thm. 5.1; a batched request its solo tokens) on tiny random
+checkpoints of each common family, saved to disk and loaded back: on transformers (float64)
+and on llama.cpp (the same weights written as GGUF, ``tests/sampler/families.py``). Equality is
+exact, so no statistical allowance is needed.
+
+The GGUF writer is checked against transformers on the same weights: llama.cpp's logits
+(F32 weights, its Q8_0 KV cache) pick the same next token on every position of a prompt
+and lie within ``GGUF_TOL`` of transformers'."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from keyed import KeyedSource, Secret
+from sampler.decoder import SamplerConfig
+from sampler.targets.cpu_bf16 import InvariantLlama, RowInvarianceError
+from sampler.targets.llamacpp import GgufTarget, available
+from sampler.targets.static import ATTENTION_BLOCK, StaticLlama
+from sampler.targets.transformers import CachedLM, as_target
+from tests.sampler.backend_contract import (
+    assert_batched_equals_solo,
+    assert_speculative_equals_basic_uwm,
+)
+from tests.sampler.conftest import VOCAB
+from tests.sampler.families import FAMILIES, tiny_family, write_gguf
+
+NAMES = list(FAMILIES)
+CONTRACT = SamplerConfig("mpfr", 4, 3, 16)
+"""The speculative configuration each family is checked under (the tiny Llama runs all of
+``SPECULATIVE_CONFIGS`` on the other backends): a fixed tree, as tree ``auto`` sizes its
+trees by measured forward costs, which may leave a tiny model's trees too small for a draft
+to be accepted."""
+
+GGUF_TOL = 0.05
+"""Largest |logit difference| allowed between llama.cpp (F32 weights, Q8_0 KV cache: keys and
+values rounded to 8 bits per 32) and transformers (float64), on logits of magnitude ~5-15;
+a misplaced tensor, bias or rotary layout moves them by O(1)."""
+
+
+def _source(i: int) -> KeyedSource:
+    return KeyedSource(Secret((500 + i).to_bytes(32, "little")), 4, True, i)
+
+
+@pytest.fixture(scope="session")
+def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Each family's tiny checkpoint as an HF directory (config.json + safetensors)."""
+    root = tmp_path_factory.mktemp("families")
+    dirs = {}
+    for seed, name in enumerate(NAMES):
+        dirs[name] = root / name
+        tiny_family(name, seed).save_pretrained(dirs[name])
+    return dirs
+
+
+_loaded: dict[str, PreTrainedModel] = {}
+
+
+def _load(family_dirs: dict[str, Path], name: str) -> PreTrainedModel:
+    if name not in _loaded:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(family_dirs[name]), dtype=torch.float64, attn_implementation="sdpa"
+        )
+        assert type(model) is FAMILIES[name].model
+        model.train(False)
+        _loaded[name] = model
+    return _loaded[name]
+
+
+@pytest.fixture(params=NAMES)
+def family(request: pytest.FixtureRequest, family_dirs: dict[str, Path]) -> PreTrainedModel:
+    """A family's checkpoint loaded back from disk, float64."""
+    return _load(family_dirs, request.param)
+
+
+def test_transformers_mpfr_equals_basic_uwm(family: PreTrainedModel) -> None:
+    assert_speculative_equals_basic_uwm(as_target(family), CONTRACT, _source)
+
+
+def test_transformers_batched_equals_solo(family: PreTrainedModel) -> None:
+    assert_batched_equals_solo(as_target(family), _source, max_batch=3, node_budget=16)
+
+
+_targets: dict[tuple[str, str], GgufTarget] = {}
+
+
+def gguf_target(
+    family_dirs: dict[str, Path],
+    name: str,
+    qtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
+) -> GgufTarget:
+    """The family's checkpoint written as GGUF in ``qtype`` beside it, loaded by llama.cpp and
+    probed (``GgufTarget.probe``: a row's logits do not depend on the batch)."""
+    if not available():
+        pytest.skip("llama-cpp-python is not installed (scripts/setup.sh builds it)")
+    key = (name, qtype.name)
+    if key not in _targets:
+        model = _load(family_dirs, name)
+        path = write_gguf(model, family_dirs[name] / f"model-{qtype.name}.gguf", qtype)
+        target = GgufTarget(path, threads=1)
+        target.model = model
+        target.probe()
+        _targets[key] = target
+    return _targets[key]
+
+
+@pytest.fixture(params=NAMES)
+def gguf_family(request: pytest.FixtureRequest, family_dirs: dict[str, Path]) -> GgufTarget:
+    return gguf_target(family_dirs, request.param)
+
+
+PROMPT = [(13 * j + 7) % VOCAB for j in range(40)]
+
+
+def test_llama_cpp_reads_the_weights_transformers_reads(gguf_family: GgufTarget) -> None:
+    """Every position of a 40-token prompt: llama.cpp's logits within ``GGUF_TOL`` of
+    transformers' and the same argmax; the file's vocabulary is the model's."""
+    assert gguf_family.vocab_size == VOCAB
+    theirs = CachedLM(gguf_family.model).extend(PROMPT)
+    ours = gguf_family.new_cache().extend(PROMPT).double()
+    assert theirs.abs().max() > 1.0  # peaked laws: the comparison means something
+    assert (ours - theirs).abs().max() <= GGUF_TOL
+    assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
+
+
+def test_gguf_mpfr_equals_basic_uwm(gguf_family: GgufTarget) -> None:
+    assert_speculative_equals_basic_uwm(gguf_family, CONTRACT, _source)
+
+
+def test_gguf_batched_equals_solo(gguf_family: GgufTarget) -> None:
+    assert_batched_equals_solo(gguf_family, _source, max_batch=3, node_budget=16)
+
+
+@pytest.mark.parametrize(
+    "qtype", [gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.Q8_0], ids=lambda q: q.name
+)
+def test_f16_and_q8_0_files_are_row_invariant_and_close(
+    family_dirs: dict[str, Path], qtype: gguf.GGMLQuantizationType
+) -> None:
+    """The Llama checkpoint in F16 and in Q8_0: loaded, probed, the contract's batched run, and
+    its logits near the F32 file's (F16 ~1e-3 relative, Q8_0 ~1e-2: 4x ``GGUF_TOL``)."""
+    target = gguf_target(family_dirs, "llama", qtype)
+    assert target.weights.startswith("gguf:")
+    exact = gguf_target(family_dirs, "llama").new_cache().extend(PROMPT)
+    assert (target.new_cache().extend(PROMPT) - exact).abs().max() <= 4 * GGUF_TOL
+    assert_batched_equals_solo(target, _source, max_batch=3, node_budget=16)
+
+
+# The bfloat16 runner and the static target compute Llama layers themselves: Mistral (no
+# sliding window) and Qwen2 (q/k/v biases) run there; Gemma and Qwen3 are refused, naming
+# the model and the backend to use instead.
+
+LLAMA_LAYERED = ["qwen2", "mistral"]
+REFUSED = {"gemma": "GemmaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+def _tree(cached: int) -> tuple[list[int], list[int], torch.Tensor]:
+    """A 5-node tree after ``cached`` positions: root, two children, a grandchild under each."""
+    tokens, depths, parents = [7, 3, 9, 12, 4], [0, 1, 1, 2, 2], [-1, 0, 0, 1, 2]
+    visible = torch.zeros((5, cached + 5), dtype=torch.bool)
+    visible[:, :cached] = True
+    for i in range(5):
+        j = i
+        while j >= 0:
+            visible[i, cached + j] = True
+            j = parents[j]
+    return tokens, depths, visible
+
+
+@pytest.mark.parametrize("name", LLAMA_LAYERED)
+def test_float64_runner_and_static_target_equal_transformers(
+    family_dirs: dict[str, Path], name: str
+) -> None:
+    """A prefill then a tree: the float64 runner within 1e-5 of transformers (it keeps RMSNorm
+    and RoPE in float64, transformers in float32) and the float64 static target within 1e-10
+    (transformers' order), Qwen2's q/k/v biases included."""
+    model = _load(family_dirs, name)
+    runner = InvariantLlama(model, torch.float64)
+    static = StaticLlama(model, group_slots=2, rows=4, capacity=ATTENTION_BLOCK, slots=2)
+    for ours, tol in ((runner.new_cache(), 1e-5), (static.new_cache(), 1e-10)):
+        theirs = CachedLM(model)
+        a, b = ours.extend(PROMPT[:20]), theirs.extend(PROMPT[:20])
+        torch.testing.assert_close(a.double(), b, atol=tol, rtol=0)
+        tokens, depths, visible = _tree(20)
+        a, b = (
+            ours.forward(tokens, depths, visible, 20),
+            theirs.forward(tokens, depths, visible, 20),
+        )
+        torch.testing.assert_close(a.double(), b, atol=tol, rtol=0)
+
+
+def test_float32_static_target_holds_the_contract_on_qwen2(family_dirs: dict[str, Path]) -> None:
+    """Qwen2's biased q/k/v through the static target in float32: MPFR emits BASIC-UWM's
+    tokens, batched requests their solo tokens."""
+    static = StaticLlama(
+        _load(family_dirs, "qwen2"), weights=torch.float32, group_slots=2, rows=4,
+        capacity=2 * ATTENTION_BLOCK, slots=8,
+    )  # fmt: skip
+    assert_speculative_equals_basic_uwm(static, CONTRACT, _source)
+    assert_batched_equals_solo(static, _source, max_batch=5, node_budget=32)
+
+
+def test_bfloat16_runner_holds_the_contract_on_qwen2(family_dirs: dict[str, Path]) -> None:
+    """The same on the bfloat16 runner, where this CPU's packed bfloat16 linear is
+    row-invariant (AMX)."""
+    model = _load(family_dirs, "qwen2")
+    plain = type(model)(model.config)
+    plain.train(False)
+    plain.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
+    try:
+        runner = InvariantLlama(plain, torch.bfloat16)
+        runner.probe_every_shape()
+    except RowInvarianceError as refused:
+        pytest.skip(f"this CPU's bfloat16 kernels are not row-invariant: {refused}")
+    assert_speculative_equals_basic_uwm(runner, CONTRACT, _source)
+    assert_batched_equals_solo(runner, _source, max_batch=3, node_budget=8)
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_other_families_are_refused_with_the_backend_to_use(
+    family_dirs: dict[str, Path], name: str
+) -> None:
+    model = _load(family_dirs, name)
+    with pytest.raises(
+        ValueError,
+        match=rf"^the bfloat16 runner supports Llama layers \(llama, mistral, qwen2\), not "
+        rf"{REFUSED[name]} \({name}\): use precision gguf or float32$",
+    ):
+        InvariantLlama(model, torch.float64)
+    with pytest.raises(
+        ValueError,
+        match=rf"^the static target supports Llama layers .*, not {REFUSED[name]} \({name}\): "
+        r"transformers' own forward serves it \(precision float32\)$",
+    ):
+        StaticLlama(model)
+
+
+def test_a_sliding_window_is_refused(family_dirs: dict[str, Path]) -> None:
+    """A Mistral whose window (64) is shorter than its context (512) is not a Llama here."""
+    model = _load(family_dirs, "mistral")
+    windowed = type(model)(type(model.config)(**{**model.config.to_dict(), "sliding_window": 64}))
+    for make in (lambda: InvariantLlama(windowed, torch.float64), lambda: StaticLlama(windowed)):
+        with pytest.raises(ValueError, match="MistralForCausalLM attends to the last 64 of 512"):
+            make()
