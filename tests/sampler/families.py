@@ -119,10 +119,10 @@ def _permute(weight: np.ndarray, heads: int) -> np.ndarray:
 
 
 def _tokens() -> list[str]:
-    """``VOCAB`` byte-level BPE tokens: newline and space (GPT-2's ``Ċ``, ``Ġ``), printable
-    ASCII, and one merge's result."""
-    singles = ["\u010a", "\u0120"] + [chr(c) for c in range(33, 33 + VOCAB - 3)]
-    return [*singles, singles[2] + singles[3]]
+    """``VOCAB`` byte-level BPE tokens: ``<s>`` and ``</s>`` (BOS and EOS, control tokens),
+    newline and space (GPT-2's ``Ċ``, ``Ġ``), printable ASCII, and one merge's result."""
+    singles = ["\u010a", "\u0120"] + [chr(c) for c in range(33, 33 + VOCAB - 5)]
+    return ["<s>", "</s>", *singles, singles[2] + singles[3]]
 
 
 def write_gguf(
@@ -168,8 +168,8 @@ def write_gguf(
     writer.add_tokenizer_pre("default")
     tokens = _tokens()
     writer.add_token_list(tokens)
-    writer.add_token_types([gguf.TokenType.NORMAL] * VOCAB)
-    writer.add_token_merges([f"{tokens[2]} {tokens[3]}"])
+    writer.add_token_types([gguf.TokenType.CONTROL] * 2 + [gguf.TokenType.NORMAL] * (VOCAB - 2))
+    writer.add_token_merges([f"{tokens[4]} {tokens[5]}"])
     writer.add_bos_token_id(0)
     writer.add_eos_token_id(1)
     names = gguf.get_tensor_name_map(family.arch, layers)

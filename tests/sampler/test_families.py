@@ -4,9 +4,11 @@ checkpoints of each common family, saved to disk and loaded back: on transformer
 and on llama.cpp (the same weights written as GGUF, ``tests/sampler/families.py``). Equality is
 exact, so no statistical allowance is needed.
 
-The GGUF writer is checked against transformers on the same weights: llama.cpp's logits
-(F32 weights, its Q8_0 KV cache) pick the same next token on every position of a prompt
-and lie within ``GGUF_TOL`` of transformers'."""
+llama.cpp runs the Q8_0 files (their matrix kernels keep a row's bits whatever the batch on
+``scripts/setup.sh``'s build; the probe refuses F32 and F16 files where they do not). The GGUF
+writer is checked on the F32 files: llama.cpp's logits within ``WRITER_TOL`` of transformers'
+on the same weights, the same argmax at every position. The bfloat16 runner and the static
+target run the families with Llama layers (Mistral, Qwen2) and refuse the others by name."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from keyed import KeyedSource, Secret
 from sampler.decoder import SamplerConfig
 from sampler.targets.cpu_bf16 import InvariantLlama, RowInvarianceError
 from sampler.targets.llamacpp import GgufTarget, available
+from sampler.targets.llamacpp import RowInvarianceError as GgufRowInvarianceError
 from sampler.targets.static import ATTENTION_BLOCK, StaticLlama
 from sampler.targets.transformers import CachedLM, as_target
 from tests.sampler.backend_contract import (
@@ -36,11 +39,6 @@ CONTRACT = SamplerConfig("mpfr", 4, 3, 16)
 ``SPECULATIVE_CONFIGS`` on the other backends): a fixed tree, as tree ``auto`` sizes its
 trees by measured forward costs, which may leave a tiny model's trees too small for a draft
 to be accepted."""
-
-GGUF_TOL = 0.05
-"""Largest |logit difference| allowed between llama.cpp (F32 weights, Q8_0 KV cache: keys and
-values rounded to 8 bits per 32) and transformers (float64), on logits of magnitude ~5-15;
-a misplaced tensor, bias or rotary layout moves them by O(1)."""
 
 
 def _source(i: int) -> KeyedSource:
@@ -87,48 +85,75 @@ def test_transformers_batched_equals_solo(family: PreTrainedModel) -> None:
 
 
 _targets: dict[tuple[str, str], GgufTarget] = {}
+Q8_0 = gguf.GGMLQuantizationType.Q8_0
+
+
+def _gguf(family_dirs: dict[str, Path], name: str, qtype: gguf.GGMLQuantizationType) -> Path:
+    """The family's checkpoint written as GGUF in ``qtype`` beside it (once)."""
+    if not available():
+        pytest.skip("llama-cpp-python is not installed (scripts/setup.sh builds it)")
+    path = family_dirs[name] / f"model-{qtype.name}.gguf"
+    if not path.exists():
+        write_gguf(_load(family_dirs, name), path, qtype)
+    return path
 
 
 def gguf_target(
-    family_dirs: dict[str, Path],
-    name: str,
-    qtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
+    family_dirs: dict[str, Path], name: str, qtype: gguf.GGMLQuantizationType = Q8_0
 ) -> GgufTarget:
-    """The family's checkpoint written as GGUF in ``qtype`` beside it, loaded by llama.cpp and
-    probed (``GgufTarget.probe``: a row's logits do not depend on the batch)."""
-    if not available():
-        pytest.skip("llama-cpp-python is not installed (scripts/setup.sh builds it)")
+    """The family's GGUF file in ``qtype`` loaded by llama.cpp, unprobed, with the transformers
+    model as its ``model`` (the ``self:1`` drafter's layers)."""
     key = (name, qtype.name)
     if key not in _targets:
-        model = _load(family_dirs, name)
-        path = write_gguf(model, family_dirs[name] / f"model-{qtype.name}.gguf", qtype)
-        target = GgufTarget(path, threads=1)
-        target.model = model
-        target.probe()
+        target = GgufTarget(_gguf(family_dirs, name, qtype), threads=1)
+        target.model = _load(family_dirs, name)
         _targets[key] = target
     return _targets[key]
 
 
 @pytest.fixture(params=NAMES)
 def gguf_family(request: pytest.FixtureRequest, family_dirs: dict[str, Path]) -> GgufTarget:
-    return gguf_target(family_dirs, request.param)
+    """The family in Q8_0 (weights) on llama.cpp, probed: a row's logits do not depend on
+    the batch (``GgufTarget.probe``, which precision gguf runs at load)."""
+    target = gguf_target(family_dirs, request.param)
+    target.probe()
+    return target
 
 
 PROMPT = [(13 * j + 7) % VOCAB for j in range(40)]
 
+WRITER_TOL = 1e-2
+"""Largest |logit difference| allowed between llama.cpp on the F32 file (an F32 KV cache, no
+flash attention) and transformers float64, on logits up to ~10: measured <= 6e-5, and 5e-3 for
+Gemma, whose GELU ggml reads from a float16 table. A misplaced tensor, bias, norm offset or
+rotary layout moves them by O(1)."""
 
-def test_llama_cpp_reads_the_weights_transformers_reads(gguf_family: GgufTarget) -> None:
-    """Every position of a 40-token prompt: llama.cpp's logits within ``GGUF_TOL`` of
-    transformers' and the same argmax; the file's vocabulary is the model's."""
-    assert gguf_family.vocab_size == VOCAB
-    theirs = CachedLM(gguf_family.model).extend(PROMPT)
-    ours = gguf_family.new_cache().extend(PROMPT).double()
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_gguf_writer_gives_llama_cpp_the_weights_transformers_runs(
+    family_dirs: dict[str, Path], name: str
+) -> None:
+    """Every position of a 40-token prompt: llama.cpp's logits on the F32 file within
+    ``WRITER_TOL`` of transformers' and the same argmax."""
+    import llama_cpp
+    import numpy as np
+
+    path = _gguf(family_dirs, name, gguf.GGMLQuantizationType.F32)
+    exact = llama_cpp.Llama(
+        str(path), n_ctx=64, n_threads=1, logits_all=True, flash_attn=False, verbose=False,
+        type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32,
+    )  # fmt: skip
+    exact.eval(PROMPT)
+    ours = torch.from_numpy(np.array(exact.scores[: len(PROMPT)], dtype=np.float64))
+    theirs = CachedLM(_load(family_dirs, name)).extend(PROMPT)
+    assert ours.shape == theirs.shape == (len(PROMPT), VOCAB)
     assert theirs.abs().max() > 1.0  # peaked laws: the comparison means something
-    assert (ours - theirs).abs().max() <= GGUF_TOL
+    assert (ours - theirs).abs().max() <= WRITER_TOL
     assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
 
 
 def test_gguf_mpfr_equals_basic_uwm(gguf_family: GgufTarget) -> None:
+    assert gguf_family.vocab_size == VOCAB and gguf_family.weights.startswith("gguf:Q8_0")
     assert_speculative_equals_basic_uwm(gguf_family, CONTRACT, _source)
 
 
@@ -137,17 +162,19 @@ def test_gguf_batched_equals_solo(gguf_family: GgufTarget) -> None:
 
 
 @pytest.mark.parametrize(
-    "qtype", [gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.Q8_0], ids=lambda q: q.name
+    "qtype", [gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16], ids=lambda q: q.name
 )
-def test_f16_and_q8_0_files_are_row_invariant_and_close(
+def test_float_files_hold_the_contract_where_the_probe_passes(
     family_dirs: dict[str, Path], qtype: gguf.GGMLQuantizationType
 ) -> None:
-    """The Llama checkpoint in F16 and in Q8_0: loaded, probed, the contract's batched run, and
-    its logits near the F32 file's (F16 ~1e-3 relative, Q8_0 ~1e-2: 4x ``GGUF_TOL``)."""
+    """The Llama checkpoint in F32 and F16: where llama.cpp's float kernels keep a row's bits
+    whatever the batch (the probe), batched requests get their solo tokens; elsewhere the
+    probe refuses the file, as precision gguf does at load."""
     target = gguf_target(family_dirs, "llama", qtype)
-    assert target.weights.startswith("gguf:")
-    exact = gguf_target(family_dirs, "llama").new_cache().extend(PROMPT)
-    assert (target.new_cache().extend(PROMPT) - exact).abs().max() <= 4 * GGUF_TOL
+    try:
+        target.probe()
+    except GgufRowInvarianceError as refused:
+        pytest.skip(f"{qtype.name}: llama.cpp's rows depend on the batch here ({refused})")
     assert_batched_equals_solo(target, _source, max_batch=3, node_budget=16)
 
 
