@@ -56,24 +56,23 @@ def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return dirs
 
 
-_loaded: dict[str, PreTrainedModel] = {}
-
-
-def _load(family_dirs: dict[str, Path], name: str) -> PreTrainedModel:
-    if name not in _loaded:
+@pytest.fixture(scope="session")
+def models(family_dirs: dict[str, Path]) -> dict[str, PreTrainedModel]:
+    """Each family's checkpoint loaded back from disk, float64, by its own class."""
+    loaded: dict[str, PreTrainedModel] = {}
+    for name, path in family_dirs.items():
         model = AutoModelForCausalLM.from_pretrained(
-            str(family_dirs[name]), dtype=torch.float64, attn_implementation="sdpa"
+            str(path), dtype=torch.float64, attn_implementation="sdpa"
         )
         assert type(model) is FAMILIES[name].model
         model.train(False)
-        _loaded[name] = model
-    return _loaded[name]
+        loaded[name] = model
+    return loaded
 
 
 @pytest.fixture(params=NAMES)
-def family(request: pytest.FixtureRequest, family_dirs: dict[str, Path]) -> PreTrainedModel:
-    """A family's checkpoint loaded back from disk, float64."""
-    return _load(family_dirs, request.param)
+def family(request: pytest.FixtureRequest, models: dict[str, PreTrainedModel]) -> PreTrainedModel:
+    return models[request.param]
 
 
 def test_transformers_mpfr_equals_basic_uwm(family: PreTrainedModel) -> None:
@@ -84,38 +83,45 @@ def test_transformers_batched_equals_solo(family: PreTrainedModel) -> None:
     assert_batched_equals_solo(as_target(family), _source, max_batch=3, node_budget=16)
 
 
-_targets: dict[tuple[str, str], GgufTarget] = {}
 Q8_0 = gguf.GGMLQuantizationType.Q8_0
 
 
-def _gguf(family_dirs: dict[str, Path], name: str, qtype: gguf.GGMLQuantizationType) -> Path:
-    """The family's checkpoint written as GGUF in ``qtype`` beside it (once)."""
+class GgufFiles:
+    """The families' GGUF files, written beside their checkpoints and loaded by llama.cpp on
+    first use (unprobed), with the transformers model as each target's ``model`` (the
+    ``self:1`` drafter's layers)."""
+
+    def __init__(self, dirs: dict[str, Path], models: dict[str, PreTrainedModel]) -> None:
+        self.dirs, self.models = dirs, models
+        self.targets: dict[tuple[str, str], GgufTarget] = {}
+
+    def path(self, name: str, qtype: gguf.GGMLQuantizationType) -> Path:
+        path = self.dirs[name] / f"model-{qtype.name}.gguf"
+        if not path.exists():
+            write_gguf(self.models[name], path, qtype)
+        return path
+
+    def target(self, name: str, qtype: gguf.GGMLQuantizationType = Q8_0) -> GgufTarget:
+        key = (name, qtype.name)
+        if key not in self.targets:
+            target = GgufTarget(self.path(name, qtype), threads=1)
+            target.model = self.models[name]
+            self.targets[key] = target
+        return self.targets[key]
+
+
+@pytest.fixture(scope="session")
+def ggufs(family_dirs: dict[str, Path], models: dict[str, PreTrainedModel]) -> GgufFiles:
     if not available():
         pytest.skip("llama-cpp-python is not installed (scripts/setup.sh builds it)")
-    path = family_dirs[name] / f"model-{qtype.name}.gguf"
-    if not path.exists():
-        write_gguf(_load(family_dirs, name), path, qtype)
-    return path
-
-
-def gguf_target(
-    family_dirs: dict[str, Path], name: str, qtype: gguf.GGMLQuantizationType = Q8_0
-) -> GgufTarget:
-    """The family's GGUF file in ``qtype`` loaded by llama.cpp, unprobed, with the transformers
-    model as its ``model`` (the ``self:1`` drafter's layers)."""
-    key = (name, qtype.name)
-    if key not in _targets:
-        target = GgufTarget(_gguf(family_dirs, name, qtype), threads=1)
-        target.model = _load(family_dirs, name)
-        _targets[key] = target
-    return _targets[key]
+    return GgufFiles(family_dirs, models)
 
 
 @pytest.fixture(params=NAMES)
-def gguf_family(request: pytest.FixtureRequest, family_dirs: dict[str, Path]) -> GgufTarget:
+def gguf_family(request: pytest.FixtureRequest, ggufs: GgufFiles) -> GgufTarget:
     """The family in Q8_0 (weights) on llama.cpp, probed: a row's logits do not depend on
     the batch (``GgufTarget.probe``, which precision gguf runs at load)."""
-    target = gguf_target(family_dirs, request.param)
+    target = ggufs.target(request.param)
     target.probe()
     return target
 
@@ -131,21 +137,21 @@ rotary layout moves them by O(1)."""
 
 @pytest.mark.parametrize("name", NAMES)
 def test_the_gguf_writer_gives_llama_cpp_the_weights_transformers_runs(
-    family_dirs: dict[str, Path], name: str
+    ggufs: GgufFiles, name: str
 ) -> None:
     """Every position of a 40-token prompt: llama.cpp's logits on the F32 file within
     ``WRITER_TOL`` of transformers' and the same argmax."""
     import llama_cpp
     import numpy as np
 
-    path = _gguf(family_dirs, name, gguf.GGMLQuantizationType.F32)
+    path = ggufs.path(name, gguf.GGMLQuantizationType.F32)
     exact = llama_cpp.Llama(
         str(path), n_ctx=64, n_threads=1, logits_all=True, flash_attn=False, verbose=False,
         type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32,
     )  # fmt: skip
     exact.eval(PROMPT)
     ours = torch.from_numpy(np.array(exact.scores[: len(PROMPT)], dtype=np.float64))
-    theirs = CachedLM(_load(family_dirs, name)).extend(PROMPT)
+    theirs = CachedLM(ggufs.models[name]).extend(PROMPT)
     assert ours.shape == theirs.shape == (len(PROMPT), VOCAB)
     assert theirs.abs().max() > 1.0  # peaked laws: the comparison means something
     assert (ours - theirs).abs().max() <= WRITER_TOL
@@ -165,12 +171,12 @@ def test_gguf_batched_equals_solo(gguf_family: GgufTarget) -> None:
     "qtype", [gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16], ids=lambda q: q.name
 )
 def test_float_files_hold_the_contract_where_the_probe_passes(
-    family_dirs: dict[str, Path], qtype: gguf.GGMLQuantizationType
+    ggufs: GgufFiles, qtype: gguf.GGMLQuantizationType
 ) -> None:
     """The Llama checkpoint in F32 and F16: where llama.cpp's float kernels keep a row's bits
     whatever the batch (the probe), batched requests get their solo tokens; elsewhere the
     probe refuses the file, as precision gguf does at load."""
-    target = gguf_target(family_dirs, "llama", qtype)
+    target = ggufs.target("llama", qtype)
     try:
         target.probe()
     except GgufRowInvarianceError as refused:
@@ -201,12 +207,12 @@ def _tree(cached: int) -> tuple[list[int], list[int], torch.Tensor]:
 
 @pytest.mark.parametrize("name", LLAMA_LAYERED)
 def test_float64_runner_and_static_target_equal_transformers(
-    family_dirs: dict[str, Path], name: str
+    models: dict[str, PreTrainedModel], name: str
 ) -> None:
     """A prefill then a tree: the float64 runner within 1e-5 of transformers (it keeps RMSNorm
     and RoPE in float64, transformers in float32) and the float64 static target within 1e-10
     (transformers' order), Qwen2's q/k/v biases included."""
-    model = _load(family_dirs, name)
+    model = models[name]
     runner = InvariantLlama(model, torch.float64)
     static = StaticLlama(model, group_slots=2, rows=4, capacity=ATTENTION_BLOCK, slots=2)
     for ours, tol in ((runner.new_cache(), 1e-5), (static.new_cache(), 1e-10)):
@@ -221,21 +227,23 @@ def test_float64_runner_and_static_target_equal_transformers(
         torch.testing.assert_close(a.double(), b, atol=tol, rtol=0)
 
 
-def test_float32_static_target_holds_the_contract_on_qwen2(family_dirs: dict[str, Path]) -> None:
+def test_float32_static_target_holds_the_contract_on_qwen2(
+    models: dict[str, PreTrainedModel],
+) -> None:
     """Qwen2's biased q/k/v through the static target in float32: MPFR emits BASIC-UWM's
     tokens, batched requests their solo tokens."""
     static = StaticLlama(
-        _load(family_dirs, "qwen2"), weights=torch.float32, group_slots=2, rows=4,
+        models["qwen2"], weights=torch.float32, group_slots=2, rows=4,
         capacity=2 * ATTENTION_BLOCK, slots=8,
     )  # fmt: skip
     assert_speculative_equals_basic_uwm(static, CONTRACT, _source)
     assert_batched_equals_solo(static, _source, max_batch=5, node_budget=32)
 
 
-def test_bfloat16_runner_holds_the_contract_on_qwen2(family_dirs: dict[str, Path]) -> None:
+def test_bfloat16_runner_holds_the_contract_on_qwen2(models: dict[str, PreTrainedModel]) -> None:
     """The same on the bfloat16 runner, where this CPU's packed bfloat16 linear is
     row-invariant (AMX)."""
-    model = _load(family_dirs, "qwen2")
+    model = models["qwen2"]
     plain = type(model)(model.config)
     plain.train(False)
     plain.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
@@ -250,9 +258,9 @@ def test_bfloat16_runner_holds_the_contract_on_qwen2(family_dirs: dict[str, Path
 
 @pytest.mark.parametrize("name", list(REFUSED))
 def test_other_families_are_refused_with_the_backend_to_use(
-    family_dirs: dict[str, Path], name: str
+    models: dict[str, PreTrainedModel], name: str
 ) -> None:
-    model = _load(family_dirs, name)
+    model = models[name]
     with pytest.raises(
         ValueError,
         match=rf"^the bfloat16 runner supports Llama layers \(llama, mistral, qwen2\), not "
@@ -267,9 +275,9 @@ def test_other_families_are_refused_with_the_backend_to_use(
         StaticLlama(model)
 
 
-def test_a_sliding_window_is_refused(family_dirs: dict[str, Path]) -> None:
+def test_a_sliding_window_is_refused(models: dict[str, PreTrainedModel]) -> None:
     """A Mistral whose window (64) is shorter than its context (512) is not a Llama here."""
-    model = _load(family_dirs, "mistral")
+    model = models["mistral"]
     windowed = type(model)(type(model.config)(**{**model.config.to_dict(), "sliding_window": 64}))
     for make in (lambda: InvariantLlama(windowed, torch.float64), lambda: StaticLlama(windowed)):
         with pytest.raises(ValueError, match="MistralForCausalLM attends to the last 64 of 512"):
