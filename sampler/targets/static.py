@@ -1,4 +1,4 @@
-"""A static-layout target for Llama-architecture models: the accelerator backend (CUDA graphs)
+"""A static-layout target for models with Llama layers: the accelerator backend (CUDA graphs)
 that also runs, eagerly, on the CPU.
 
 Drafter and batch invariance (Watermarkable Multi-Draft Speculative Sampling via Poisson Processes,
@@ -64,6 +64,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from sampler.targets.families import check_llama_layers
 from sampler.targets.static_kv import SlotTarget, StaticCache
 from sampler.targets.static_layers import ATTENTION_BLOCK, GroupInputs, StaticWeights, group_forward
 
@@ -74,9 +75,9 @@ class StaticLlama(SlotTarget):
     """The target's forward in one static row layout (module docstring).
 
     Args:
-        model: a transformers Llama-architecture causal LM (``model_type`` llama, default
-            RoPE); its weights are copied to ``device`` (the model is left as it is, for the
-            drafters).
+        model: a transformers causal LM with Llama layers (Llama, Mistral without a sliding
+            window, Qwen2: ``sampler.targets.families``); its weights are copied to ``device``
+            (the model is left as it is, for the drafters).
         device: where the target runs (default: the model's device).
         weights: linear weights dtype: ``torch.bfloat16`` (default on CUDA; float32 residual
             stream and attention), ``torch.float32`` or ``torch.float64`` (default on the CPU;
@@ -91,7 +92,8 @@ class StaticLlama(SlotTarget):
         buckets: round block counts up to powers of two (module docstring; off: the exact
             count, the same bits with more window shapes).
     Raises:
-        ValueError: another architecture or RoPE type, a weights dtype not listed, sizes < 1,
+        ValueError: another family or layer shape (``check_llama_layers``: the message names
+            the model and the backend to use instead), a weights dtype not listed, sizes < 1,
             a capacity not a multiple of ``ATTENTION_BLOCK``, graphs off CUDA.
     """
 
@@ -109,11 +111,10 @@ class StaticLlama(SlotTarget):
         buckets: bool = True,
     ) -> None:
         config = model.config
-        if getattr(config, "model_type", None) != "llama":
-            raise ValueError(f"expected a llama model, got {getattr(config, 'model_type', None)}")
+        check_llama_layers(
+            model, "the static target", "transformers' own forward serves it (precision float32)"
+        )
         rope = getattr(config, "rope_parameters", None) or {"rope_type": "default"}
-        if rope.get("rope_type", "default") != "default":
-            raise ValueError(f"unsupported RoPE type {rope.get('rope_type')!r}")
         dev = torch.device(device) if device is not None else next(model.parameters()).device
         if weights is None:
             weights = torch.bfloat16 if dev.type == "cuda" else torch.float64
