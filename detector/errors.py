@@ -18,27 +18,58 @@ class TokenizerMismatch(DetectorError):
 
     Detection with a different tokenizer maps the text to other ids, so every pivot is
     unrelated to the key and the result is meaningless (a false "not detected"): refuse.
+    Generation refuses too (its text would carry a mark no detection of the key could read).
+    The message names both models where they are known, with the fingerprints' first
+    ``FINGERPRINT_SHOWN`` characters.
 
     Attributes:
         key_fingerprint: the tokenizer fingerprint stored in the key record.
-        tokenizer_fingerprint: the fingerprint of the detector's tokenizer.
+        tokenizer_fingerprint: the fingerprint of the tokenizer in use.
         key_id: the key's public id, when known.
+        key_model: the name of the model the key was made for, when the record holds one.
+        model: the name of the model in use, when known.
     """
 
     def __init__(
-        self, key_fingerprint: str, tokenizer_fingerprint: str, key_id: str | None = None
+        self,
+        key_fingerprint: str,
+        tokenizer_fingerprint: str,
+        key_id: str | None = None,
+        key_model: str | None = None,
+        model: str | None = None,
     ) -> None:
-        super().__init__(key_fingerprint, tokenizer_fingerprint, key_id)
+        super().__init__(key_fingerprint, tokenizer_fingerprint, key_id, key_model, model)
         self.key_fingerprint = key_fingerprint
         self.tokenizer_fingerprint = tokenizer_fingerprint
         self.key_id = key_id
+        self.key_model = key_model
+        self.model = model
 
     def __str__(self) -> str:
         which = f"key {self.key_id}" if self.key_id else "the key"
+        if self.model is None and self.key_model is None:
+            return (
+                f"{which} was made for tokenizer {self.key_fingerprint}, but the detector's "
+                f"tokenizer is {self.tokenizer_fingerprint}: detect with the key's model"
+            )
+        made_for = _model_of(self.key_model, "an unnamed model", self.key_fingerprint)
+        used = _model_of(self.model, "the model in use", self.tokenizer_fingerprint)
+        advice = f"use it with {self.key_model!r}" if self.key_model else "use it with its model"
+        other = f"a key made for {self.model!r}" if self.model else "a key made for this model"
         return (
-            f"{which} was made for tokenizer {self.key_fingerprint}, but the detector's "
-            f"tokenizer is {self.tokenizer_fingerprint}: detect with the key's model"
+            f"{which} was made for {made_for} and cannot be used with {used}: {advice}, or {other}"
         )
+
+
+FINGERPRINT_SHOWN = 15
+"""Characters of a fingerprint a message shows: ``sha256:`` and 8 hex digits, enough to tell
+two tokenizers apart (the key listing shows the whole fingerprint)."""
+
+
+def _model_of(model: str | None, unnamed: str, fingerprint: str) -> str:
+    """``model 'A' (tokenizer sha256:ab12cd34…)``, or ``unnamed`` for the model."""
+    shown = fingerprint[:FINGERPRINT_SHOWN] + ("…" if len(fingerprint) > FINGERPRINT_SHOWN else "")
+    return f"{f'model {model!r}' if model else unnamed} (tokenizer {shown})"
 
 
 class TextTokenIdsMismatch(DetectorError):

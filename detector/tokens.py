@@ -326,16 +326,25 @@ def _require_fast(tokenizer: Tokenizer) -> None:
 
 
 def check_tokenizer(
-    key_fingerprint: str, tokenizer_fingerprint: str, key_id: str | None = None
+    key_fingerprint: str,
+    tokenizer_fingerprint: str,
+    key_id: str | None = None,
+    *,
+    key_model: str | None = None,
+    model: str | None = None,
 ) -> None:
     """Refuse to detect with a tokenizer other than the key's (docs/design.md §2: the key record
-    holds the fingerprint of the tokenizer it was made for).
+    holds the fingerprint of the tokenizer it was made for, and the model's name).
+
+    Only the fingerprints decide: two models that share a tokenizer share its keys.
 
     Args:
         key_fingerprint: the fingerprint stored in the key record.
         tokenizer_fingerprint: the fingerprint of the tokenizer detection would use (the
             service and CLI compute it with ``sampler.models.tokenizer_fingerprint``).
         key_id: the key's public id, for the message.
+        key_model: the name of the model the key was made for, for the message.
+        model: the name of the model in use, for the message.
     Raises:
         TokenizerMismatch: the fingerprints differ.
         ValueError: a fingerprint that is not a non-empty string.
@@ -347,4 +356,4 @@ def check_tokenizer(
         if not isinstance(value, str) or not value:
             raise ValueError(f"expected {name} a non-empty string, got {value!r}")
     if key_fingerprint != tokenizer_fingerprint:
-        raise TokenizerMismatch(key_fingerprint, tokenizer_fingerprint, key_id)
+        raise TokenizerMismatch(key_fingerprint, tokenizer_fingerprint, key_id, key_model, model)

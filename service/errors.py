@@ -278,14 +278,21 @@ class GenerationCancelled(PoissonmarkError):
 
 
 class NoKeys(PoissonmarkError):
-    """Detection without a key id, but the caller's tenant has no key to test."""
+    """Detection without a key id, but the caller's tenant has no key to test (none made for
+    the tokenizer of ``model``, the model in use, when it is named)."""
 
-    def __init__(self, tenant: str) -> None:
-        super().__init__(tenant)
+    def __init__(self, tenant: str, model: str | None = None) -> None:
+        super().__init__(tenant, model)
         self.tenant = tenant
+        self.model = model
 
     def __str__(self) -> str:
-        return f"tenant {self.tenant!r} has no key to test: create one or give key_id"
+        if self.model is None:
+            return f"tenant {self.tenant!r} has no key to test: create one or give key_id"
+        return (
+            f"tenant {self.tenant!r} has no key made for the tokenizer of model "
+            f"{self.model!r}: create one or give key_id"
+        )
 
 
 class UnknownQueryParameter(PoissonmarkError):

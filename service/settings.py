@@ -281,3 +281,24 @@ class Settings(BaseSettings):
 @lru_cache
 def get_settings() -> Settings:
     return Settings()
+
+
+MODEL_NAME_MAX_CHARS = 256
+"""The longest model name a key record holds (``model_name`` cuts longer ones)."""
+
+
+def model_name(model: str) -> str:
+    """The name people know a model setting by: an alias as it is, a local directory's or file's
+    own name (``/models/Qwen3-0.6B/`` -> ``Qwen3-0.6B``). Printable, at most
+    ``MODEL_NAME_MAX_CHARS`` characters (others become ``?``), never empty.
+
+    Args:
+        model: the ``model`` setting or ``--model``: an alias or a path.
+    """
+    path = Path(model).expanduser()
+    try:
+        name = path.resolve().name if path.exists() else path.name
+    except (OSError, RuntimeError):  # a name too long for the file system, a symlink loop
+        name = path.name
+    name = name or model or "?"
+    return "".join(c if c.isprintable() else "?" for c in name)[:MODEL_NAME_MAX_CHARS]

@@ -1,4 +1,4 @@
-"""A row-invariant CPU runner for Llama-architecture targets (docs/design.md §3 Numerics).
+"""A row-invariant CPU runner for targets with Llama layers (docs/design.md §3 Numerics).
 
 Drafter invariance (MPFR paper Prop. 4.4 / Thm. 5.1) needs the target's logits at a context to
 be the same whatever else shares the forward: one token, a 17-node draft tree, or eight
@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from sampler.targets.base import Target
+from sampler.targets.families import check_llama_layers
 from sampler.targets.masks import chain_visible
 
 __all__ = [
@@ -90,6 +91,7 @@ def _packed_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 class _Layer:
     input_norm: torch.Tensor  # (d,) residual dtype
     qkv: torch.Tensor  # ((h + 2g)·D, d), packed or float64
+    qkv_bias: torch.Tensor | None  # ((h + 2g)·D,) residual dtype (Qwen2), else None
     out: torch.Tensor  # (d, h·D)
     post_norm: torch.Tensor  # (d,) residual dtype
     gate_up: torch.Tensor  # (2·I, d)
@@ -100,27 +102,26 @@ class InvariantLlama(Target):
     """The target's forward with row-invariant numerics (module docstring).
 
     Args:
-        model: a transformers Llama-architecture causal LM on the CPU (``model_type`` llama),
-            whose weights are copied (the model itself is left as it is, for the drafters).
+        model: a transformers causal LM with Llama layers on the CPU (Llama, Mistral without a
+            sliding window, Qwen2: ``sampler.targets.families``), whose weights are copied (the
+            model itself is left as it is, for the drafters).
         weights: ``torch.bfloat16`` (packed oneDNN linears, the fast path) or ``torch.float64``
             (plain linears: the reference for tests).
     Raises:
-        ValueError: another architecture, a device other than the CPU, an unsupported
-            ``weights`` dtype, or a RoPE type other than the default.
+        ValueError: another family or layer shape (``check_llama_layers``: the message
+            names the model and the precision to use instead), a device other than the CPU,
+            an unsupported ``weights`` dtype.
         RowInvarianceError: bfloat16 on a CPU whose packed linear is not row-invariant.
     """
 
     def __init__(self, model: PreTrainedModel, weights: torch.dtype = torch.bfloat16) -> None:
         config = model.config
-        if getattr(config, "model_type", None) != "llama":
-            raise ValueError(f"expected a llama model, got {getattr(config, 'model_type', None)}")
+        check_llama_layers(model, "the bfloat16 runner", "use precision gguf or float32")
         if next(model.parameters()).device.type != "cpu":
             raise ValueError("the row-invariant runner is a CPU backend")
         if weights not in (torch.bfloat16, torch.float64):
             raise ValueError(f"expected weights bfloat16 or float64, got {weights}")
         rope = getattr(config, "rope_parameters", None) or {"rope_type": "default"}
-        if rope.get("rope_type", "default") != "default":
-            raise ValueError(f"unsupported RoPE type {rope.get('rope_type')!r}")
         self.model = model
         self.invariant = True
         self.weights = weights
@@ -142,6 +143,12 @@ class InvariantLlama(Target):
             weight = torch.cat([state[n] for n in names]).to(weights)
             return _pack(weight) if weights == torch.bfloat16 else weight.contiguous()
 
+        def qkv_bias(p: str) -> torch.Tensor | None:
+            names = [p + f"self_attn.{x}_proj.bias" for x in "qkv"]
+            if not any(n in state for n in names):
+                return None
+            return torch.cat([state[n] for n in names]).to(self.work)  # Qwen2: all three
+
         self.layers: list[_Layer] = []
         for i in range(int(config.num_hidden_layers)):
             p = f"model.layers.{i}."
@@ -149,6 +156,7 @@ class InvariantLlama(Target):
                 _Layer(
                     input_norm=state[p + "input_layernorm.weight"].to(self.work),
                     qkv=linear(*(p + f"self_attn.{x}_proj.weight" for x in "qkv")),
+                    qkv_bias=qkv_bias(p),
                     out=linear(p + "self_attn.o_proj.weight"),
                     post_norm=state[p + "post_attention_layernorm.weight"].to(self.work),
                     gate_up=linear(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
@@ -270,7 +278,10 @@ class InvariantLlama(Target):
         x = self.embedding[ids]  # (Q, d) residual dtype
         h, g, dh = self.heads, self.kv_heads, self.head_dim
         for index, layer in enumerate(self.layers):
-            qkv = self._linear(self._rms(x, layer.input_norm), layer.qkv).double()
+            qkv = self._linear(self._rms(x, layer.input_norm), layer.qkv)
+            if layer.qkv_bias is not None:
+                qkv = qkv + layer.qkv_bias  # elementwise: each row alone
+            qkv = qkv.double()
             query = _rope(qkv[:, : h * dh].view(-1, h, dh), cos, sin)  # (Q, h, D)
             keys, values = pool.keys[index], pool.values[index]  # (slots, g, capacity, D)
             keys[row_slot, :, row_position] = _rope(

@@ -108,9 +108,10 @@ ROW_KERNELS_BUILD = "+poissonmark.amx2.rows"
 """The version label of ``scripts/setup.sh``'s build once it also carries
 ``scripts/llama-cpp-row-kernels.patch``: Q4_1 x Q8_1 and Q8_0 x Q8_0 matrix kernels (AVX2 + FMA
 CPUs) that llama.cpp takes for every row count, one row included, so a forward of q rows costs
-far less than q one-row forwards and each row's logits are the same bits whatever the batch;
-and flash attention over the Q8_0 KV cache that reads a row's visible cells only, so that
-sequences sharing one context do not pay for each other's cells."""
+far less than q one-row forwards and each row's logits are the same bits whatever the batch
+(tinyBLAS's F32, F16 and BF16 kernels are taken for one row too: files of those types keep a
+row's bits as well); and flash attention over the Q8_0 KV cache that reads a row's visible
+cells only, so that sequences sharing one context do not pay for each other's cells."""
 
 
 def repacking_safe() -> bool:

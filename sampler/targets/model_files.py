@@ -144,17 +144,16 @@ def check_model(name: str, data_dir: Path) -> ModelFiles:
 
 
 def model_name(name: str, data_dir: Path) -> str:
-    """A readable name of model ``name``: the alias, the directory's last part, or the GGUF
-    file's name without ``.gguf`` (e.g. ``SmolLM2-135M-Instruct.Q8_0``: unlike the file's
+    """A readable name of model ``name``: the alias, or the directory's or GGUF file's own name
+    (links followed, e.g. ``SmolLM2-135M-Instruct.Q8_0.gguf``: unlike the file's
     ``general.name`` it tells two quantisations of one model apart, and it needs no read).
+    The same name ``service.settings.model_name`` gives the setting, which keys record.
 
     Raises:
         ModelNotFound, GgufFileError: as ``locate``.
     """
-    files = locate(name, data_dir)
-    if name in ALIASES:
-        return name
-    return files.gguf.stem if files.gguf is not None else files.directory.resolve().name
+    locate(name, data_dir)
+    return name if name in ALIASES else Path(name).expanduser().resolve().name
 
 
 def materialise(

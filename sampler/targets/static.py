@@ -1,4 +1,4 @@
-"""A static-layout target for Llama-architecture models: the accelerator backend (CUDA graphs)
+"""A static-layout target for models with Llama layers: the accelerator backend (CUDA graphs)
 that also runs, eagerly, on the CPU.
 
 Drafter and batch invariance (Watermarkable Multi-Draft Speculative Sampling via Poisson Processes,
@@ -64,6 +64,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from sampler.targets.families import check_llama_layers
 from sampler.targets.static_kv import SlotTarget, StaticCache
 from sampler.targets.static_layers import ATTENTION_BLOCK, GroupInputs, StaticWeights, group_forward
 
@@ -74,9 +75,9 @@ class StaticLlama(SlotTarget):
     """The target's forward in one static row layout (module docstring).
 
     Args:
-        model: a transformers Llama-architecture causal LM (``model_type`` llama, default
-            RoPE); its weights are copied to ``device`` (the model is left as it is, for the
-            drafters).
+        model: a transformers causal LM with Llama layers (Llama, Mistral without a sliding
+            window, Qwen2: ``sampler.targets.families``); its weights are copied to ``device``
+            (the model is left as it is, for the drafters).
         device: where the target runs (default: the model's device).
         weights: linear weights dtype: ``torch.bfloat16`` (default on CUDA; float32 residual
             stream and attention), ``torch.float32`` or ``torch.float64`` (default on the CPU;
@@ -91,7 +92,8 @@ class StaticLlama(SlotTarget):
         buckets: round block counts up to powers of two (module docstring; off: the exact
             count, the same bits with more window shapes).
     Raises:
-        ValueError: another architecture or RoPE type, a weights dtype not listed, sizes < 1,
+        ValueError: another family or layer shape (``check_llama_layers``: the message names
+            the model and the backend to use instead), a weights dtype not listed, sizes < 1,
             a capacity not a multiple of ``ATTENTION_BLOCK``, graphs off CUDA.
     """
 
@@ -109,11 +111,10 @@ class StaticLlama(SlotTarget):
         buckets: bool = True,
     ) -> None:
         config = model.config
-        if getattr(config, "model_type", None) != "llama":
-            raise ValueError(f"expected a llama model, got {getattr(config, 'model_type', None)}")
+        check_llama_layers(
+            model, "the static target", "transformers' own forward serves it (precision float32)"
+        )
         rope = getattr(config, "rope_parameters", None) or {"rope_type": "default"}
-        if rope.get("rope_type", "default") != "default":
-            raise ValueError(f"unsupported RoPE type {rope.get('rope_type')!r}")
         dev = torch.device(device) if device is not None else next(model.parameters()).device
         if weights is None:
             weights = torch.bfloat16 if dev.type == "cuda" else torch.float64
@@ -151,6 +152,12 @@ class StaticLlama(SlotTarget):
         self._lock = threading.RLock()
         self.forward_lock = threading.Lock()  # one group forward at a time (static buffers)
         self.inputs = GroupInputs.zeros(group_slots, rows, capacity, dev)
+        # the host side of the inputs, filled in place each group and copied in one
+        # asynchronous copy per buffer (page-locked on CUDA); the mask's window only
+        self.staging = GroupInputs.zeros(
+            group_slots, rows, capacity, torch.device("cpu"), pin=dev.type == "cuda"
+        )
+        self._padding_columns = (capacity + torch.arange(rows)).repeat(group_slots)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self._pool: Any = None
         self._capture_stream: Any = None  # one side stream for every capture (CUDA only)
@@ -331,8 +338,10 @@ class StaticLlama(SlotTarget):
                 members = [s for s in range(len(caches)) if counts[s] > first]
                 for g0 in range(0, len(members), self.group_slots):
                     group = members[g0 : g0 + self.group_slots]
-                    self._load_group(group, first, caches, starts, tokens, depths, visible, bases)
                     blocks = self._blocks_needed(group, first, starts, counts)
+                    self._load_group(
+                        group, first, blocks, caches, starts, tokens, depths, visible, bases
+                    )
                     out, last = self._run_group(blocks)
                     self._collect(out, last, group, first, counts, logits, hidden, caches)
         for s, cache in enumerate(caches):
@@ -355,6 +364,7 @@ class StaticLlama(SlotTarget):
         self,
         group: list[int],
         first: int,
+        blocks: int,
         caches: list[StaticCache],
         starts: list[int],
         tokens: list[list[int]],
@@ -362,14 +372,21 @@ class StaticLlama(SlotTarget):
         visible: list[torch.Tensor],
         bases: list[int],
     ) -> None:
-        """Fill the static input buffers with pass rows [first, first + R) of ``group``."""
-        g_slots, r, cap = self.group_slots, self.rows, self.capacity
-        ids = torch.zeros((g_slots, r), dtype=torch.long)
-        positions = torch.zeros((g_slots, r), dtype=torch.float32)
-        columns = (cap + torch.arange(r)).repeat(g_slots, 1)  # padding rows: scratch
-        row_slots = torch.full((g_slots, r), self.spare, dtype=torch.long)
-        slots = torch.full((g_slots,), self.spare, dtype=torch.long)
-        mask = torch.zeros((g_slots, r, cap), dtype=torch.bool)
+        """Fill the static input buffers with pass rows [first, first + R) of ``group``: built
+        in ``staging`` on the host, then one copy per buffer; of the mask only the ``blocks``
+        window that the group forward reads (columns past it are never read)."""
+        r = self.rows
+        width = blocks * ATTENTION_BLOCK
+        host = self.staging
+        ids, positions = host.ids.view(-1, r), host.positions.view(-1, r)
+        columns, row_slots = host.columns.view(-1, r), host.row_slots.view(-1, r)
+        ids.zero_()
+        positions.zero_()
+        host.columns.copy_(self._padding_columns)  # padding rows: scratch columns
+        row_slots.fill_(self.spare)
+        host.group.fill_(self.spare)
+        mask = host.mask.view(-1)[: self.group_slots * r * width].view(-1, r, width)
+        mask.zero_()
         mask[:, :, 0] = True  # padding rows see position 0 only (their output is dropped)
         for place, s in enumerate(group):
             n = min(len(tokens[s]) - first, r)
@@ -380,7 +397,7 @@ class StaticLlama(SlotTarget):
                     f"row {s}: a token attends to a later token of its forward; order the "
                     "tokens so that each sees only earlier ones"
                 )
-            slots[place] = caches[s].slot
+            host.group[place] = caches[s].slot
             row_slots[place] = caches[s].slot
             ids[place, :n] = torch.tensor(tokens[s][first : first + n], dtype=torch.long)
             positions[place, :n] = torch.tensor(
@@ -389,13 +406,10 @@ class StaticLlama(SlotTarget):
             columns[place, :n] = p + first + torch.arange(n)
             mask[place, :n] = False
             mask[place, :n, : p + first + n] = seen[:, : p + first + n]
-        dev, inputs = self.runs_on, self.inputs
-        inputs.ids.copy_(ids.view(-1).to(dev, non_blocking=True))
-        inputs.positions.copy_(positions.view(-1).to(dev, non_blocking=True))
-        inputs.columns.copy_(columns.view(-1).to(dev, non_blocking=True))
-        inputs.row_slots.copy_(row_slots.view(-1).to(dev, non_blocking=True))
-        inputs.group.copy_(slots.to(dev, non_blocking=True))
-        inputs.mask.copy_(mask.to(dev, non_blocking=True))
+        inputs = self.inputs
+        for buffer, staged in zip(inputs.buffers()[:-1], host.buffers()[:-1], strict=True):
+            buffer.copy_(staged, non_blocking=True)
+        inputs.mask[:, :, :width].copy_(mask, non_blocking=True)
 
     def _collect(
         self,

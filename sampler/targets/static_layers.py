@@ -1,4 +1,4 @@
-"""The static target's layer math: one group forward of a Llama-architecture model over the
+"""The static target's layer math: one group forward of a model with Llama layers over the
 fixed row layout of ``sampler.targets.static`` (its module docstring says why every shape is
 fixed and attention runs in float64).
 
@@ -36,6 +36,7 @@ class LayerWeights:
 
     input_norm: torch.Tensor  # (d,) work dtype
     qkv: torch.Tensor  # ((h + 2g)·D, d) weights dtype
+    qkv_bias: torch.Tensor | None  # ((h + 2g)·D,) work dtype (Qwen2), else None
     out: torch.Tensor  # (d, h·D)
     post_norm: torch.Tensor  # (d,)
     gate_up: torch.Tensor  # (2·I, d)
@@ -44,7 +45,7 @@ class LayerWeights:
 
 @dataclass(frozen=True)
 class StaticWeights:
-    """A Llama-architecture model's weights on the target's device (``load``).
+    """A model's Llama layers' weights on the target's device (``load``).
 
     Attributes:
         layers: n decoder layers. embedding: (V, d) work dtype. norm: (d,) work dtype.
@@ -91,6 +92,12 @@ class StaticWeights:
             out: torch.Tensor = state[name].to(device, work).contiguous()
             return out
 
+        def qkv_bias(p: str) -> torch.Tensor | None:
+            names = [p + f"self_attn.{x}_proj.bias" for x in "qkv"]
+            if not any(n in state for n in names):
+                return None
+            return torch.cat([state[n] for n in names]).to(device, work).contiguous()  # Qwen2
+
         layers = []
         for i in range(int(config.num_hidden_layers)):
             p = f"model.layers.{i}."
@@ -98,6 +105,7 @@ class StaticWeights:
                 LayerWeights(
                     input_norm=vector(p + "input_layernorm.weight"),
                     qkv=linear(*(p + f"self_attn.{x}_proj.weight" for x in "qkv")),
+                    qkv_bias=qkv_bias(p),
                     out=linear(p + "self_attn.o_proj.weight"),
                     post_norm=vector(p + "post_attention_layernorm.weight"),
                     gate_up=linear(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
@@ -141,16 +149,24 @@ class GroupInputs:
     mask: torch.Tensor
 
     @classmethod
-    def zeros(cls, group_slots: int, rows: int, capacity: int, device: torch.device) -> GroupInputs:
+    def zeros(
+        cls, group_slots: int, rows: int, capacity: int, device: torch.device, pin: bool = False
+    ) -> GroupInputs:
+        """Zeroed buffers on ``device``; ``pin``: in page-locked host memory (``device`` the
+        CPU), the staging side of asynchronous copies to a CUDA device."""
         m = group_slots * rows
+
+        def zeros(*shape: int, dtype: torch.dtype) -> torch.Tensor:
+            return torch.zeros(shape, dtype=dtype, device=device, pin_memory=pin)
+
         with torch.inference_mode():
             return cls(
-                ids=torch.zeros(m, dtype=torch.long, device=device),
-                positions=torch.zeros(m, dtype=torch.float32, device=device),
-                columns=torch.zeros(m, dtype=torch.long, device=device),
-                row_slots=torch.zeros(m, dtype=torch.long, device=device),
-                group=torch.zeros(group_slots, dtype=torch.long, device=device),
-                mask=torch.zeros((group_slots, rows, capacity), dtype=torch.bool, device=device),
+                ids=zeros(m, dtype=torch.long),
+                positions=zeros(m, dtype=torch.float32),
+                columns=zeros(m, dtype=torch.long),
+                row_slots=zeros(m, dtype=torch.long),
+                group=zeros(group_slots, dtype=torch.long),
+                mask=zeros(group_slots, rows, capacity, dtype=torch.bool),
             )
 
     def buffers(self) -> tuple[torch.Tensor, ...]:
@@ -215,7 +231,10 @@ def group_forward(
     scale = 1.0 / math.sqrt(dh)
     x = w.embedding[inputs.ids]  # (M, d)
     for index, layer in enumerate(w.layers):
-        qkv = _linear(w, _rms(w, x, layer.input_norm), layer.qkv).to(exact)
+        qkv = _linear(w, _rms(w, x, layer.input_norm), layer.qkv)
+        if layer.qkv_bias is not None:
+            qkv = qkv + layer.qkv_bias  # elementwise: each row alone
+        qkv = qkv.to(exact)
         query = _rope(qkv[:, : h * dh].view(m, h, dh), cos, sin)
         key = _rope(qkv[:, h * dh : (h + g) * dh].view(m, g, dh), cos, sin)
         value = qkv[:, (h + g) * dh :].view(m, g, dh)

@@ -33,6 +33,7 @@ from service.cli.common import (
 from service.cli.detect_corpus import CorpusRun, check_corpus_options, run_corpus
 from service.cli.detect_output import show, show_model_tests, show_multi_key, tenant_line
 from service.errors import NoKeys
+from service.settings import model_name
 
 
 def score_families(names: Sequence[str], li_delta: float, lattimore_epsilon: float) -> list[Any]:
@@ -277,6 +278,7 @@ def detect(
                 raise ValueError("give --text, --file, --token-ids or pipe the text on stdin")
             text = _utf8(sys.stdin.buffer.read(), "stdin")
         tok, fingerprint = tokenizer_and_fingerprint(settings, model, as_json or jsonl is not None)
+        name = model_name(model or settings.model)
         with key_store(settings) as store:
             try:
                 records = choose_keys(
@@ -286,11 +288,13 @@ def detect(
                     key,
                     include_revoked=include_revoked,
                     max_keys=settings.max_keys_per_detect,
+                    model=name,
                 )
             except NoKeys:
                 raise ValueError(
-                    f"tenant {tenant!r} has no key for this model's tokenizer: give --key, or "
-                    "--tenant to test another tenant's keys"
+                    f"tenant {tenant!r} has no key for the tokenizer of model {name!r}: give "
+                    "--key, --tenant to test another tenant's keys, or --model the model the "
+                    "keys were made for (`poissonmark keys list` shows it)"
                 ) from None
         if jsonl is not None:
             run = CorpusRun(workers, not no_tokens, engine, address, q_values)

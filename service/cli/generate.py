@@ -22,6 +22,7 @@ from service.cli.common import (
     out,
     read_settings,
 )
+from service.settings import model_name
 
 if TYPE_CHECKING:
     from service.jobs.generation import Generated
@@ -130,7 +131,8 @@ def generate(
         with key_store(settings) as store:
             record = store.get_active(key)
         loaded = load(settings, model, device, as_json, precision)
-        generation = prepare(record, tokenizer_fingerprint(loaded.tokenizer), wanted)
+        fingerprint = tokenizer_fingerprint(loaded.tokenizer)
+        generation = prepare(record, fingerprint, wanted, model_name(loaded.name))
         ids = prompt_ids(loaded, prompt, messages)
         context = getattr(loaded.model.config, "max_position_embeddings", None)
         if context is not None and len(ids) + max_new_tokens > context:

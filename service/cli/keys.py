@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.markup import escape
 
 from service.cli.common import (
     Json,
@@ -19,6 +20,7 @@ from service.cli.common import (
     report,
     tokenizer_and_fingerprint,
 )
+from service.settings import model_name
 
 if TYPE_CHECKING:
     from service.keys.record import KeyRecord
@@ -47,22 +49,25 @@ def create(
     model: ModelOpt = None,
     as_json: Json = False,
 ) -> None:
-    """Create a key bound to the model's tokenizer."""
+    """Create a key bound to the model's tokenizer (the key records the model's name)."""
     settings = read_settings()
     with errors():
         _, fingerprint = tokenizer_and_fingerprint(settings, model, as_json)
+        name = model_name(model or settings.model)
         with key_store(settings) as store:
-            record = store.create(fingerprint, context_width, not no_masking, tenant)
+            record = store.create(fingerprint, context_width, not no_masking, tenant, model=name)
     if as_json:
         emit_json(key_json(record))
         return
     out.print(
-        f"created key [bold]{record.key_id}[/] for tenant {record.tenant} (context width "
-        f"{record.context_width}, tokenizer {record.tokenizer})"
+        f"created key [bold]{record.key_id}[/] for tenant {record.tenant} (model "
+        f"{escape(record.model_shown)}, tokenizer {record.tokenizer}, context width "
+        f"{record.context_width})",
+        highlight=False,
     )
 
 
-def key_json(record: KeyRecord) -> dict[str, str | int | bool]:
+def key_json(record: KeyRecord) -> dict[str, str | int | bool | None]:
     """A key as ``GET /v1/keys`` shows it (``KeyOut``: revoked keys with ``revoked: true``),
     plus its ``tenant`` (the CLI lists across tenants; HTTP shows the caller's own)."""
     from service.schemas.keys import KeyOut
@@ -83,16 +88,16 @@ def list_keys(
     as_json: Json = False,
 ) -> None:
     """List keys, revoked ones included with their state, as GET /v1/keys does (public
-    fields only), oldest first."""
+    fields only), oldest first, with the model each was made for."""
     settings = read_settings()
     with errors(), key_store(settings) as store:
         records = _every_page(store, tenant, not active)
         if as_json:
             emit_json({"keys": [key_json(r) for r in records]})
             return
-        row = "{:<20}  {:<16}  {:>2}  {:<7}  {:<7}  {:<32}  {}"
+        row = "{:<20}  {:<16}  {:<24}  {:>2}  {:<7}  {:<7}  {:<32}  {}"
         out.print(
-            row.format("KEY", "TENANT", "M", "MASKING", "STATE", "CREATED", "TOKENIZER"),
+            row.format("KEY", "TENANT", "MODEL", "M", "MASKING", "STATE", "CREATED", "TOKENIZER"),
             highlight=False,
             markup=False,
             soft_wrap=True,
@@ -102,7 +107,14 @@ def list_keys(
             masking = "on" if r.masking else "off"
             out.print(
                 row.format(
-                    r.key_id, r.tenant, r.context_width, masking, state, r.created_at, r.tokenizer
+                    r.key_id,
+                    r.tenant,
+                    r.model_shown,
+                    r.context_width,
+                    masking,
+                    state,
+                    r.created_at,
+                    r.tokenizer,
                 ),
                 highlight=False,
                 markup=False,

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from fastapi import Request
@@ -47,9 +46,9 @@ KEY_HEADER = "X-Poissonmark-Key"
 
 
 def served_model(resources: Resources) -> str:
-    """The id clients name in ``model``: the served model's name (a directory's last part)."""
-    name = resources.loaded.name
-    return Path(name).name if Path(name).is_dir() else name
+    """The id clients name in ``model``: the served model's name (``service.settings.model_name``:
+    an alias, or a directory's or file's own name), as a key made here records it."""
+    return resources.model
 
 
 @dataclasses.dataclass

@@ -57,6 +57,7 @@ def choose_keys(
     lookup: KeyLookup | None = None,
     lookup_many: ManyLookup | None = None,
     key_ids: Sequence[str] | None = None,
+    model: str | None = None,
 ) -> list[KeyRecord]:
     """The keys a detection tests (module docstring), in the store's order (creation).
 
@@ -68,6 +69,7 @@ def choose_keys(
         lookup_many: how the candidates' records are read (default ``store.get_many``).
         key_ids: no ``key_id``: the candidates ``candidate_key_ids`` gave (default: read
             them now).
+        model: the name of the model in use, for ``TokenizerMismatch``'s message.
     Raises:
         UnknownKey: ``key_id`` is absent or another tenant's.
         TokenizerMismatch: ``key_id`` was made for another tokenizer.
@@ -77,14 +79,16 @@ def choose_keys(
     """
     if key_id is not None:
         record = (lookup or store.get)(key_id, tenant)
-        check_tokenizer(record.tokenizer, fingerprint, record.key_id)
+        check_tokenizer(
+            record.tokenizer, fingerprint, record.key_id, key_model=record.model, model=model
+        )
         return [record]
     if key_ids is None:
         key_ids = candidate_key_ids(store, tenant, None, include_revoked, max_keys)
     listed = (lookup_many or store.get_many)(key_ids, tenant)
     records = [r for r in listed if r.tokenizer == fingerprint]
     if not records:
-        raise NoKeys("(any)" if tenant is None else tenant)
+        raise NoKeys("(any)" if tenant is None else tenant, model)
     return records
 
 

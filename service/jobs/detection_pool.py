@@ -60,6 +60,8 @@ class DetectionPool:
             from these threads).
         fingerprint: its ``tokenizer_fingerprint``.
         threads: pool size.
+        model: the served model's name, for the message that refuses a key of another
+            tokenizer.
         key_cache_ttl_s: seconds a record stays cached (0: no cache).
         key_cache_size: at most this many cached records (least recently used go first); at
             least the keys of a multi-key detection, or each one reads most of them again.
@@ -77,6 +79,7 @@ class DetectionPool:
         fingerprint: str,
         threads: int,
         *,
+        model: str | None = None,
         key_cache_ttl_s: float = 0.0,
         key_cache_size: int = 20_000,
         max_prompt_tokens: int | None = None,
@@ -88,6 +91,7 @@ class DetectionPool:
         self.max_tokens = max_tokens
         self.max_evidence_tokens = max_evidence_tokens
         self.fingerprint = fingerprint
+        self.model = model
         self._local = threading.local()
         self._copy_lock = threading.Lock()
         self._records: cachetools.TTLCache[tuple[str | None, str], KeyRecord] | None = None
@@ -136,6 +140,7 @@ class DetectionPool:
             lookup=functools.partial(self._record, store),
             lookup_many=functools.partial(self._records_of, store),
             key_ids=key_ids,
+            model=self.model,
         )
 
     def forget(self, key_id: str) -> None:

@@ -113,15 +113,20 @@ class Generation:
         return {"key_id": self.key_id, "nonce": self.nonce, "method": self.config.method}
 
 
-def prepare(record: KeyRecord, fingerprint: str, request: GenerationRequest) -> Generation:
+def prepare(
+    record: KeyRecord, fingerprint: str, request: GenerationRequest, model: str | None = None
+) -> Generation:
     """Bind ``request`` to ``record`` (the caller chose it: active, the caller's tenant).
 
     Args:
         fingerprint: ``tokenizer_fingerprint`` of the model that will generate.
+        model: that model's name (``service.settings.model_name``), for the message.
     Raises:
         TokenizerMismatch: the key was made for another tokenizer.
     """
-    check_tokenizer(record.tokenizer, fingerprint, record.key_id)
+    check_tokenizer(
+        record.tokenizer, fingerprint, record.key_id, key_model=record.model, model=model
+    )
     nonce = secrets.randbelow(NONCE_BOUND) if request.nonce is None else request.nonce
     return Generation(record.key_id, nonce, request.config, record.source(nonce), request.drafter)
 

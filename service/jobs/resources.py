@@ -41,7 +41,7 @@ from service.keys.redis import close_redis, describe_client, open_redis, revive_
 from service.keys.store import KeyStore
 from service.metrics import Metrics
 from service.ratelimit import RateLimiter
-from service.settings import Settings
+from service.settings import Settings, model_name
 
 log = logging.getLogger("poissonmark.service")
 
@@ -77,7 +77,8 @@ class Resources:
 
     settings: Settings
     loaded: LoadedModel
-    fingerprint: str
+    fingerprint: str  # of the served tokenizer (sampler.models.tokenizer_fingerprint)
+    model: str  # the served model's name (service.settings.model_name): keys and /v1/models
     vocab_size: int  # len(tokenizer): token ids a request may name are in [0, vocab_size)
     drafters: tuple[str, ...]  # the drafter specs a generation may name (contract.served_drafters)
     redis: redis.Redis
@@ -202,7 +203,8 @@ async def open_resources(
 
         loaded = await asyncio.to_thread(loader, settings)
         fingerprint = tokenizer_fingerprint(loaded.tokenizer)
-        log.info("model %s on %s, tokenizer %s", loaded.name, loaded.device, fingerprint)
+        served = model_name(loaded.name)
+        log.info("model %s on %s, tokenizer %s", served, loaded.device, fingerprint)
         worker = GenerationWorker(
             loaded,
             settings.queue_size,
@@ -221,6 +223,7 @@ async def open_resources(
             loaded.tokenizer,
             fingerprint,
             settings.detect_threads,
+            model=served,
             key_cache_ttl_s=settings.key_cache_ttl_s,
             key_cache_size=settings.key_cache_size,
             max_prompt_tokens=settings.max_prompt_tokens,
@@ -248,6 +251,7 @@ async def open_resources(
             settings,
             loaded,
             fingerprint,
+            served,
             len(loaded.tokenizer),
             await asyncio.to_thread(served_drafters, loaded.model),
             sync,

@@ -2,8 +2,12 @@
 
 A record holds the key id, the secret (sealed with AES-GCM before it is written:
 ``service.keys.kek.Sealer``) and the parameters every use of it must follow: context width m,
-repeated-context masking, ``PRF_VERSION``, tokenizer fingerprint, tenant, creation time and
-the revoked flag. ``service.keys.store`` stores them.
+repeated-context masking, ``PRF_VERSION``, tokenizer fingerprint, the name of the model it was
+made for, tenant, creation time and the revoked flag. ``service.keys.store`` stores them.
+
+The model's name is for people (the key listing, the message that refuses another tokenizer);
+the fingerprint decides. A record written without one (the hash has no ``model`` field) reads
+back with ``model`` None and is shown as ``unknown``.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from keyed.prf import PRF_VERSION, Secret
 from service.errors import KEY_ID_PATTERN, InvalidInput, KeyRecordCorrupt
 from service.keys.kek import Sealer
 from service.keys.redis import as_text
+from service.settings import MODEL_NAME_MAX_CHARS
 
 KEY_ID_PREFIX: Final = "pmk_"
 DEFAULT_TENANT: Final = "default"
@@ -29,6 +34,9 @@ DEFAULT_CONTEXT_WIDTH: Final = 4
 CONTEXT_WIDTH_MIN: Final = 1  # keyed.KeyedSource takes m in [1, MAX_CONTEXT_WIDTH]
 CONTEXT_WIDTH_MAX: Final = MAX_CONTEXT_WIDTH
 TOKENIZER_MAX_CHARS: Final = 256
+MODEL_MAX_CHARS: Final = MODEL_NAME_MAX_CHARS
+UNKNOWN_MODEL: Final = "unknown"
+"""How a record without a model name shows it to people (JSON shows null)."""
 TENANT_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
@@ -92,6 +100,7 @@ class KeyRecord:
     masking: bool = True
     prf_version: int = PRF_VERSION
     tokenizer: str
+    model: str | None = None
     created_at: str = field(default_factory=utc_now_iso)
     revoked: bool = False
     tenant: str = DEFAULT_TENANT
@@ -127,6 +136,16 @@ class KeyRecord:
                 f"expected a printable fingerprint of 1..{TOKENIZER_MAX_CHARS} characters, "
                 f"got {self.tokenizer!r:.80}",
             )
+        if self.model is not None and (
+            not isinstance(self.model, str)
+            or not 1 <= len(self.model) <= MODEL_MAX_CHARS
+            or not self.model.isprintable()
+        ):
+            raise InvalidInput(
+                "model",
+                f"expected a printable model name of 1..{MODEL_MAX_CHARS} characters or None, "
+                f"got {self.model!r:.80}",
+            )
         if not _is_utc_timestamp(self.created_at):
             raise InvalidInput(
                 "created_at", f"expected an ISO-8601 UTC timestamp, got {self.created_at!r:.60}"
@@ -135,6 +154,11 @@ class KeyRecord:
             if not isinstance(getattr(self, flag), bool):
                 raise InvalidInput(flag, f"expected a bool, got {getattr(self, flag)!r}")
         check_tenant(self.tenant)
+
+    @property
+    def model_shown(self) -> str:
+        """``model``, or ``UNKNOWN_MODEL`` for a record that names none."""
+        return self.model or UNKNOWN_MODEL
 
     @property
     def created(self) -> datetime:
@@ -156,7 +180,7 @@ class KeyRecord:
             prf_version=self.prf_version,
         )
 
-    def public(self) -> dict[str, str | int | bool]:
+    def public(self) -> dict[str, str | int | bool | None]:
         """Everything but the secret: the view a response, a log line or a CLI table may show."""
         return {
             "key_id": self.key_id,
@@ -164,6 +188,7 @@ class KeyRecord:
             "masking": self.masking,
             "prf_version": self.prf_version,
             "tokenizer": self.tokenizer,
+            "model": self.model,
             "created_at": self.created_at,
             "revoked": self.revoked,
             "tenant": self.tenant,
@@ -182,7 +207,8 @@ def created_score(record: KeyRecord) -> int:
 BOUND_FIELDS: Final = ("tenant", "context_width", "masking", "prf_version", "tokenizer")
 """The hash fields the sealed secret is bound to (its AEAD associated data, with the key id):
 who owns the key and how detection uses it. ``revoked`` and ``created_at`` are not bound
-(revocation changes a record in place)."""
+(revocation changes a record in place), nor ``model``: a name for people, which records
+sealed without it must keep reading (the bound fingerprint is what refuses another tokenizer)."""
 
 
 def bound_values(fields: Mapping[str, Any]) -> dict[str, str]:
@@ -192,7 +218,7 @@ def bound_values(fields: Mapping[str, Any]) -> dict[str, str]:
 
 def encode_record(record: KeyRecord, sealer: Sealer) -> dict[FieldT, EncodableT]:
     """The record's Redis hash: flags "0"/"1", the secret sealed (never stored in clear) and
-    bound to the key id and ``BOUND_FIELDS``."""
+    bound to the key id and ``BOUND_FIELDS``; ``model`` only when the record names one."""
     fields: dict[str, str] = {
         "key_id": record.key_id,
         "context_width": str(record.context_width),
@@ -203,6 +229,8 @@ def encode_record(record: KeyRecord, sealer: Sealer) -> dict[FieldT, EncodableT]
         "revoked": "1" if record.revoked else "0",
         "tenant": record.tenant,
     }
+    if record.model is not None:
+        fields["model"] = record.model
     encoded: dict[FieldT, EncodableT] = {
         "secret": sealer.seal(record.key_id, record.secret, bound_values(fields))
     }
@@ -249,6 +277,7 @@ def decode_record(key_id: str, fields: dict[str, str], sealer: Sealer) -> KeyRec
             masking=fields["masking"] == "1",
             prf_version=prf_version,
             tokenizer=fields["tokenizer"],
+            model=fields.get("model"),
             created_at=fields["created_at"],
             revoked=fields["revoked"] == "1",
             tenant=fields["tenant"],

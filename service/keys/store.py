@@ -2,7 +2,8 @@
 
 Glossary:
 - **key record**: one watermark key — id, secret, and the parameters detection must reuse
-  (context width m, repeated-context masking, ``PRF_VERSION``, tokenizer fingerprint).
+  (context width m, repeated-context masking, ``PRF_VERSION``, tokenizer fingerprint), and the
+  name of the model it was made for.
 - **KEK**, **sealed secret**: the key-encryption key and the only form a secret is stored in
   (``service.keys.kek``: AES-256-GCM with the key id, the tenant and the key's parameters as
   associated data, and the id of the KEK that sealed it; ``reseal`` moves records of earlier
@@ -134,10 +135,13 @@ class KeyStore(KekRotation):
         masking: bool = True,
         tenant: str = DEFAULT_TENANT,
         quota: int | None = None,
+        model: str | None = None,
     ) -> KeyRecord:
         """Generate a key (32 bytes from ``secrets.token_bytes``) and store it.
 
         Args:
+            tokenizer: the fingerprint of the tokenizer the key is for.
+            model: the name of the model it is for (``service.settings.model_name``).
             quota: the most keys ``tenant`` may hold, revoked ones included (None: no limit);
                 counted in the same transaction that writes the key, so concurrent creations
                 never pass it.
@@ -152,6 +156,7 @@ class KeyStore(KekRotation):
             context_width=context_width,
             masking=masking,
             tokenizer=tokenizer,
+            model=model,
             tenant=tenant,
         )
         with reaching_redis(self._client):

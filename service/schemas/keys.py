@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from service.keys.record import CONTEXT_WIDTH_MAX, CONTEXT_WIDTH_MIN, DEFAULT_CONTEXT_WIDTH
+from service.keys.record import (
+    CONTEXT_WIDTH_MAX,
+    CONTEXT_WIDTH_MIN,
+    DEFAULT_CONTEXT_WIDTH,
+    MODEL_MAX_CHARS,
+)
 from service.schemas.common import RequestModel
 
 
@@ -35,6 +40,12 @@ class KeyOut(BaseModel):
     masking: bool
     prf_version: int
     tokenizer: str = Field(description="Fingerprint of the tokenizer the key is bound to.")
+    model: str | None = Field(
+        description="The model the key was made for, by name (an alias, or a model directory's "
+        "or file's name); null when the key's record names none. The key works with every "
+        "model of its tokenizer and is refused (409 `tokenizer-mismatch`) by any other.",
+        max_length=MODEL_MAX_CHARS,
+    )
     created_at: str
     revoked: bool
 

@@ -336,11 +336,24 @@ class Completion(BaseModel):
     poissonmark: WatermarkFacts | WatermarkStart | None = None
 
 
+class ServedModelFacts(BaseModel):
+    """poissonmark's extension of a model card: what a key must have been made for."""
+
+    tokenizer: str = Field(
+        description="Fingerprint of the served tokenizer: keys made for another one are refused "
+        "(`tokenizer_mismatch`); `GET /v1/keys` shows each key's."
+    )
+
+
 class ModelCard(BaseModel):
-    id: str
+    id: str = Field(
+        description="The served model's name (an alias, or its directory's or file's name), as "
+        "`model` must name it and as the keys made here record it."
+    )
     object: Literal["model"] = "model"
     created: int
     owned_by: str
+    poissonmark: ServedModelFacts
 
 
 class ModelList(BaseModel):

@@ -145,6 +145,23 @@ def test_check_tokenizer_raises_tokenizer_mismatch() -> None:
     assert type(restored) is TokenizerMismatch and str(restored) == message
 
 
+def test_tokenizer_mismatch_names_both_models_and_the_fingerprints_prefixes() -> None:
+    key_fp, served_fp = "sha256:ab12cd34ef567890", "sha256:cd34ef5678901234"
+    with pytest.raises(TokenizerMismatch) as caught:
+        check_tokenizer(key_fp, served_fp, "pmk_0123456789abcdef", key_model="A", model="B")
+    message = str(caught.value)
+    assert message == (
+        "key pmk_0123456789abcdef was made for model 'A' (tokenizer sha256:ab12cd34…) and "
+        "cannot be used with model 'B' (tokenizer sha256:cd34ef56…): use it with 'A', or a key "
+        "made for 'B'"
+    )
+    restored = pickle.loads(pickle.dumps(caught.value))
+    assert (restored.key_model, restored.model, str(restored)) == ("A", "B", message)
+    unnamed = str(TokenizerMismatch(key_fp, served_fp, None, None, "B"))
+    assert unnamed.startswith("the key was made for an unnamed model (tokenizer sha256:ab12cd34…)")
+    assert unnamed.endswith("use it with its model, or a key made for 'B'")
+
+
 @pytest.mark.parametrize("bad", ["", None, 3])
 def test_check_tokenizer_rejects_non_fingerprints(bad: object) -> None:
     with pytest.raises(ValueError, match="fingerprint a non-empty string"):

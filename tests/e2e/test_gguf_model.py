@@ -78,7 +78,7 @@ def test_a_gguf_path_runs_on_llama_cpp_with_its_own_weights(
     assert q8.precision == "gguf"
     assert isinstance(q8.target, GgufTarget)
     assert Path(q8.target.path).resolve() == files["q8_0"].resolve()
-    assert q8.name == "SmolLM2-135M-Instruct.Q8_0"
+    assert q8.name == "SmolLM2-135M-Instruct.Q8_0.gguf"
 
 
 def test_mpfr_on_the_file_equals_basic_uwm(q8: LoadedModel) -> None:

@@ -26,6 +26,7 @@ from sampler.targets.model_files import (
     model_name,
     tokenizer_dir,
 )
+from service.settings import model_name as settings_model_name
 
 TOKENS = ["<s>", "hello", "world"]
 
@@ -50,14 +51,15 @@ def write_tokenizer(directory: Path, tokens: list[str]) -> None:
     (directory / "tokenizer_config.json").write_text(json.dumps({"bos_token": tokens[0]}))
 
 
-def test_a_gguf_path_is_located_and_named_by_its_stem(tmp_path: Path) -> None:
+def test_a_gguf_path_is_located_and_named_by_its_file_name(tmp_path: Path) -> None:
     path = write_gguf(tmp_path / "Tiny-Test.Q8_0.gguf")
     files = check_model(str(path), tmp_path / "data")
     assert files.gguf == path
     assert files.identity["source"] == str(path.resolve())
     assert files.directory.parent == tmp_path / "data" / "models" / "gguf"
     assert files.directory.name.startswith("Tiny-Test.Q8_0-")
-    assert model_name(str(path), tmp_path / "data") == "Tiny-Test.Q8_0"
+    assert model_name(str(path), tmp_path / "data") == "Tiny-Test.Q8_0.gguf"
+    assert model_name(str(path), tmp_path) == settings_model_name(str(path))  # what keys record
     assert model_name(DEFAULT_MODEL, tmp_path / "data") == DEFAULT_MODEL
     hf = tmp_path / "My-Model"
     hf.mkdir()

@@ -196,7 +196,7 @@ def test_auto_falls_back_to_float32_where_a_shape_fails_the_probe(monkeypatch):
         assert runner.weights == torch.bfloat16
     non_llama = copy.copy(model)
     non_llama.config = copy.copy(model.config)
-    non_llama.config.model_type = "mistral"
+    non_llama.config.model_type = "gemma"
     assert auto_runner(non_llama) is None
 
 

@@ -152,6 +152,30 @@ def test_bucketed_block_counts_give_the_bits_of_exact_ones():
         assert torch.equal(bucketed, exact)
 
 
+def test_a_group_sends_only_its_mask_window():
+    """The host builds and copies only the window of the mask a group forward reads: columns
+    past it keep whatever they held (here a sentinel of True everywhere, which would let every
+    row see every column if it were read), and the logits equal a target whose whole mask was
+    rewritten each group (torch.equal)."""
+    prompt = [(7 * j + 3) % VOCAB for j in range(ATTENTION_BLOCK + 9)]  # two blocks
+    tokens, depths, visible = _tree_inputs(len(prompt))
+    out = []
+    for sentinel in (False, True):
+        static = StaticLlama(
+            tiny_llama(0, layers=2), weights=torch.float32, group_slots=2, rows=4,
+            capacity=8 * ATTENTION_BLOCK, slots=2,
+        )  # fmt: skip
+        past = static.inputs.mask[:, :, 2 * ATTENTION_BLOCK :]
+        with torch.inference_mode():
+            past.fill_(sentinel)
+        cache = static.new_cache()
+        out.append([cache.extend(prompt), cache.forward(tokens, depths, visible, len(prompt))])
+        assert bool(past.all()) if sentinel else not bool(past.any())
+        assert static.staging.mask.device.type == "cpu"
+    for window_only, whole in zip(out[1], out[0], strict=True):
+        assert torch.equal(window_only, whole)
+
+
 def test_every_forward_runs_a_window_capture_windows_captures():
     """The windows captured up front (powers of two of blocks, and the capacity's blocks)
     cover every block count a forward can ask for, at every length up to the capacity."""

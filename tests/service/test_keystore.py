@@ -257,6 +257,27 @@ def test_record_and_index_sets_are_written_together(backend: Backend) -> None:
 # --- tenants and unknown ids -------------------------------------------------------------------
 
 
+def test_the_model_name_is_stored_beside_the_fingerprint_and_may_be_absent(
+    backend: Backend,
+) -> None:
+    """A record names its model (a hash field of its own, not bound to the sealed secret: a name
+    for people); a hash without the field (a record written without one) reads back with
+    ``model`` None, and every other use of it is unchanged."""
+    store = backend.store()
+    named = store.create(TOKENIZER, model="tiny-a")
+    raw = f"{backend.prefix}key:{named.key_id}"
+    assert backend.client.hget(raw, "model") == b"tiny-a"
+    assert store.get(named.key_id) == named and named.model == "tiny-a"
+    backend.client.hset(raw, "model", "renamed")  # not bound: the secret still opens
+    assert store.get(named.key_id).model == "renamed"
+    backend.client.hdel(raw, "model")
+    unnamed = store.get(named.key_id)
+    assert unnamed.model is None and unnamed.model_shown == "unknown"
+    assert unnamed.secret.reveal() == named.secret.reveal()
+    assert store.revoke(named.key_id).model is None
+    assert store.reseal() == 0 and store.list_keys()[0].model is None
+
+
 def test_another_tenant_sees_an_unknown_key(store: KeyStore) -> None:
     mine = store.create(TOKENIZER, tenant="acme")
     theirs = store.create(TOKENIZER, tenant="globex")
@@ -610,6 +631,10 @@ def _record(**overrides: object) -> KeyRecord:
         pytest.param("prf_version", 0, r"prf_version: expected an integer >= 1", id="prf_version"),
         pytest.param("tokenizer", "", r"tokenizer: .*1\.\.256 characters", id="tokenizer_empty"),
         pytest.param("tokenizer", "x" * 257, r"tokenizer: .*1\.\.256", id="tokenizer_long"),
+        pytest.param("model", "", r"model: .*1\.\.256 characters or None", id="model_empty"),
+        pytest.param("model", "m" * 257, r"model: .*1\.\.256", id="model_long"),
+        pytest.param("model", "a\nb", r"model: expected a printable", id="model_newline"),
+        pytest.param("model", 3, r"model: expected a printable", id="model_int"),
         pytest.param("created_at", "yesterday", r"created_at: expected an ISO-8601", id="created"),
         pytest.param("created_at", "2025-01-02T03:04:05", r"created_at: .*UTC", id="created_naive"),
         pytest.param(
@@ -647,11 +672,14 @@ def test_public_view_has_everything_but_the_secret() -> None:
         "masking",
         "prf_version",
         "tokenizer",
+        "model",
         "created_at",
         "revoked",
         "tenant",
     }
     assert view["key_id"] == record.key_id and view["tenant"] == "acme"
+    assert view["model"] is None and record.model_shown == "unknown"
+    assert _record(model="Qwen3-0.6B").public()["model"] == "Qwen3-0.6B"
     assert record.secret.reveal().hex() not in repr(view)
 
 

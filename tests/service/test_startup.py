@@ -51,6 +51,7 @@ def test_ready_only_once_the_model_has_loaded(
         r = client.get("/readyz")
         assert r.status_code == 503 and r.json()["status"] == "not_ready", r.text
         assert r.json()["checks"]["model"] == "failing"
+        assert (r.json()["model"], r.json()["tokenizer"]) == (None, None)  # not loaded yet
         admin = {"Authorization": f"Bearer {settings.admin_token.get_secret_value()}"}  # type: ignore[union-attr]
         body = {"key_id": "pmk_0123456789abcdef", "prompt": "Hi", "max_new_tokens": 2}
         r = client.post("/v1/generate", json=body, headers=admin)

@@ -1,5 +1,5 @@
-"""``/healthz`` (the process is up), ``/readyz`` (Redis answers, model loaded), ``/metrics``
-(behind the metrics or admin token)."""
+"""``/healthz`` (the process is up), ``/readyz`` (Redis answers, model loaded; which model and
+tokenizer it serves), ``/metrics`` (behind the metrics or admin token)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,12 @@ async def readyz(request: Request) -> JSONResponse:
         if resources.worker.alive:
             checks["model"] = "ok"
     ready = all(v == "ok" for v in checks.values())
-    body = Readiness(status="ready" if ready else "not_ready", checks=checks)
+    body = Readiness(
+        status="ready" if ready else "not_ready",
+        checks=checks,
+        model=None if resources is None else resources.model,
+        tokenizer=None if resources is None else resources.fingerprint,
+    )
     return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
 
 

@@ -36,6 +36,7 @@ def _out(record: KeyRecord) -> KeyOut:
         masking=record.masking,
         prf_version=record.prf_version,
         tokenizer=record.tokenizer,
+        model=record.model,
         created_at=record.created_at,
         revoked=record.revoked,
     )
@@ -49,7 +50,8 @@ async def create_key(
     resources: ResourcesDep,
     settings: SettingsDep,
 ) -> KeyOut:
-    """Create a key bound to the served model's tokenizer. The secret is never returned. A
+    """Create a key bound to the served model's tokenizer, naming the served model (as
+    `GET /v1/models` does). The secret is never returned. A
     tenant holds at most ``max_keys_per_tenant`` keys, revoked ones included until deleted
     (403 ``quota-exceeded``)."""
     record = await to_thread.run_sync(
@@ -59,6 +61,7 @@ async def create_key(
             body.masking,
             principal.tenant,
             quota=settings.max_keys_per_tenant,
+            model=resources.model,
         )
     )
     return _out(record)

@@ -75,6 +75,7 @@ from service.schemas.openai import (
     ModelList,
     OpenAIError,
     OpenAIRequest,
+    ServedModelFacts,
     WatermarkStart,
 )
 
@@ -309,6 +310,10 @@ async def completions(
 
 @router.get("/models", response_model=ModelList, responses=_errors(401, 403, 503, "default"))
 async def list_models(principal: CanGenerate, resources: ResourcesDep) -> ModelList:
-    """The one model this server serves (what `model` must name)."""
-    card = ModelCard(id=served_model(resources), created=0, owned_by="poissonmark")
+    """The one model this server serves (what `model` must name), and its tokenizer's
+    fingerprint (what a key must have been made for)."""
+    facts = ServedModelFacts(tokenizer=resources.fingerprint)
+    card = ModelCard(
+        id=served_model(resources), created=0, owned_by="poissonmark", poissonmark=facts
+    )
     return ModelList(data=[card])
