@@ -249,7 +249,7 @@ def test_keys_create_tenant_and_lists_match_http(home: Path) -> None:
     active = json.loads(runner.invoke(app, ["keys", "list", "--active", "--json"]).stdout)
     assert [k["key_id"] for k in active["keys"]] == [made["key_id"]]
     table = runner.invoke(app, ["keys", "list"]).stdout.splitlines()
-    assert table[0].split()[:5] == ["KEY", "TENANT", "M", "MASKING", "STATE"]
+    assert table[0].split()[:6] == ["KEY", "TENANT", "MODEL", "M", "MASKING", "STATE"]
     assert any(other in line and "revoked" in line for line in table[1:])
     runner.invoke(app, ["tokens", "create", "--name", "ci"])
     tokens = runner.invoke(app, ["tokens", "list"]).stdout.splitlines()
