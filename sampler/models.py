@@ -210,13 +210,13 @@ def load_model(
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     path = materialise(name, data_dir, on_progress)
     dev = resolve_device(device)
-    if dev.type == "cpu":
-        # Per token on the CPU, the race's clocks and the top-k run compiled once loaded
-        # (~0.4 s, here beside the model load; NumPy and torch until then, the same results),
-        # and the log-softmax and race are decided (sampler.compiled):
-        # together 2.3 % of basic-uwm's tokens/s on llama.cpp (bench/results/
-        # gguf_step_costs.json: 0.977x with NumPy clocks and torch.topk).
-        threading.Thread(target=_warm_up_kernels, name="kernel-warm-up", daemon=True).start()
+    # Per token on the host, the race's clocks and the top-k run compiled once loaded (~0.4 s,
+    # here beside the model load; NumPy and torch until then, the same results), and the
+    # log-softmax and race are decided (sampler.compiled): together 2.3 % of basic-uwm's
+    # tokens/s on llama.cpp (bench/results/gguf_step_costs.json: 0.977x with NumPy clocks and
+    # torch.topk). On CUDA too: the static target's logits come back to the host, where the
+    # same step runs.
+    threading.Thread(target=_warm_up_kernels, name="kernel-warm-up", daemon=True).start()
     if precision == "gguf" and (dtype is not None or dev.type != "cpu"):
         raise ValueError("precision gguf runs on the CPU only, with the file's own weights")
     invariant = dtype is None and dev.type == "cpu" and precision == "bfloat16"
