@@ -249,7 +249,7 @@ async def open_resources(
             loaded,
             fingerprint,
             len(loaded.tokenizer),
-            await asyncio.to_thread(served_drafters, loaded.model),
+            await asyncio.to_thread(served_drafters, loaded.model, loaded.data_dir),
             sync,
             aredis,
             store,
