@@ -12,7 +12,8 @@ shipped head and ngram in the real decoder.
 Writes ``bench/results/<--name>.json`` and ``.md``.
 
     python -m bench.distill_eagle --home DIR --out DIR [--steps 600] [--batch 256]
-        [--max-new-tokens 128] [--prompts 20] [--tokens 128] [--cells 4x4,8x6]
+        [--max-new-tokens 128] [--train-prompts FILE ...] [--threads 2] [--prompts 20]
+        [--tokens 128] [--cells 4x4]
 """
 
 from __future__ import annotations
@@ -42,14 +43,21 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "--batch", str(args.batch), "--max-new-tokens", str(args.max_new_tokens),
         "--device", "cpu", "--json",
     ]  # fmt: skip
-    env = {**os.environ, "POISSONMARK_HOME": str(args.home)}
+    for path in args.train_prompts:
+        command += ["--prompts", str(path)]
+    env = {**os.environ, "POISSONMARK_HOME": str(args.home), "OMP_NUM_THREADS": str(args.threads)}
     started = time.perf_counter()
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"distill failed ({done.returncode}): {done.stderr.strip()}")
     report: dict[str, Any] = json.loads(done.stdout)
-    return {"command": " ".join(command[1:]), "wall_seconds": round(wall, 1), "report": report}
+    return {
+        "command": " ".join(command[1:]),
+        "torch_threads": args.threads,
+        "wall_seconds": round(wall, 1),
+        "report": report,
+    }
 
 
 def main() -> None:
@@ -60,6 +68,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument(
+        "--train-prompts", type=Path, nargs="*", default=[], help="distill's --prompts files"
+    )
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of the training")
     parser.add_argument("--precision", default="gguf", help="the decoder's, for AATPS")
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--tokens", type=int, default=128)
