@@ -32,6 +32,7 @@ from transformers import PreTrainedModel
 
 from sampler.drafters.eagle import EagleHead, new_eagle
 from sampler.drafters.heads import output_head
+from sampler.targets.cpu_features import native_bfloat16
 from sampler.training.optimiser import Checkpoint, Optimisation, Optimiser, TrainLog
 from sampler.training.rollouts import Rollout, RolloutShard
 
@@ -198,6 +199,13 @@ def distill_loss(
     return loss, torch.stack(accept) if accept else torch.empty(0)
 
 
+def mixed_precision(device: torch.device) -> torch.autocast:
+    """bfloat16 autocast where bfloat16 matrix products are native (CUDA; a CPU with AMX
+    bfloat16), else off: float32 (an emulated bfloat16 product is many times slower)."""
+    native = device.type == "cuda" or (device.type == "cpu" and native_bfloat16())
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=native)
+
+
 @dataclass(frozen=True, kw_only=True)
 class EagleDistillConfig(Optimisation):
     """The batched ``ce`` stage (``fit``); optimiser settings:
@@ -236,7 +244,7 @@ def fit(
     draft_tokens: torch.Tensor | None = None,
     checkpoint: Checkpoint | None = None,
 ) -> tuple[EagleHead, TrainLog]:
-    """Train a head (float32 weights, bfloat16 autocast) by ``distill_loss`` on roots drawn
+    """Train a head (float32 weights, ``mixed_precision``) by ``distill_loss`` on roots drawn
     uniformly from ``data`` (with replacement across steps) on the target's device;
     ``draft_tokens``: a fresh head's draft vocabulary (``new_eagle``; ``init``'s own
     otherwise). With a ``checkpoint``, a run resumes from its file where one exists (its steps
@@ -265,7 +273,7 @@ def fit(
     while log.steps < config.steps:
         started = time.perf_counter()
         pick = torch.randint(0, data.roots.numel(), (config.batch,), generator=generator)
-        with torch.autocast(device.type, dtype=torch.bfloat16):
+        with mixed_precision(device):
             loss, _ = distill_loss(
                 head, target, data, data.roots[pick.to(device)], config.lookahead,
                 config.level_decay,
@@ -300,7 +308,7 @@ def validate(
     totals = torch.zeros(lookahead, dtype=torch.float64)
     chunks = 0
     for part in torch.split(data.roots[pick.to(device)], 512):
-        with torch.autocast(device.type, dtype=torch.bfloat16):
+        with mixed_precision(device):
             _, accept = distill_loss(head, target, data, part, lookahead, 1.0, temperature, True)
         totals += accept.double().cpu()
         chunks += 1
