@@ -33,7 +33,7 @@ from keyed import KeyedSource, Secret
 from sampler.completion import chat_prompt_ids
 from sampler.decoder import SamplerConfig, generate
 from sampler.drafters import make_drafter
-from sampler.models import DEFAULT_MODEL, load_model
+from sampler.models import DEFAULT_MODEL, LoadedModel, load_model
 from sampler.processing import Processing
 
 TOP_K = 50
@@ -96,6 +96,67 @@ def _costs(timed: list[TimedDrafter]) -> dict[str, dict[str, float]]:
     }
 
 
+def measure(
+    loaded: LoadedModel,
+    drafters: dict[str, str],
+    cells_of: dict[str, list[tuple[int, int]]],
+    prompts: list[dict[str, Any]],
+    temperatures: list[float],
+    tokens: int,
+    report: bool = False,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """mpfr with each drafter (name -> spec) in each of its (B, L) cells on ``prompts`` at each
+    temperature (top-k 50), every output compared with ``basic-uwm``'s for the same key and
+    nonce. Returns (cells by ``"<name> T=<t> B=<b> L=<l>"``: ``_cell``'s record, the drafting
+    cost per drafter at the first temperature: ``_costs``'s); ``report`` prints each cell."""
+    target = loaded.target
+    eos = frozenset({loaded.tokenizer.eos_token_id})
+    results: dict[str, Any] = {}
+    costs: dict[str, Any] = {}
+    for temperature in temperatures:
+        processing = Processing(temperature, TOP_K, 1.0)
+        refs = []
+        for i, record in enumerate(prompts):
+            ids = chat_prompt_ids(loaded.tokenizer, record.get("prompt"), record.get("messages"))
+            secret = Secret(hashlib.sha256(b"drafters-bench-%d" % i).digest())
+            source = KeyedSource(secret, 4, True, i)
+            config = SamplerConfig("basic-uwm", max_new_tokens=tokens, processing=processing)
+            refs.append((ids, source, generate(target, ids, config, source, eos_ids=eos)))
+        for name, spec in drafters.items():
+            timed: list[TimedDrafter] = []
+            for b, lookahead in cells_of[name]:
+                runs = []
+                for (ids, source, ref), record in zip(refs, prompts, strict=True):
+                    config = SamplerConfig("mpfr", b, lookahead, tokens, processing)
+                    drafter = TimedDrafter(make_drafter(spec, target))
+                    timed.append(drafter)
+                    started = time.perf_counter()
+                    out = generate(target, ids, config, source, drafter, eos_ids=eos)
+                    runs.append(
+                        {
+                            "prompt": record["id"],
+                            "emitted": out.stats.emitted_tokens,
+                            "forwards": out.stats.target_forward_passes,
+                            "accepted_per_level": list(out.stats.accepted_per_level),
+                            "drafted_per_level": list(out.stats.drafted_per_level),
+                            "identical": out.token_ids == ref.token_ids,
+                            "seconds": time.perf_counter() - started,
+                        }
+                    )
+                key = f"{name} T={temperature:g} B={b} L={lookahead}"
+                results[key] = cell = _cell(runs)
+                if report:
+                    print(
+                        f"{key}: AATPS {cell['aatps']:.3f} "
+                        f"acc {[round(a, 2) for a in cell['acceptance_per_level']]} "
+                        f"identical {cell['identical_to_basic_uwm']} {cell['seconds']:.0f}s",
+                        flush=True,
+                    )
+            if temperature == temperatures[0]:
+                costs[name] = _costs(timed)
+    return results, costs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--eagle", action="append", default=[], help="NAME=DIR")
@@ -139,49 +200,9 @@ def main() -> None:
             raise SystemExit(f"--cells-for {name}: not a drafter here ({', '.join(drafters)})")
         cells_of[name] = parse_cells(text)
     prompts = chosen_prompts(0, args.prompts)
-    eos = frozenset({loaded.tokenizer.eos_token_id})
-    results: dict[str, Any] = {}
-    costs: dict[str, Any] = {}
-    for temperature in args.temperatures:
-        processing = Processing(temperature, TOP_K, 1.0)
-        refs = []
-        for i, record in enumerate(prompts):
-            ids = chat_prompt_ids(loaded.tokenizer, record.get("prompt"), record.get("messages"))
-            secret = Secret(hashlib.sha256(b"drafters-bench-%d" % i).digest())
-            source = KeyedSource(secret, 4, True, i)
-            config = SamplerConfig("basic-uwm", max_new_tokens=args.tokens, processing=processing)
-            refs.append((ids, source, generate(target, ids, config, source, eos_ids=eos)))
-        for name, spec in drafters.items():
-            timed: list[TimedDrafter] = []
-            for b, lookahead in cells_of[name]:
-                runs = []
-                for (ids, source, ref), record in zip(refs, prompts, strict=True):
-                    config = SamplerConfig("mpfr", b, lookahead, args.tokens, processing)
-                    drafter = TimedDrafter(make_drafter(spec, target))
-                    timed.append(drafter)
-                    started = time.perf_counter()
-                    out = generate(target, ids, config, source, drafter, eos_ids=eos)
-                    runs.append(
-                        {
-                            "prompt": record["id"],
-                            "emitted": out.stats.emitted_tokens,
-                            "forwards": out.stats.target_forward_passes,
-                            "accepted_per_level": list(out.stats.accepted_per_level),
-                            "drafted_per_level": list(out.stats.drafted_per_level),
-                            "identical": out.token_ids == ref.token_ids,
-                            "seconds": time.perf_counter() - started,
-                        }
-                    )
-                key = f"{name} T={temperature:g} B={b} L={lookahead}"
-                results[key] = cell = _cell(runs)
-                print(
-                    f"{key}: AATPS {cell['aatps']:.3f} "
-                    f"acc {[round(a, 2) for a in cell['acceptance_per_level']]} "
-                    f"identical {cell['identical_to_basic_uwm']} {cell['seconds']:.0f}s",
-                    flush=True,
-                )
-            if temperature == args.temperatures[0]:
-                costs[name] = _costs(timed)
+    results, costs = measure(
+        loaded, drafters, cells_of, prompts, args.temperatures, args.tokens, report=True
+    )
     payload = {
         "what": "mpfr AATPS per drafter, top-k 50, held-out prompts",
         "model": args.model,

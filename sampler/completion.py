@@ -101,9 +101,9 @@ def complete(
     instance: Drafter | None = None
     if config.speculative:
         if drafter is None:
-            instance = default_drafter(loaded.target)
+            instance = default_drafter(loaded.target, loaded.data_dir)
         elif isinstance(drafter, str):
-            instance = make_drafter(drafter, loaded.target)
+            instance = make_drafter(drafter, loaded.target, loaded.data_dir)
         else:
             instance = drafter
     result = generate(loaded.target, ids, config, source, instance, eos_ids(loaded))
@@ -153,11 +153,11 @@ def complete_many(
             spec = request.drafter
             if spec is None:
                 if default is None:
-                    default = default_drafter(loaded.target)
+                    default = default_drafter(loaded.target, loaded.data_dir)
                 spec = default
             if isinstance(spec, str):
                 if spec not in built:
-                    built[spec] = make_drafter(spec, loaded.target)
+                    built[spec] = make_drafter(spec, loaded.target, loaded.data_dir)
                 spec = built[spec]
             instance = fresh_drafter(spec)
         runs.append((request.ids, request.config, request.source, instance))

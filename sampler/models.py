@@ -84,6 +84,8 @@ class LoadedModel:
     ``target`` is what decodes (``sampler.targets.base.Target``: transformers, the row-invariant
     bfloat16 runner, llama.cpp or the static CUDA target; ``precision`` says which); pass it,
     not ``model``, to the decoder, batching, drafters and the detector's model tests.
+    ``data_dir``: the data dir it was loaded from, where drafters trained for it are found
+    (``sampler.drafters.make_drafter``); None for a model built in memory.
     ``model`` is the transformers copy of the weights (float32 on the CPU beside bfloat16 or
     gguf, which also sets ``torch.set_num_threads(1)``, process-wide): drafters share its
     layers, the tree chooser its config. ``dtype`` is the target's compute precision (the
@@ -99,6 +101,7 @@ class LoadedModel:
     dtype: torch.dtype
     precision: str = "float32"
     target: Target = None  # type: ignore[assignment]  # set in __post_init__
+    data_dir: Path | None = None
 
     def __post_init__(self) -> None:
         # a transformers target follows ``model`` (``dataclasses.replace(loaded, model=...)``)
@@ -271,5 +274,5 @@ def load_model(
     set_profile_dir(target, data_dir / "profiles")  # tree "auto"'s forward costs
     return LoadedModel(
         name=model_name(name, data_dir), model=model, tokenizer=tokenizer, device=dev,
-        dtype=dtype, precision=chosen, target=target,
+        dtype=dtype, precision=chosen, target=target, data_dir=data_dir,
     )  # fmt: skip

@@ -19,33 +19,34 @@ the web page reads the served one (``/openapi.json``) for its form's limits.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from transformers import PreTrainedModel
 
 from sampler.completion import MAX_MESSAGES
 from sampler.drafters.eagle import eagle_drafter
-from sampler.drafters.heads import SHIPPED_HEADS, heads_drafter
+from sampler.drafters.heads import SHIPPED_HEADS, find_trained, heads_drafter
 from service.settings import Settings
 
 JsonSchema = dict[str, Any]
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 
 
-def served_drafters(model: PreTrainedModel) -> tuple[str, ...]:
+def served_drafters(model: PreTrainedModel, data_dir: Path | None = None) -> tuple[str, ...]:
     """The drafter specs ``POST /v1/generate`` accepts for ``model``: ``ngram``, ``self:N``
-    for every N below its depth, and ``eagle`` and ``heads`` when the shipped head and heads
-    were trained for it."""
+    for every N below its depth, and ``eagle`` and ``heads`` when a head and heads fit it
+    (trained for it in ``data_dir`` or shipped: ``sampler.drafters.heads.find_trained``)."""
     depth = int(model.config.num_hidden_layers)
     specs = ["ngram", *(f"self:{n}" for n in range(1, depth))]
     try:
-        eagle_drafter("", model)
+        eagle_drafter("", model, data_dir)
         specs.insert(0, "eagle")
     except ValueError:
         pass  # trained for another target
-    if SHIPPED_HEADS.is_dir():
+    if find_trained(data_dir, model, "heads", SHIPPED_HEADS).is_dir():
         try:
-            heads_drafter("", model)
+            heads_drafter("", model, data_dir)
             specs.insert(specs.index("ngram") + 1, "heads")
         except ValueError:
             pass  # trained for another target

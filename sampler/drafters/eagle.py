@@ -42,7 +42,12 @@ from transformers import DynamicCache, LlamaConfig, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
-from sampler.drafters.heads import load_for_target, output_head, target_fingerprint
+from sampler.drafters.heads import (
+    find_trained,
+    load_for_target,
+    output_head,
+    target_fingerprint,
+)
 from sampler.targets.base import Target
 from sampler.targets.transformers import as_target
 from sampler.tree import DraftTree
@@ -369,9 +374,13 @@ def prime_eagle(drafters: list[EagleDrafter], trees: list[DraftTree], level: int
             start += len(nodes)
 
 
-def eagle_drafter(path: str, target: Target | PreTrainedModel) -> EagleDrafter:
-    """Load ``eagle:PATH`` for ``target``; an empty ``path`` means the shipped head
-    (``SHIPPED_EAGLE``).
+def eagle_drafter(
+    path: str, target: Target | PreTrainedModel, data_dir: Path | None = None
+) -> EagleDrafter:
+    """Load ``eagle:PATH`` for ``target``; an empty ``path`` means the head trained for it in
+    ``data_dir`` (``<data dir>/drafters/<fingerprint>/eagle``, written by ``poissonmark
+    distill --drafter eagle``: ``sampler.drafters.heads.find_trained``), else the shipped
+    head (``SHIPPED_EAGLE``).
 
     Raises:
         ValueError: a backend that gives no hidden states (``Target.gives_hidden``), or
@@ -383,6 +392,9 @@ def eagle_drafter(path: str, target: Target | PreTrainedModel) -> EagleDrafter:
             f"eagle drafting needs the target's hidden states; backend {served.backend()} "
             "gives none"
         )
-    directory = Path(path).expanduser() if path else SHIPPED_EAGLE
-    head = EagleHead.load(directory, served.model)
+    model = served.model
+    directory = (
+        Path(path).expanduser() if path else find_trained(data_dir, model, "eagle", SHIPPED_EAGLE)
+    )
+    head = EagleHead.load(directory, model)
     return EagleDrafter(head, served, f"eagle:{path}" if path else "eagle")

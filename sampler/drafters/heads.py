@@ -106,6 +106,24 @@ def load_for_target(
     return module.eval()
 
 
+def trained_dir(data_dir: Path, target: PreTrainedModel, stem: str) -> Path:
+    """``<data dir>/drafters/<target fingerprint>/<stem>``: where ``poissonmark distill`` writes
+    a drafter it trains for ``target`` (``:`` of the fingerprint as ``-``), and where
+    ``heads_drafter`` and ``sampler.drafters.eagle.eagle_drafter`` look for one first."""
+    return data_dir / "drafters" / target_fingerprint(target).replace(":", "-") / stem
+
+
+def find_trained(data_dir: Path | None, target: PreTrainedModel, stem: str, shipped: Path) -> Path:
+    """The directory of ``target``'s ``stem`` drafter: the one trained for it in ``data_dir``
+    (``trained_dir``, where it holds ``<stem>.json``), else the one shipped in the package
+    (``shipped``; ``load_for_target`` refuses it for another target)."""
+    if data_dir is not None:
+        directory = trained_dir(data_dir, target, stem)
+        if (directory / f"{stem}.json").is_file():
+            return directory
+    return shipped
+
+
 def target_fingerprint(target: PreTrainedModel) -> str:
     """``"sha256:<16 hex>"`` of the target's shape and its LM-head and embedding weights,
     rounded to bfloat16 first so that the float32 (CPU) and bfloat16 (CUDA) loads of one model
@@ -315,15 +333,16 @@ def prime_heads(drafters: list[HeadsDrafter], roots: list[int]) -> None:
             drafter._laws = laws[row]
 
 
-def heads_drafter(path: str, target: Target | PreTrainedModel) -> HeadsDrafter:
-    """Load ``heads:PATH`` for ``target``; an empty ``path`` means the shipped heads
-    (``SHIPPED_HEADS``).
+def heads_drafter(
+    path: str, target: Target | PreTrainedModel, data_dir: Path | None = None
+) -> HeadsDrafter:
+    """Load ``heads:PATH`` for ``target``; an empty ``path`` means the heads trained for it in
+    ``data_dir`` (``find_trained``), else the shipped heads (``SHIPPED_HEADS``).
 
     Raises:
         ValueError: a backend that gives no hidden states (``Target.gives_hidden``), or
             ``ParallelHeads.load``'s errors.
     """
-    directory = Path(path).expanduser() if path else SHIPPED_HEADS
     name = f"heads:{path}" if path else "heads"
     served = as_target(target)
     if not served.gives_hidden:
@@ -331,4 +350,8 @@ def heads_drafter(path: str, target: Target | PreTrainedModel) -> HeadsDrafter:
             f"heads drafting needs the target's hidden states; backend {served.backend()} "
             "gives none"
         )
-    return HeadsDrafter(ParallelHeads.load(directory, served.model), served, name)
+    model = served.model
+    directory = (
+        Path(path).expanduser() if path else find_trained(data_dir, model, "heads", SHIPPED_HEADS)
+    )
+    return HeadsDrafter(ParallelHeads.load(directory, model), served, name)

@@ -10,6 +10,8 @@ Li et al. 2025 §3), and level ℓ is fitted to the target's top-k law there by 
 level, 1 − TV of the processed laws on the target's path. The draft vocabulary
 (``draft_vocabulary``) is the N tokens with the most teacher probability over the training
 positions. The on-policy MDraft post-training is ``sampler.training.eagle_train.train``.
+``distill_eagle`` is ``poissonmark distill --drafter eagle``'s run: this stage on the model's
+own rollouts (``sampler.training.rollouts.prepare_data``), resumable, into one directory.
 
 Shapes: N flat positions, M roots, B roots of a step, k teacher tokens, L levels, V vocabulary,
 d hidden size.
@@ -17,9 +19,12 @@ d hidden size.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,7 +32,9 @@ from transformers import PreTrainedModel
 
 from sampler.drafters.eagle import EagleHead, new_eagle
 from sampler.drafters.heads import output_head
-from sampler.training.optimiser import Optimisation, Optimiser, TrainLog
+from sampler.targets.cpu_features import native_bfloat16
+from sampler.training.optimiser import Checkpoint, Optimisation, Optimiser, TrainLog
+from sampler.training.rollouts import Rollout, RolloutShard
 
 
 @dataclass(frozen=True)
@@ -77,10 +84,10 @@ class AnchorData:
         head = output_head(target)
         top_tokens, top_logits = [], []
         for i in range(0, len(flat), chunk):
-            logits = head(flat[i : i + chunk].to(head.weight.dtype)).float()
-            values, indices = logits.topk(top_k, -1)
-            top_tokens.append(indices)
-            top_logits.append(values)
+            rows = flat[i : i + chunk].to(head.weight.device, head.weight.dtype)
+            values, indices = head(rows).float().topk(top_k, -1)
+            top_tokens.append(indices.cpu())
+            top_logits.append(values.cpu())
         return cls(
             flat,
             torch.cat(tokens),
@@ -89,6 +96,41 @@ class AnchorData:
             torch.cat(top_logits),
             torch.cat(roots),
         )
+
+    @classmethod
+    def from_rollouts(
+        cls,
+        target: PreTrainedModel,
+        rollouts: Sequence[Rollout],
+        hiddens: Sequence[torch.Tensor],
+        top_k: int = 50,
+    ) -> AnchorData:
+        """``from_shards`` over one-rollout shards of ``rollouts`` with their (T, d) hidden
+        states (``sampler.training.rollouts.prepare_data``'s); rollouts whose prompt has fewer
+        than 2 tokens hold no root and are left out.
+
+        Raises:
+            ValueError: no rollout is left.
+        """
+        shards = [
+            RolloutShard(
+                seq.id,
+                seq.prompt_len,
+                1.0,
+                0,
+                [torch.tensor(seq.ids, dtype=torch.int32)],
+                [hidden[seq.prompt_len - 2 :].to(torch.bfloat16)],
+            )
+            for seq, hidden in zip(rollouts, hiddens, strict=True)
+            if seq.prompt_len >= 2
+        ]
+        if not shards:
+            raise ValueError("no rollout with a prompt of 2 tokens or more")
+        return cls.from_shards(target, shards, top_k)
+
+    def to(self, device: torch.device) -> AnchorData:
+        """The same data with every tensor on ``device``."""
+        return AnchorData(*(getattr(self, f.name).to(device) for f in fields(self)))
 
 
 def distill_loss(
@@ -157,6 +199,13 @@ def distill_loss(
     return loss, torch.stack(accept) if accept else torch.empty(0)
 
 
+def mixed_precision(device: torch.device) -> torch.autocast:
+    """bfloat16 autocast where bfloat16 matrix products are native (CUDA; a CPU with AMX
+    bfloat16), else off: float32 (an emulated bfloat16 product is many times slower)."""
+    native = device.type == "cuda" or (device.type == "cpu" and native_bfloat16())
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=native)
+
+
 @dataclass(frozen=True, kw_only=True)
 class EagleDistillConfig(Optimisation):
     """The batched ``ce`` stage (``fit``); optimiser settings:
@@ -167,6 +216,7 @@ class EagleDistillConfig(Optimisation):
         steps, batch: optimiser steps and roots per step.
         level_decay: level ℓ's loss weight is level_decay^(ℓ−1).
         seed: root sampling and the fresh head's initialisation.
+        checkpoint_every: steps between ``fit``'s checkpoints (the last step is always saved).
     Raises:
         ValueError: naming the field and its range.
     """
@@ -176,10 +226,11 @@ class EagleDistillConfig(Optimisation):
     batch: int = 256
     warmup: int = 50
     level_decay: float = 0.8
+    checkpoint_every: int = 50
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.at_least(batch=1)
+        self.at_least(batch=1, checkpoint_every=1)
         if not 0 < self.level_decay <= 1:
             raise ValueError(f"level_decay must be in (0, 1], got {self.level_decay}")
 
@@ -191,13 +242,17 @@ def fit(
     init: EagleHead | None = None,
     on_step: Callable[[EagleHead, TrainLog], None] | None = None,
     draft_tokens: torch.Tensor | None = None,
+    checkpoint: Checkpoint | None = None,
 ) -> tuple[EagleHead, TrainLog]:
-    """Train a head (float32 weights, bfloat16 autocast on the CPU) by ``distill_loss`` on
-    roots drawn uniformly from ``data`` (with replacement across steps); ``draft_tokens``:
-    a fresh head's draft vocabulary (``new_eagle``; ``init``'s own otherwise).
+    """Train a head (float32 weights, ``mixed_precision``) by ``distill_loss`` on roots drawn
+    uniformly from ``data`` (with replacement across steps) on the target's device;
+    ``draft_tokens``: a fresh head's draft vocabulary (``new_eagle``; ``init``'s own
+    otherwise). With a ``checkpoint``, a run resumes from its file where one exists (its steps
+    are not repeated: an interrupted run ends with the weights of an uninterrupted one) and
+    saves to it every ``config.checkpoint_every`` steps and after the last.
 
     Raises:
-        ValueError: ``data`` has no root.
+        ValueError: ``data`` has no root; ``Checkpoint.restore``'s errors.
     """
     if data.roots.numel() == 0:
         raise ValueError("no root in the training data")
@@ -212,19 +267,23 @@ def fit(
     head.train()
     optimiser = Optimiser(head, config)
     generator = torch.Generator().manual_seed(config.seed)
-    device_type = next(target.parameters()).device.type
-    log = TrainLog()
+    device = next(target.parameters()).device
+    data = data.to(device)
+    log = checkpoint.restore(head, optimiser, generator) if checkpoint else TrainLog()
     while log.steps < config.steps:
         started = time.perf_counter()
         pick = torch.randint(0, data.roots.numel(), (config.batch,), generator=generator)
-        with torch.autocast(device_type, dtype=torch.bfloat16):
+        with mixed_precision(device):
             loss, _ = distill_loss(
-                head, target, data, data.roots[pick], config.lookahead, config.level_decay
-            )
+                head, target, data, data.roots[pick.to(device)], config.lookahead,
+                config.level_decay,
+            )  # fmt: skip
         entry = optimiser.step(loss)
         log.steps += 1
         log.seconds += time.perf_counter() - started
         log.log.append({**entry, "step": log.steps})
+        if checkpoint and (log.steps % config.checkpoint_every == 0 or log.steps == config.steps):
+            checkpoint.save(head, optimiser, generator, log)
         if on_step is not None:
             on_step(head, log)
     return head.eval(), log
@@ -244,13 +303,14 @@ def validate(
     at ``temperature``, over ``roots`` roots of ``data`` drawn with a fixed seed."""
     generator = torch.Generator().manual_seed(seed)
     pick = torch.randperm(data.roots.numel(), generator=generator)[:roots]
-    device_type = next(target.parameters()).device.type
+    device = next(target.parameters()).device
+    data = data.to(device)
     totals = torch.zeros(lookahead, dtype=torch.float64)
     chunks = 0
-    for part in torch.split(data.roots[pick], 512):
-        with torch.autocast(device_type, dtype=torch.bfloat16):
+    for part in torch.split(data.roots[pick.to(device)], 512):
+        with mixed_precision(device):
             _, accept = distill_loss(head, target, data, part, lookahead, 1.0, temperature, True)
-        totals += accept.double()
+        totals += accept.double().cpu()
         chunks += 1
     return (totals / max(chunks, 1)).tolist()
 
@@ -278,3 +338,65 @@ def vocabulary_coverage(data: AnchorData, tokens: torch.Tensor, vocab_size: int)
     inside[tokens] = True
     laws = torch.softmax(data.teacher_logits, -1).double()
     return float((laws * inside[data.teacher_tokens]).sum(-1).mean())
+
+
+@dataclass(frozen=True)
+class EagleRun:
+    """What ``distill_eagle`` did.
+
+    Attributes:
+        head: the trained head (float32, eval mode), also saved in the run's directory.
+        log: its steps, wall seconds of the steps (over every resumed part) and per-step entries.
+        resumed_from: the step the run resumed from (0: a fresh run).
+        draft_vocab: N, the head's draft vocabulary (0: the whole vocabulary).
+        roots: training roots (``AnchorData.roots``).
+    """
+
+    head: EagleHead
+    log: TrainLog
+    resumed_from: int
+    draft_vocab: int
+    roots: int
+
+
+def distill_eagle(
+    target: PreTrainedModel,
+    rollouts: Sequence[Rollout],
+    hiddens: Sequence[torch.Tensor],
+    config: EagleDistillConfig,
+    out_dir: Path,
+    draft_vocab: int = 16384,
+    on_step: Callable[[EagleHead, TrainLog], None] | None = None,
+) -> EagleRun:
+    """The eagle head for ``target`` from its own rollouts (``prepare_data``'s train split with
+    their hidden states): ``AnchorData.from_rollouts``, the draft vocabulary of the
+    ``draft_vocab`` tokens with the most teacher probability (``draft_vocabulary``; 0, or the
+    vocabulary's size or more: the whole vocabulary), then ``fit``, resumable from
+    ``out_dir/checkpoint.pt``. Writes ``out_dir/eagle.*`` (``EagleHead.save``) and
+    ``out_dir/training.json`` (config, steps, seconds, per-step log).
+
+    Raises:
+        ValueError: ``draft_vocab`` < 0, rollouts without roots, a checkpoint of another run.
+    """
+    if draft_vocab < 0:
+        raise ValueError(f"draft_vocab must be >= 0, got {draft_vocab}")
+    data = AnchorData.from_rollouts(target, rollouts, hiddens)
+    vocab = int(target.config.vocab_size)
+    size = draft_vocab if 0 < draft_vocab < vocab else 0
+    tokens = draft_vocabulary(data, size, vocab) if size else None
+    run = {k: v for k, v in asdict(config).items() if k != "checkpoint_every"}
+    run["data"] = hashlib.sha256(json.dumps([r.ids for r in rollouts]).encode()).hexdigest()
+    run["draft_vocab"] = size
+    checkpoint = Checkpoint(out_dir / "checkpoint.pt", run)
+    head, log = fit(target, data, config, None, on_step, tokens, checkpoint)
+    head.save(out_dir)
+    record = {
+        "run": checkpoint.run,
+        "steps": log.steps,
+        "train_seconds": log.seconds,
+        "resumed_from": checkpoint.resumed_from,
+        "roots": int(data.roots.numel()),
+        "log": log.log,
+    }
+    (out_dir / "training.json").write_text(json.dumps(record, indent=1) + "\n")
+    return EagleRun(head, log, checkpoint.resumed_from, size, int(data.roots.numel()))

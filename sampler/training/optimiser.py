@@ -3,12 +3,15 @@
 
 AdamW over the drafter's parameters, a cosine schedule with linear warm-up
 (``transformers.get_cosine_schedule_with_warmup``), gradient-norm clipping, and one seed for the
-training randomness (nothing here is keyed).
+training randomness (nothing here is keyed). ``Checkpoint`` makes a run resumable: the weights,
+the optimiser, the schedule, the training generator and the log in one file.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -92,3 +95,64 @@ class TrainLog:
     steps: int = 0
     seconds: float = 0.0
     log: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Checkpoint:
+    """A resumable run's state in one file (written atomically: a temporary file, then a rename).
+
+    ``run`` describes what was trained (the config as JSON, a hash of the data…); a file
+    written for another ``run`` is refused, except for ``steps``: a run resumed with more steps
+    continues from the saved step (the cosine schedule stretched to the new total).
+    """
+
+    def __init__(self, path: Path, run: dict[str, Any]) -> None:
+        self.path = path
+        self.run = json.loads(json.dumps(run))
+        self.resumed_from = 0
+
+    @staticmethod
+    def _comparable(run: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in run.items() if k != "steps"}
+
+    def restore(
+        self, module: torch.nn.Module, optimiser: Optimiser, generator: torch.Generator
+    ) -> TrainLog:
+        """Load the saved state into ``module``, ``optimiser`` and ``generator`` and return its
+        log (``resumed_from`` = its step), or a fresh log where there is no file.
+
+        Raises:
+            ValueError: the file was written for another run (naming the path).
+        """
+        if not self.path.is_file():
+            return TrainLog()
+        saved = torch.load(self.path, weights_only=True)
+        if self._comparable(saved.get("run", {})) != self._comparable(self.run):
+            raise ValueError(
+                f"{self.path} was written for another config or other data; use a new --out"
+            )
+        module.load_state_dict(saved["module"])
+        optimiser.load_state_dict(saved)
+        generator.set_state(saved["generator"])
+        log = TrainLog(**saved["log"])
+        self.resumed_from = log.steps
+        return log
+
+    def save(
+        self,
+        module: torch.nn.Module,
+        optimiser: Optimiser,
+        generator: torch.Generator,
+        log: TrainLog,
+    ) -> None:
+        """Write the run's state after ``log.steps`` steps."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        partial = self.path.with_suffix(".partial")
+        state = {
+            "run": self.run,
+            "module": module.state_dict(),
+            **optimiser.state_dict(),
+            "generator": generator.get_state(),
+            "log": asdict(log),
+        }
+        torch.save(state, partial)
+        partial.replace(self.path)

@@ -253,7 +253,7 @@ async def open_resources(
             fingerprint,
             served,
             len(loaded.tokenizer),
-            await asyncio.to_thread(served_drafters, loaded.model),
+            await asyncio.to_thread(served_drafters, loaded.model, loaded.data_dir),
             sync,
             aredis,
             store,

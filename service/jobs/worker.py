@@ -428,13 +428,13 @@ class GenerationWorker:
         means the served model's default (``sampler.drafters.default_drafter``)."""
         if spec is None:
             if self._default_drafter is None:
-                default = default_drafter(self.loaded.target)
+                default = default_drafter(self.loaded.target, self.loaded.data_dir)
                 self._drafters.setdefault(default.name, default)
                 self._default_drafter = default.name
             spec = self._default_drafter
         if spec not in self._drafters:
             try:
-                self._drafters[spec] = make_drafter(spec, self.loaded.target)
+                self._drafters[spec] = make_drafter(spec, self.loaded.target, self.loaded.data_dir)
             except ValueError as exc:  # make_drafter's check of the spec (e.g. self:N too deep)
                 raise InvalidInput("drafter", str(exc)) from None
         return fresh_drafter(self._drafters[spec])

@@ -8,6 +8,7 @@ without hidden states."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from sampler.batch import generate_many
 from sampler.decoder import SamplerConfig, generate
 from sampler.drafters import default_drafter, fresh_drafter, make_drafter
 from sampler.drafters.eagle import SHIPPED_EAGLE, EagleDrafter, EagleHead, new_eagle, prime_eagle
+from sampler.drafters.heads import target_fingerprint, trained_dir
 from sampler.processing import Processing
 from sampler.targets.base import Target
 from sampler.targets.static import ATTENTION_BLOCK, StaticLlama
@@ -274,6 +276,33 @@ def test_a_draft_vocabulary_must_be_distinct_ids_of_the_vocabulary(target):
 
 def test_the_default_drafter_is_ngram_where_the_shipped_head_does_not_fit(target):
     assert default_drafter(target).name == "ngram"
+
+
+def test_a_head_trained_in_the_data_dir_is_found_by_the_targets_fingerprint(target, tmp_path):
+    """``eagle`` without a path: the head in ``<data dir>/drafters/<fingerprint>/eagle`` where
+    there is one, else the shipped head (refused here: another target); a head for another
+    target put in its place is refused by the fingerprint check, naming both."""
+    with pytest.raises(ValueError, match="trained for target"):
+        make_drafter("eagle", target, tmp_path)
+    assert default_drafter(target, tmp_path).name == "ngram"
+    directory = trained_dir(tmp_path, target, "eagle")
+    assert (
+        directory == tmp_path / "drafters" / target_fingerprint(target).replace(":", "-") / "eagle"
+    )
+    head = _random_eagle(target, 6)
+    head.save(directory, dtype=torch.float64)
+    found = make_drafter("eagle", target, tmp_path)
+    assert isinstance(found, EagleDrafter) and found.name == "eagle"
+    for a, b in zip(head.state_dict().values(), found.head.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    assert default_drafter(target, tmp_path).name == "eagle"
+    with pytest.raises(ValueError, match="trained for target"):
+        make_drafter("eagle", target)  # no data dir: the shipped head
+    for name in ("eagle.json", "eagle.safetensors"):
+        shutil.copy(SHIPPED_EAGLE / name, directory / name)
+    shipped_for = json.loads((SHIPPED_EAGLE / "eagle.json").read_text())["target"]
+    with pytest.raises(ValueError, match=f"trained for target {shipped_for}, this target is"):
+        make_drafter("eagle", target, tmp_path)
 
 
 def test_the_shipped_head_carries_its_provenance():

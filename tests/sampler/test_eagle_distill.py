@@ -5,6 +5,8 @@ held-out acceptance and is reproducible from its seed; a shard round-trips throu
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -16,6 +18,7 @@ from sampler.training.eagle_distill import (
     fit,
     validate,
 )
+from sampler.training.optimiser import Checkpoint
 from sampler.training.rollouts import RolloutShard, sample_shards
 from tests.sampler.conftest import VOCAB
 
@@ -143,6 +146,38 @@ def test_fit_is_reproducible_from_its_seed(target, shards):
     b, _ = fit(target, data, config)
     for (name, x), y in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
         assert torch.equal(x, y), name
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_an_interrupted_fit_resumes_to_the_uninterrupted_weights(target, shards, tmp_path):
+    """A run stopped after step 3 (checkpoints every 2 steps) and run again resumes from step
+    2's checkpoint and ends with the weights of an uninterrupted run, its log counting steps 1
+    to 6 once each; a checkpoint of another run is refused, one with fewer steps continues."""
+    data = AnchorData.from_shards(target, shards[0], top_k=TOP_K)
+    config = EagleDistillConfig(lookahead=2, steps=6, batch=16, warmup=1, checkpoint_every=2)
+    whole, _ = fit(target, data, config)
+
+    def stop(head, log) -> None:
+        if log.steps == 3:
+            raise _Stop
+
+    path = tmp_path / "checkpoint.pt"
+    with pytest.raises(_Stop):
+        fit(target, data, config, None, stop, None, Checkpoint(path, {"run": "a"}))
+    again = Checkpoint(path, {"run": "a"})
+    resumed, log = fit(target, data, config, checkpoint=again)
+    assert again.resumed_from == 2 and log.steps == 6
+    assert [e["step"] for e in log.log] == [1, 2, 3, 4, 5, 6]
+    for (name, x), y in zip(whole.state_dict().items(), resumed.state_dict().values(), strict=True):
+        assert torch.equal(x, y), name
+    with pytest.raises(ValueError, match="another config or other data"):
+        fit(target, data, config, checkpoint=Checkpoint(path, {"run": "b"}))
+    longer = Checkpoint(path, {"run": "a", "steps": 8})
+    _, log = fit(target, data, dataclasses.replace(config, steps=8), checkpoint=longer)
+    assert longer.resumed_from == 6 and log.steps == 8 and len(log.log) == 8
 
 
 def test_a_shard_round_trips_through_its_file(shards, tmp_path):
