@@ -36,8 +36,9 @@ H200), so this target never lets a shape change:
 - **CUDA graphs.** On CUDA each group forward (one per window) is captured once, all of them
   by ``capture_windows`` (``bench.speed_gpu`` calls it before its clocks start; else each on
   first use), on one side stream in thread-local capture mode, and replayed: the inputs are
-  copied into static buffers, the logits of the real rows leave the device in one copy
-  (bfloat16, widened on the host: exact).
+  built in page-locked host buffers and copied into the static ones (of the mask only the
+  window the group reads), and the real rows' logits of every group of a forward leave the
+  device in one copy (bfloat16, widened on the host: exact).
 
 The logits come back on the CPU, so processing, keyed clocks, the race and the tree walk run
 on the host's compiled path (``sampler.processing``, ``sampler.race``), as for llama.cpp.
@@ -158,6 +159,8 @@ class StaticLlama(SlotTarget):
             group_slots, rows, capacity, torch.device("cpu"), pin=dev.type == "cuda"
         )
         self._padding_columns = (capacity + torch.arange(rows)).repeat(group_slots)
+        self._staged: Any = None  # CUDA: an event after the last copies out of ``staging``
+        self.host_copies = 0  # device-to-host copies of logits so far: one per forward
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self._pool: Any = None
         self._capture_stream: Any = None  # one side stream for every capture (CUDA only)
@@ -333,6 +336,7 @@ class StaticLlama(SlotTarget):
         logits = [torch.empty((q, self.vocab_size), dtype=out_dtype) for q in counts]
         hidden: list[list[torch.Tensor]] = [[] for _ in caches]
         passes = max(counts, default=0)
+        pending: list[tuple[torch.Tensor, list[tuple[int, int, int]]]] = []
         with self.forward_lock:
             for first in range(0, passes, self.rows):
                 members = [s for s in range(len(caches)) if counts[s] > first]
@@ -343,7 +347,8 @@ class StaticLlama(SlotTarget):
                         group, first, blocks, caches, starts, tokens, depths, visible, bases
                     )
                     out, last = self._run_group(blocks)
-                    self._collect(out, last, group, first, counts, logits, hidden, caches)
+                    pending.append(self._gather(out, last, group, first, counts, hidden, caches))
+            self._to_host(pending, logits)
         for s, cache in enumerate(caches):
             cache.cached = starts[s] + counts[s]
             cache.forward_calls += 1
@@ -378,6 +383,8 @@ class StaticLlama(SlotTarget):
         r = self.rows
         width = blocks * ATTENTION_BLOCK
         host = self.staging
+        if self._staged is not None:  # the last group's copies out of the staging have run
+            self._staged.synchronize()
         ids, positions = host.ids.view(-1, r), host.positions.view(-1, r)
         columns, row_slots = host.columns.view(-1, r), host.row_slots.view(-1, r)
         ids.zero_()
@@ -410,34 +417,58 @@ class StaticLlama(SlotTarget):
         for buffer, staged in zip(inputs.buffers()[:-1], host.buffers()[:-1], strict=True):
             buffer.copy_(staged, non_blocking=True)
         inputs.mask[:, :, :width].copy_(mask, non_blocking=True)
+        if self.runs_on.type == "cuda":
+            self._staged = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            self._staged.record()
 
-    def _collect(
+    def _gather(
         self,
         out: torch.Tensor,
         last: torch.Tensor,
         group: list[int],
         first: int,
         counts: list[int],
-        logits: list[torch.Tensor],
         hidden: list[list[torch.Tensor]],
         caches: list[StaticCache],
-    ) -> None:
-        """Copy the real rows' logits to the host (one copy) and keep hidden states."""
+    ) -> tuple[torch.Tensor, list[tuple[int, int, int]]]:
+        """The real rows' logits of one group forward, gathered on the device (out of the
+        static buffers the next replay overwrites), with (sequence, first pass row, rows)
+        per sequence; hidden states kept on the device."""
         r = self.rows
         index: list[int] = []
         spans: list[tuple[int, int, int]] = []
         for place, s in enumerate(group):
             n = min(counts[s] - first, r)
-            spans.append((s, len(index), n))
+            spans.append((s, first, n))
             index.extend(range(place * r, place * r + n))
         where = torch.tensor(index, dtype=torch.long).to(self.runs_on, non_blocking=True)
-        rows = out.index_select(0, where).to("cpu")  # the one device-to-host copy
-        rows = rows.to(logits[0].dtype)
-        kept = last.index_select(0, where) if any(caches[s].keep_hidden for s in group) else None
-        for s, at, n in spans:
-            logits[s][first : first + n] = rows[at : at + n]
-            if kept is not None and caches[s].keep_hidden:
-                hidden[s].append(kept[at : at + n])
+        rows = out.index_select(0, where)
+        if any(caches[s].keep_hidden for s in group):
+            kept, at = last.index_select(0, where), 0
+            for s, _, n in spans:
+                if caches[s].keep_hidden:
+                    hidden[s].append(kept[at : at + n])
+                at += n
+        return rows, spans
+
+    def _to_host(
+        self,
+        pending: list[tuple[torch.Tensor, list[tuple[int, int, int]]]],
+        logits: list[torch.Tensor],
+    ) -> None:
+        """Every group's gathered logits to the host in one copy (bfloat16 widened there:
+        exact), then into each sequence's (q, V) rows."""
+        if not pending:
+            return
+        gathered = [rows for rows, _ in pending]
+        both = gathered[0] if len(gathered) == 1 else torch.cat(gathered)
+        host = both.to("cpu").to(logits[0].dtype)  # the one device-to-host copy
+        self.host_copies += 1
+        at = 0
+        for _, spans in pending:
+            for s, first, n in spans:
+                logits[s][first : first + n] = host[at : at + n]
+                at += n
 
     @torch.inference_mode()
     def keep(self, cache: StaticCache, prefix: int, slots: list[int]) -> None:

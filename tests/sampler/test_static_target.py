@@ -176,6 +176,27 @@ def test_a_group_sends_only_its_mask_window():
         assert torch.equal(window_only, whole)
 
 
+def test_a_forward_of_many_groups_copies_its_logits_to_the_host_once():
+    """Three sequences over two group slots, one of them in two passes of R rows: three group
+    forwards, one device-to-host copy, and each sequence's logits those of its solo forward
+    (torch.equal)."""
+    static = StaticLlama(
+        tiny_llama(0, layers=2), weights=torch.float32, group_slots=2, rows=4,
+        capacity=4 * ATTENTION_BLOCK, slots=6,
+    )  # fmt: skip
+    prompts = [[(5 * i + 3 * j + 1) % VOCAB for j in range(n)] for i, n in enumerate((6, 3, 2))]
+    solo = [static.new_cache().extend(prompt) for prompt in prompts]
+    caches = [static.new_cache() for _ in prompts]
+    groups, copies = static.group_forwards, static.host_copies
+    together = static.forward(
+        caches, prompts, [list(range(len(p))) for p in prompts],
+        [torch.ones(len(p), len(p), dtype=torch.bool).tril() for p in prompts], [0, 0, 0],
+    )  # fmt: skip
+    assert static.group_forwards - groups == 3 and static.host_copies - copies == 1
+    for alone, batched in zip(solo, together, strict=True):
+        assert torch.equal(alone, batched)
+
+
 def test_every_forward_runs_a_window_capture_windows_captures():
     """The windows captured up front (powers of two of blocks, and the capacity's blocks)
     cover every block count a forward can ask for, at every length up to the capacity."""
