@@ -243,15 +243,15 @@ def group_forward(
         layer_values[inputs.row_slots, :, inputs.columns] = value.to(w.work)
         # (G, g, per, R, D): query head j reads key/value head j // per
         q = query.view(g_slots, r, g, per, dh).permute(0, 2, 3, 1, 4) * scale
-        own_keys = layer_keys[:, :, :window].index_select(0, inputs.group).to(exact)  # (G, g, W, D)
-        own_values = layer_values[:, :, :window].index_select(0, inputs.group).to(exact)
         best = torch.full((g_slots, g, per, r, 1), -math.inf, dtype=exact, device=device)
         total = torch.zeros((g_slots, g, per, r, 1), dtype=exact, device=device)
         acc = torch.zeros((g_slots, g, per, r, dh), dtype=exact, device=device)
         for b in range(blocks):
             lo, hi = b * ATTENTION_BLOCK, (b + 1) * ATTENTION_BLOCK
-            k_b = own_keys[:, :, None, lo:hi]  # (G, g, 1, B, D)
-            v_b = own_values[:, :, None, lo:hi]
+            # the group's slots, one block at a time in the exact dtype: (G, g, 1, B, D) each,
+            # never the whole window at once (W/B times the memory)
+            k_b = layer_keys[:, :, lo:hi].index_select(0, inputs.group).to(exact)[:, :, None]
+            v_b = layer_values[:, :, lo:hi].index_select(0, inputs.group).to(exact)[:, :, None]
             scores = q @ k_b.transpose(-1, -2) + bias[..., lo:hi]  # (G, g, per, R, B)
             top = torch.maximum(best, scores.amax(-1, keepdim=True))
             shift = torch.where(torch.isinf(top), zero, top)
