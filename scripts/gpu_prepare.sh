@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fills the git-ignored staging folders that scripts/gpu_check.sh reads on a borrowed GPU
 # machine, and prints what each of its commands carries (docs/gpu.md, "The plan"):
-#   .whl/   wheels the machine lacks: transformers 5.24 (it has 5.17), gguf, pytest-timeout
+#   .whl/   wheels the machine lacks: transformers 5.24 (it has 5.17), gguf, pytest-timeout,
+#           accelerate (transformers converts a GGUF only with it) and its psutil
 #   .tok/   the real model's tokenizer directory, for random mode without the model package
 #   .gguf/  the model's GGUF (94 MB) in parts, part-0 sized to travel with .whl/ and .tok/,
 #           the others alone; sha256 of the whole file
@@ -16,11 +17,11 @@ LIMIT_BYTES=${LIMIT_BYTES:-$((60 * 1024 * 1024))}
 MARGIN=$((512 * 1024))  # files added to the tree before the commands run
 HOME_DIR=${POISSONMARK_HOME:-$HOME/.local/share/poissonmark}
 
-if ! ls .whl/transformers-5.24.0-*.whl >/dev/null 2>&1; then
+if ! ls .whl/transformers-5.24.0-*.whl .whl/accelerate-1.16.0-*.whl >/dev/null 2>&1; then
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 -d .whl \
-    transformers==5.24.0 gguf==0.19.0 pytest-timeout==2.4.0
+    transformers==5.24.0 gguf==0.19.0 pytest-timeout==2.4.0 accelerate==1.16.0 psutil==7.2.2
 fi
 model_dir=$("$PY" -c "
 from pathlib import Path
