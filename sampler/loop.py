@@ -33,9 +33,8 @@ from sampler.policies import History, KeyedRace, Policy
 from sampler.processing import process
 from sampler.stats import FinishReason, GenerationResult, GenerationStats, count_at
 from sampler.targets.base import Target, TargetLM
-from sampler.targets.masks import chain_visible
 from sampler.targets.profile import profile_for
-from sampler.targets.transformers import as_target, forward_many
+from sampler.targets.transformers import as_target
 from sampler.tree import DraftTree
 
 
@@ -94,8 +93,8 @@ def start_many(
     eos_ids: frozenset[int],
 ) -> list[SequenceState]:
     """Prefill R requests: each target KV cache over its ``prompt[:-1]`` (the last token is
-    the first root), together in one target forward (``targets.transformers.forward_many``: each
-    prompt a causal chain on its own cache; groups split at ``PREFILL_PADDED_TOKENS``); each drafter
+    the first root), together in one target forward (``Target.prefill``: each prompt a causal
+    chain on its own cache, logits unread; groups split at ``PREFILL_PADDED_TOKENS``); each drafter
     starts on its prompt (a method that does not draft drops it).
 
     Args:
@@ -119,13 +118,7 @@ def start_many(
         drafters.append(drafter)
     chains = [(lm, prompt[:-1]) for lm, (prompt, *_) in zip(lms, requests, strict=True)]
     for group in prefill_groups([(lm, chain) for lm, chain in chains if chain]):
-        forward_many(
-            [lm for lm, _ in group],
-            [chain for _, chain in group],
-            [list(range(len(chain))) for _, chain in group],
-            [causal_visible(len(chain)) for _, chain in group],
-            [0] * len(group),
-        )
+        target.prefill([lm for lm, _ in group], [chain for _, chain in group])
     prefill = time.perf_counter() - started
     seqs = []
     for lm, drafter, (prompt, config, source, _) in zip(lms, drafters, requests, strict=True):
@@ -171,12 +164,6 @@ def prefill_groups(
                 continue
         groups.append([item])
     return groups
-
-
-def causal_visible(q: int) -> torch.Tensor:
-    """(q, q) bool: a chain of q new tokens on an empty cache, each seeing itself and those
-    before it (``masks.chain_visible`` with nothing cached)."""
-    return chain_visible(0, q)
 
 
 def step(seq: SequenceState) -> list[int]:

@@ -29,6 +29,8 @@ from typing import Any, Protocol
 import torch
 from transformers import PreTrainedModel
 
+from sampler.targets.masks import chain_visible
+
 __all__ = ["Target", "TargetLM"]
 
 
@@ -145,6 +147,23 @@ class Target:
             S tensors of (q_s, V) logits.
         """
         raise NotImplementedError
+
+    def prefill(self, caches: list[Any], chains: list[list[int]]) -> None:
+        """Causal forwards of S chains into S empty caches, the logits unread (a prompt's
+        prefill: its last token is the first step's root); hidden states are kept as
+        ``forward`` keeps them. By default ``forward``'s logits are dropped; a backend whose
+        logits cost a copy (the static target's device-to-host) skips them.
+
+        Args:
+            caches: S empty caches of this target (one alone: its own ``forward``).
+            chains: per cache, the token ids, each attending to those before it.
+        """
+        depths = [list(range(len(chain))) for chain in chains]
+        visible = [chain_visible(0, len(chain)) for chain in chains]
+        if len(caches) == 1:
+            caches[0].forward(chains[0], depths[0], visible[0], 0)
+        else:
+            self.forward(caches, chains, depths, visible, [0] * len(chains))
 
     def project(self, features: torch.Tensor) -> torch.Tensor | None:
         """The target's final norm and LM head on (n, d) drafter features, through the

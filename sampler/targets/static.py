@@ -66,6 +66,7 @@ import torch
 from transformers import PreTrainedModel
 
 from sampler.targets.families import check_llama_layers
+from sampler.targets.masks import chain_visible
 from sampler.targets.static_kv import SlotTarget, StaticCache
 from sampler.targets.static_layers import ATTENTION_BLOCK, GroupInputs, StaticWeights, group_forward
 
@@ -295,6 +296,8 @@ class StaticLlama(SlotTarget):
         depths: list[list[int]],
         visible: list[torch.Tensor],
         bases: list[int],
+        *,
+        logits: bool = True,
     ) -> list[torch.Tensor]:
         """One forward over S sequences' new tokens (a tree or chain each), every row on its
         own cache, in passes of R rows and groups of G sequences (module docstring).
@@ -306,6 +309,8 @@ class StaticLlama(SlotTarget):
             visible: per sequence, (q_s, P_s + q_s) bool: which cached and new positions each
                 new token attends to; a new token may not see a later pass's tokens.
             bases: per sequence, the position id of depth 0.
+            logits: False: none leaves the device (``prefill``); the tensors returned are
+                then (0, V).
         Returns:
             S tensors of (q_s, V) logits on the CPU, float32 (float64 with float64 weights).
         Raises:
@@ -333,7 +338,7 @@ class StaticLlama(SlotTarget):
                 raise ValueError(f"row {s}: expected token ids in [0, {self.vocab_size})")
         starts = [c.cached for c in caches]  # P_s before this forward
         out_dtype = torch.float64 if self.work == torch.float64 else torch.float32
-        logits = [torch.empty((q, self.vocab_size), dtype=out_dtype) for q in counts]
+        logits_out = [torch.empty((q * logits, self.vocab_size), dtype=out_dtype) for q in counts]
         hidden: list[list[torch.Tensor]] = [[] for _ in caches]
         passes = max(counts, default=0)
         pending: list[tuple[torch.Tensor, list[tuple[int, int, int]]]] = []
@@ -347,14 +352,16 @@ class StaticLlama(SlotTarget):
                         group, first, blocks, caches, starts, tokens, depths, visible, bases
                     )
                     out, last = self._run_group(blocks)
-                    pending.append(self._gather(out, last, group, first, counts, hidden, caches))
-            self._to_host(pending, logits)
+                    rows = self._gather(out, last, group, first, counts, hidden, caches, logits)
+                    pending.append(rows)
+            if logits and pending:
+                self._to_host(pending, logits_out)
         for s, cache in enumerate(caches):
             cache.cached = starts[s] + counts[s]
             cache.forward_calls += 1
             if cache.keep_hidden and hidden[s]:
                 cache.last_hidden = torch.cat(hidden[s])
-        return logits
+        return logits_out
 
     def _blocks_needed(
         self, group: list[int], first: int, starts: list[int], counts: list[int]
@@ -430,10 +437,11 @@ class StaticLlama(SlotTarget):
         counts: list[int],
         hidden: list[list[torch.Tensor]],
         caches: list[StaticCache],
+        logits: bool = True,
     ) -> tuple[torch.Tensor, list[tuple[int, int, int]]]:
         """The real rows' logits of one group forward, gathered on the device (out of the
-        static buffers the next replay overwrites), with (sequence, first pass row, rows)
-        per sequence; hidden states kept on the device."""
+        static buffers the next replay overwrites; none without ``logits``), with (sequence,
+        first pass row, rows) per sequence; hidden states kept on the device."""
         r = self.rows
         index: list[int] = []
         spans: list[tuple[int, int, int]] = []
@@ -442,7 +450,7 @@ class StaticLlama(SlotTarget):
             spans.append((s, first, n))
             index.extend(range(place * r, place * r + n))
         where = torch.tensor(index, dtype=torch.long).to(self.runs_on, non_blocking=True)
-        rows = out.index_select(0, where)
+        rows = out.index_select(0, where) if logits else out[:0]
         if any(caches[s].keep_hidden for s in group):
             kept, at = last.index_select(0, where), 0
             for s, _, n in spans:
@@ -458,8 +466,6 @@ class StaticLlama(SlotTarget):
     ) -> None:
         """Every group's gathered logits to the host in one copy (bfloat16 widened there:
         exact), then into each sequence's (q, V) rows."""
-        if not pending:
-            return
         gathered = [rows for rows, _ in pending]
         both = gathered[0] if len(gathered) == 1 else torch.cat(gathered)
         host = both.to("cpu").to(logits[0].dtype)  # the one device-to-host copy
@@ -469,6 +475,12 @@ class StaticLlama(SlotTarget):
             for s, first, n in spans:
                 logits[s][first : first + n] = host[at : at + n]
                 at += n
+
+    def prefill(self, caches: list[Any], chains: list[list[int]]) -> None:
+        """``Target.prefill``, no logits leaving the device (4,096 tokens: ~400 MB)."""
+        visible = [chain_visible(0, len(chain)) for chain in chains]
+        depths = [list(range(len(chain))) for chain in chains]
+        self.forward(caches, chains, depths, visible, [0] * len(chains), logits=False)
 
     @torch.inference_mode()
     def keep(self, cache: StaticCache, prefix: int, slots: list[int]) -> None:

@@ -22,6 +22,7 @@ from sampler.drafters import (
 from sampler.drafters.heads import HeadsDrafter, new_heads
 from sampler.loop import start, step
 from sampler.processing import Processing
+from sampler.targets.base import Target
 from sampler.targets.transformers import CachedLM, forward_many
 from tests.sampler.conftest import VOCAB
 
@@ -124,11 +125,13 @@ def test_joiners_prefill_in_one_forward(target, other_drafter_model, monkeypatch
     solo = _solo(target, requests)
     prefills: list[list[int]] = []
 
-    def counting(lms, tokens, *args):
-        prefills.append([len(t) for t in tokens])
-        return forward_many(lms, tokens, *args)
+    prefill = Target.prefill
 
-    monkeypatch.setattr(sampler.loop, "forward_many", counting)
+    def counting(self, lms, chains):
+        prefills.append([len(t) for t in chains])
+        return prefill(self, lms, chains)
+
+    monkeypatch.setattr(Target, "prefill", counting)
     batched = _batched(target, requests)
     assert prefills == [[len(p) - 1 for p, *_ in requests if len(p) > 1]]
     assert len(set(prefills[0])) > 1  # mixed prompt lengths in the one forward

@@ -197,6 +197,30 @@ def test_a_forward_of_many_groups_copies_its_logits_to_the_host_once():
         assert torch.equal(alone, batched)
 
 
+def test_a_prefill_copies_no_logits_to_the_host():
+    """``prefill`` (a prompt's chain, logits unread) sends nothing to the host, keeps the
+    hidden states, and the next forward's logits equal those after a prefill by ``extend``
+    (torch.equal)."""
+    static = StaticLlama(
+        tiny_llama(0, layers=2), weights=torch.float32, group_slots=2, rows=4,
+        capacity=4 * ATTENTION_BLOCK, slots=4,
+    )  # fmt: skip
+    prompts = [[(3 * i + 7 * j + 2) % VOCAB for j in range(n)] for i, n in enumerate((9, 5))]
+    by_extend = [static.new_cache() for _ in prompts]
+    for cache, prompt in zip(by_extend, prompts, strict=True):
+        cache.extend(prompt)
+    by_prefill = [static.new_cache() for _ in prompts]
+    for cache in by_prefill:
+        cache.keep_hidden = True
+    copies = static.host_copies
+    static.prefill(by_prefill, prompts)
+    assert static.host_copies == copies
+    for cache, prompt, other in zip(by_prefill, prompts, by_extend, strict=True):
+        assert cache.cached == len(prompt) and cache.forward_calls == 1
+        assert cache.last_hidden is not None and cache.last_hidden.shape[0] == len(prompt)
+        assert torch.equal(cache.extend([5, 6]), other.extend([5, 6]))
+
+
 def test_every_forward_runs_a_window_capture_windows_captures():
     """The windows captured up front (powers of two of blocks, and the capacity's blocks)
     cover every block count a forward can ask for, at every length up to the capacity."""
