@@ -96,6 +96,11 @@ def prepare_workers(settings: Settings) -> str | None:
     return shared
 
 
+WORKER_HEALTHCHECK_SECONDS = 120
+"""How long a worker may take to answer the supervisor's health ping (uvicorn's
+``timeout_worker_healthcheck``) before it is killed and restarted."""
+
+
 def run_server(settings: Settings, *, host: str, port: int, workers: int, log_level: str) -> None:
     """Serve until interrupted (SIGINT/SIGTERM: graceful shutdown of every process).
 
@@ -116,6 +121,12 @@ def run_server(settings: Settings, *, host: str, port: int, workers: int, log_le
     if workers == 1:
         uvicorn.run(create_app(settings, load_in_background=True), **options)
         return
-    config = TcpConfig("service.http.app:served_app", factory=True, workers=workers, **options)
+    # A worker answers the supervisor's health ping from a thread, which waits for the GIL while
+    # the worker imports torch and transformers: on 2 busy cores that took over uvicorn's
+    # default 5 s, and the supervisor killed and restarted every worker before it served.
+    config = TcpConfig(
+        "service.http.app:served_app", factory=True, workers=workers,
+        timeout_worker_healthcheck=WORKER_HEALTHCHECK_SECONDS, **options,
+    )  # fmt: skip
     with contextlib.suppress(KeyboardInterrupt):
         Multiprocess(config, sockets=[config.bind_socket()]).run()  # what uvicorn.run does
