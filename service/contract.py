@@ -76,6 +76,12 @@ def tighten(
         ("ChatMessage", "content", "maxLength", settings.max_prompt_chars),
         ("DetectBatchRequest", "items", "maxItems", settings.max_batch),
     ]
+    for name in ("ChatCompletionRequest", "CompletionRequest"):  # the OpenAI-compatible routes
+        limits.append((name, "B", "maximum", settings.max_drafts))
+        limits.append((name, "L", "maximum", settings.max_lookahead))
+        limits.append((name, "max_tokens", "maximum", settings.max_new_tokens))
+    limits.append(("ChatCompletionRequest", "max_completion_tokens", "maximum",
+                   settings.max_new_tokens))  # fmt: skip
     for name in ("DetectRequest", "DetectInput"):
         limits.append((name, "text", "maxLength", settings.max_text_chars))
         limits.append((name, "token_ids", "maxItems", settings.max_token_ids))
@@ -92,9 +98,10 @@ def tighten(
                 items = branch["items"]
                 items["maximum"] = min(items.get("maximum", vocab_size - 1), vocab_size - 1)
     if drafters is not None:
-        for branch in _branches(schemas, "GenerateRequest", "drafter"):
-            branch.pop("pattern", None)
-            branch["enum"] = list(drafters)
+        for request in ("GenerateRequest", "ChatCompletionRequest", "CompletionRequest"):
+            for branch in _branches(schemas, request, "drafter"):
+                branch.pop("pattern", None)
+                branch["enum"] = list(drafters)
     _integer_bounds(document)
 
 

@@ -129,7 +129,21 @@ def _stream_doc(chunk: str) -> dict[str, Any]:
     return {
         "description": f"The answer; with `stream: true`, `text/event-stream` of `data: <{chunk}>` "
         "chunks, then `data: [DONE]`.",
-        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        "content": {
+            "text/event-stream": {
+                "schema": {  # one server-sent event (no `event:` line: the default, message)
+                    "type": "object",
+                    "properties": {
+                        "event": {"type": "string", "enum": ["message"]},
+                        "data": {
+                            "type": "string",
+                            "description": f"A {chunk} as JSON, or `[DONE]` after the last.",
+                        },
+                    },
+                    "required": ["data"],
+                }
+            }
+        },
     }
 
 
