@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
 from sampler.drafters import make_drafter
@@ -44,39 +44,18 @@ def env(home: Path) -> dict[str, str]:
     return {**kept, "POISSONMARK_HOME": str(home)}
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory, real_tokenizer: Any) -> Path:
-    """A 2-layer random Llama (hidden 32) with SmolLM2's tokenizer, saved as an HF directory."""
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tinyllm")
-    config = LlamaConfig(
-        vocab_size=len(real_tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        eos_token_id=real_tokenizer.eos_token_id,
-    )
-    LlamaForCausalLM(config).save_pretrained(path)
-    real_tokenizer.save_pretrained(path)
-    return path
-
-
 def invoke(env: dict[str, str], *args: str) -> Any:
     return CliRunner().invoke(app, list(args), env=env)
 
 
 def test_distill_eagle_trains_a_head_the_lookup_and_generate_use(
-    env, home, tiny_dir, tmp_path, data_files
+    env, home, tiny_model_dir, tmp_path, data_files
 ):
     prompts = tmp_path / "prompts.jsonl"
     lines = (data_files / "prompts-eli5.jsonl").read_text().splitlines()[:10]
     prompts.write_text("".join(line + "\n" for line in lines))
     args = [
-        "distill", "--drafter", "eagle", "--model", str(tiny_dir), "--prompts", str(prompts),
+        "distill", "--drafter", "eagle", "--model", str(tiny_model_dir), "--prompts", str(prompts),
         "--lookahead", "3", "--batch", "8", "--draft-vocab", "512", "--max-new-tokens", "12",
         "--warmup", "1", "--device", "cpu", "--json",
     ]  # fmt: skip
@@ -87,7 +66,7 @@ def test_distill_eagle_trains_a_head_the_lookup_and_generate_use(
     assert result["train_rollouts"] + result["heldout_rollouts"] == 10
     assert set(result["evaluation"]) == {"T=0.6", "T=1"}
     assert all(1 <= v["tau"] <= 4 and v["contexts"] > 0 for v in result["evaluation"].values())
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))
     out_dir = trained_dir(home, model, "eagle")
     assert result["out"] == str(out_dir)
     for name in ("eagle.json", "eagle.safetensors", "checkpoint.pt", "training.json",
@@ -104,11 +83,12 @@ def test_distill_eagle_trains_a_head_the_lookup_and_generate_use(
     assert [e["step"] for e in training["log"]] == [1, 2, 3, 4, 5]
     assert resumed["train_seconds"] >= result["train_seconds"]
 
-    made = invoke(env, "keys", "create", "--model", str(tiny_dir), "--json")
+    made = invoke(env, "keys", "create", "--model", str(tiny_model_dir), "--json")
     assert made.exit_code == 0, made.output
     key = json.loads(made.stdout)["key_id"]
     common = [
-        "generate", "--key", key, "--model", str(tiny_dir), "--prompt", "Why is the sky blue?",
+        "generate", "--key", key, "--model", str(tiny_model_dir),
+        "--prompt", "Why is the sky blue?",
         "--max-new-tokens", "24", "--nonce", "5", "--temperature", "0.7", "--json",
     ]  # fmt: skip
     texts = {}
