@@ -48,11 +48,16 @@ def draft_law(
     drafter: Drafter, tree: DraftTree, level: int, committed: list[int], processing: Processing
 ) -> Support:
     """Q_k at the n nodes of depth ``level - 1``: the drafter's logits processed as the
-    target's (``sampler.processing.process``). A point-mass drafter (one with ``points``:
-    n-gram, fixed token) gives its (n, 1) support directly, what processing would return
+    target's (``sampler.processing.process``). A drafter with ``support`` processes its own
+    law (the eagle head over its draft vocabulary: N columns instead of V). A point-mass
+    drafter (one with ``points``: n-gram, fixed token) gives its (n, 1) support directly, what
+    processing would return
     without its cost (temperature, top-k and top-p leave a point mass as it is; the other slots
     of the processed support are -inf, which no race draws). Processing a (1, 49152) point
     mass took ~100 us warm (one-off timing), 25x the n-gram lookup itself."""
+    support = getattr(drafter, "support", None)
+    if support is not None:  # a drafter that processes its own law (a draft vocabulary)
+        return support(tree, level, committed, processing)  # type: ignore[no-any-return]
     points = getattr(drafter, "points", None)
     if points is None:
         # processed on the host whatever the drafter's device: one copy of the level's rows

@@ -42,12 +42,14 @@ from transformers import DynamicCache, LlamaConfig, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
+from sampler.drafters.eagle_level import MAX_DEPTH, FastLevel, int8_available
 from sampler.drafters.heads import (
     find_trained,
     load_for_target,
     output_head,
     target_fingerprint,
 )
+from sampler.processing import Processing, Support, process
 from sampler.targets.base import Target
 from sampler.targets.transformers import as_target
 from sampler.tree import DraftTree
@@ -265,7 +267,9 @@ class EagleDrafter:
     The decoder hands it the target's hidden state at the token before each step's root
     (``see_target_hidden``); ``propose`` at level s runs the head once over the n nodes of
     depth s − 1 and keeps their states and path caches for level s + 1. Without a hidden state
-    (a one-token prompt) it proposes nothing: the tree stays empty.
+    (a one-token prompt) it proposes nothing: the tree stays empty. A float32 head drafts
+    through ``sampler.drafters.eagle_level.FastLevel`` (8-bit weights on the CPU), other
+    dtypes through the head itself.
     """
 
     uses_target_hidden = True
@@ -281,6 +285,10 @@ class EagleDrafter:
         self._states: torch.Tensor | None = None  # (n, d) of the last drafted level
         self._paths: PathCache | None = None
         self._primed: tuple[int, torch.Tensor] | None = None  # (level, its logits)
+        self.fast: FastLevel | None = None
+        if head.fuse.weight.dtype == torch.float32:
+            device = head.fuse.weight.device
+            self.fast = FastLevel(head, self.target.model, int8_available(device))
 
     def start(self, prompt: list[int]) -> None:
         self._hidden = None
@@ -297,8 +305,30 @@ class EagleDrafter:
     @torch.inference_mode()
     def propose(self, tree: DraftTree, level: int, committed: list[int]) -> torch.Tensor:
         """(n, V) logits of Q(·|c) for the n nodes of depth ``level - 1`` (tree order): the
-        target model's dtype, or the backend's head's (``Target.project``); all −inf without a
-        hidden state. Levels must come in order 1, 2, … within a step."""
+        target model's dtype, or the backend's head's (``Target.project``), float32 through the
+        fast level; all −inf without a hidden state. Levels must come in order 1, 2, … within
+        a step."""
+        return self._expand(self._level_logits(tree, level))
+
+    @torch.inference_mode()
+    def support(
+        self, tree: DraftTree, level: int, committed: list[int], processing: Processing
+    ) -> Support:
+        """``process(propose(...), processing)`` without the (n, V) row: with a draft
+        vocabulary the processing runs over its N columns and the slots map back to token ids.
+        The same support: the columns outside it are −inf, which top-k, top-p and the softmax
+        never keep, and the draft tokens are sorted, so ties break in the same order."""
+        compact = self._level_logits(tree, level).cpu()
+        support = process(compact, processing)
+        if compact.shape[1] == self.vocab_size:
+            return support
+        tokens = self.head.draft_tokens
+        assert tokens is not None  # a narrower row comes from a draft vocabulary
+        return Support(tokens=tokens.cpu()[support.tokens], logp=support.logp)
+
+    def _level_logits(self, tree: DraftTree, level: int) -> torch.Tensor:
+        """Level ``level``'s logits, (n, N) over the draft vocabulary through the fast level,
+        else (n, V) (``propose``)."""
         self.calls += 1
         nodes = tree.levels[level - 1]
         if self._primed is not None and self._primed[0] == level:
@@ -307,9 +337,34 @@ class EagleDrafter:
         if self._hidden is None or not nodes:
             return torch.full((len(nodes), self.vocab_size), -torch.inf, dtype=torch.float32)
         state, embedding, past = self._inputs(tree, level)
-        self._states, self._paths = self.head.advance(state, embedding, past)
+        self._states, self._paths = self.advance(state, embedding, past)
         self._level = {node: row for row, node in enumerate(nodes)}
-        return self.head.logits(self.target, self._states)
+        return self.level_logits(self._states)
+
+    def advance(
+        self, state: torch.Tensor, embedding: torch.Tensor, past: PathCache | None
+    ) -> tuple[torch.Tensor, PathCache]:
+        """``EagleHead.advance`` through the fast level where there is one (``FastLevel``;
+        paths deeper than its rotary table go through the head)."""
+        if self.fast is not None and (past is None or past[0].shape[2] < MAX_DEPTH):
+            return self.fast.advance(state, embedding, past)
+        return self.head.advance(state, embedding, past)
+
+    def level_logits(self, states: torch.Tensor) -> torch.Tensor:
+        """The logits of (n, d) states: through the fast level with a draft vocabulary its
+        (n, N) float32 columns (``_expand`` widens them), else ``EagleHead.logits``' (n, V)."""
+        if self.fast is None:
+            return self.head.logits(self.target, states)
+        return self.fast.draft_logits(states)
+
+    def _expand(self, logits: torch.Tensor) -> torch.Tensor:
+        """(n, V) from ``level_logits``: the draft vocabulary's columns in place, −inf
+        elsewhere."""
+        tokens = self.head.draft_tokens
+        if logits.shape[1] == self.vocab_size or tokens is None:
+            return logits
+        full = logits.new_full((logits.shape[0], self.vocab_size), -torch.inf)
+        return full.index_copy(1, tokens.to(logits.device), logits)
 
     def _inputs(
         self, tree: DraftTree, level: int
@@ -339,6 +394,9 @@ def prime_eagle(drafters: list[EagleDrafter], trees: list[DraftTree], level: int
     gets the laws and states its own ``propose`` would compute, which its next ``propose``
     at this level returns; drafters sharing one ``head`` are batched together (their paths
     all have ``level`` entries: a rectangular batch). ``sampler.batch`` calls it per level.
+    With 8-bit weights (``FastLevel``) the rows of one call share their activations' scale, so
+    a law may differ a little from the one drafted alone; the emitted tokens never depend on
+    the drafter's law (MPFR paper Thm. 5.1).
 
     Args:
         drafters: R drafters, one per request.
@@ -362,8 +420,8 @@ def prime_eagle(drafters: list[EagleDrafter], trees: list[DraftTree], level: int
             values = torch.cat([i[2][1] for i in inputs if i[2] is not None])
             past = (keys, values)
         head = members[0][0]
-        states, (keys, values) = head.head.advance(state, embedding, past)
-        logits = head.head.logits(head.target, states)
+        states, (keys, values) = head.advance(state, embedding, past)
+        logits = head.level_logits(states)
         start = 0
         for drafter, tree in members:
             nodes = tree.levels[level - 1]
