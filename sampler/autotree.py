@@ -21,7 +21,8 @@ choice is a cost model in the spirit of Sequoia (Chen et al. 2024):
   counted from its
   steps; a larger B never estimated below a smaller one).
 - f: the share of the planned B·ℓ nodes the drafter actually proposes (an n-gram drafter with
-  no match proposes none), c: drafting seconds per level, o: the step's other seconds (walk,
+  no match proposes none), c: drafting seconds per level (0 until measured: the first tree
+  with an unmeasured drafter counts as an explore), o: the step's other seconds (walk,
   race, KV keep), s and s₀: its tree and one-token forwards' measured seconds over the
   profile's (``TreeChooser.forward_scale``); running means of this request's steps.
 - only where the target's logits do not depend on the tree (``tree_invariant``: the bfloat16
@@ -38,7 +39,19 @@ choice is a cost model in the spirit of Sequoia (Chen et al. 2024):
   decoding time (``TreeChooser.explore_interval``: a drafter whose pass costs two steps
   explores every 64th step at most). On llama.cpp, where no tree pays, exploring every 8th
   step cost ~6 %; resetting to 8 on each accepted explore, one in 5-7 with the
-  n-gram drafter on chat answers, ~4 % (one-off runs).
+  n-gram drafter on chat answers, ~4 % (one-off runs). Explores also stop once their
+  measured loss reaches ``EXPLORE_BUDGET`` of the request's time (its steps so far and its
+  tokens still to go at the one-token rate): a lone request never pays more than that for them.
+- a process remembers (``TreeMemory``, per target, drafter and processing): every request's
+  steps also count there, and a new request starts from it — the drafter's cost, the forward
+  scales and the other seconds as ``MEMORY_COST_STEPS`` steps of evidence, acceptance and the
+  proposal rate as ``MEMORY_ACCEPTANCE_STEPS`` (they differ more between requests) — instead of
+  from the priors, so its first explore is priced and a drafter that pays is used at once.
+- in a batch (``BatchPrice``: R ≥ 2 requests share one forward) a node costs the batch's
+  marginal row time, not a lone forward's: a step is worth its expected tokens less the
+  seconds it adds to the shared step, t(r + 1 + f·B·ℓ) − t(r + 1) + ℓ·c (r: the rows the other
+  requests already put in the forward), at the batch's one-token rate R / t(R) tokens a
+  second; a one-token step is worth 1.
 
 Shapes: n tree nodes (root included); B drafts; ℓ depth.
 """
@@ -46,6 +59,8 @@ Shapes: n tree nodes (root included); B drafts; ℓ depth.
 from __future__ import annotations
 
 import logging
+import threading
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Final
@@ -64,6 +79,8 @@ PRIOR_REJECTED: Final = 2.0
 EXPLORE_EVERY: Final = 8
 EXPLORE_MAX: Final = 64
 EXPLORE_BUDGET: Final = 0.02  # explores' expected loss, as a share of decoding time
+MEMORY_COST_STEPS: Final = 64.0  # a new request's start: the process's costs, as this many steps
+MEMORY_ACCEPTANCE_STEPS: Final = 16.0  # ... and its acceptance and proposal rate
 
 
 def tree_invariant(target: Target | PreTrainedModel) -> bool:
@@ -82,7 +99,7 @@ class _Mean:
     """A running mean (``None`` until the first value)."""
 
     total: float = 0.0
-    count: int = 0
+    count: float = 0.0
 
     def add(self, value: float) -> None:
         self.total += value
@@ -90,6 +107,126 @@ class _Mean:
 
     def get(self, default: float) -> float:
         return self.total / self.count if self.count else default
+
+    def capped(self, count: float) -> _Mean:
+        """The same mean, weighing at most ``count`` values."""
+        if self.count <= count:
+            return _Mean(self.total, self.count)
+        return _Mean(self.total * count / self.count, count)
+
+
+@dataclass
+class Evidence:
+    """What tree steps showed: per B the levels reached and accepted, and running means of
+    the drafter's seconds per level, the fill f, the proposal rate π, the other seconds o and
+    the forward scales (module docstring). One request's (``TreeChooser``) or a process's
+    (``TreeMemory``)."""
+
+    reached: dict[int, list[float]] = field(default_factory=dict)
+    accepted: dict[int, list[float]] = field(default_factory=dict)
+    draft_level: _Mean = field(default_factory=_Mean)  # seconds per drafted level
+    fill: _Mean = field(default_factory=_Mean)  # proposed nodes / planned B·ℓ
+    proposing: _Mean = field(default_factory=_Mean)  # tree steps with a proposal: 1, else 0
+    other: _Mean = field(default_factory=_Mean)  # seconds of a step besides forward + drafts
+    scale: dict[bool, _Mean] = field(
+        default_factory=lambda: {False: _Mean(), True: _Mean()}
+    )  # measured / profiled forward seconds, one-token and tree steps
+
+    def add(
+        self,
+        profile: ForwardProfile,
+        drafts: int,
+        depth: int,
+        proposed: int,
+        accepted: int,
+        stopped: bool,
+        draft_seconds: float,
+        other_seconds: float,
+        forward_seconds: float | None,
+        max_depth: int,
+    ) -> None:
+        """Count one step (``TreeChooser.observe``'s arguments)."""
+        self.other.add(other_seconds)
+        if forward_seconds is not None:
+            self.scale[proposed > 0].add(forward_seconds / profile.cost(1 + proposed))
+        if depth == 0:
+            return
+        self.draft_level.add(draft_seconds / depth)
+        self.fill.add(proposed / (drafts * depth))
+        self.proposing.add(1.0 if proposed else 0.0)
+        if not proposed:  # nothing to accept: the acceptance rates count proposals only
+            return
+        reached = self.reached.setdefault(drafts, [])
+        hits = self.accepted.setdefault(drafts, [])
+        if len(reached) < max_depth:  # a process's requests may differ in L
+            reached.extend([0.0] * (max_depth - len(reached)))
+            hits.extend([0.0] * (max_depth - len(hits)))
+        for level in range(1, min(accepted + (0 if stopped else 1), depth, max_depth) + 1):
+            reached[level - 1] += 1
+            if level <= accepted:
+                hits[level - 1] += 1
+
+    def seed(self, max_depth: int) -> Evidence:
+        """A new request's start from a process's evidence (module docstring): costs weighing
+        at most ``MEMORY_COST_STEPS`` steps, acceptance and proposal rate
+        ``MEMORY_ACCEPTANCE_STEPS``, levels beyond ``max_depth`` dropped."""
+        out = Evidence(
+            draft_level=self.draft_level.capped(MEMORY_COST_STEPS),
+            fill=self.fill.capped(MEMORY_COST_STEPS),
+            proposing=self.proposing.capped(MEMORY_ACCEPTANCE_STEPS),
+            other=self.other.capped(MEMORY_COST_STEPS),
+            scale={k: v.capped(MEMORY_COST_STEPS) for k, v in self.scale.items()},
+        )
+        for drafts, reached in self.reached.items():
+            weight = min(1.0, MEMORY_ACCEPTANCE_STEPS / reached[0]) if reached[0] else 1.0
+            levels = [0.0] * max_depth
+            hits = [0.0] * max_depth
+            for level in range(min(max_depth, len(reached))):
+                levels[level] = reached[level] * weight
+                hits[level] = self.accepted[drafts][level] * weight
+            out.reached[drafts], out.accepted[drafts] = levels, hits
+        return out
+
+
+@dataclass
+class TreeMemory:
+    """A process's tree evidence for one target, drafter and processing (module docstring);
+    ``memory_for`` gives the shared one. Thread-safe: the service's workers step requests from
+    several threads."""
+
+    evidence: Evidence = field(default_factory=Evidence)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def seed(self, max_depth: int) -> Evidence:
+        with self.lock:
+            return self.evidence.seed(max_depth)
+
+
+_MEMORIES: weakref.WeakKeyDictionary[object, dict[tuple[object, ...], TreeMemory]] = (
+    weakref.WeakKeyDictionary()
+)
+_MEMORIES_LOCK = threading.Lock()
+
+
+def memory_for(target: object, drafter: str, processing: object) -> TreeMemory:
+    """The process's ``TreeMemory`` for ``target`` (held weakly: it goes with the target),
+    the drafter's name and the request's processing (acceptance moves with T, top-k, top-p)."""
+    with _MEMORIES_LOCK:
+        memories = _MEMORIES.setdefault(target, {})
+        return memories.setdefault((drafter, processing), TreeMemory())
+
+
+@dataclass(frozen=True)
+class BatchPrice:
+    """How a node is priced in a step that R >= 2 requests share (module docstring).
+
+    Attributes:
+        rows: the rows the other requests put in the forward so far (at least their roots).
+        rate: the batch's one-token rate, tokens per second: R / t(R).
+    """
+
+    rows: int
+    rate: float
 
 
 @dataclass
@@ -107,25 +244,23 @@ class TreeChooser:
     profile: ForwardProfile
     max_drafts: int
     max_depth: int
+    memory: TreeMemory | None = None
     choices: Counter[tuple[int, int]] = field(default_factory=Counter)
-    _reached: dict[int, list[int]] = field(default_factory=dict)
-    _accepted: dict[int, list[int]] = field(default_factory=dict)
-    _draft_level: _Mean = field(default_factory=_Mean)  # seconds per drafted level
-    _fill: _Mean = field(default_factory=_Mean)  # proposed nodes / planned B·ℓ
-    _proposing: _Mean = field(default_factory=_Mean)  # tree steps with a proposal: 1, else 0
-    _other: _Mean = field(default_factory=_Mean)  # seconds of a step besides forward + drafts
-    _scale: dict[bool, _Mean] = field(
-        default_factory=lambda: {False: _Mean(), True: _Mean()}
-    )  # measured / profiled forward seconds, one-token and tree steps
+    evidence: Evidence = field(default_factory=Evidence)
     _since_tree: int = 0
     _explore_every: int = EXPLORE_EVERY
     _exploring: bool = False
+    _elapsed: float = 0.0  # seconds of this request's observed steps
+    _explore_loss: float = 0.0  # of them, what its explores cost beyond their tokens
+    _remaining: int = 0  # tokens to go at the last choice
 
     def __post_init__(self) -> None:
         if self.max_drafts < 1 or self.max_depth < 1:
             raise ValueError(f"expected caps >= 1, got B {self.max_drafts}, L {self.max_depth}")
         smaller = [b for b in CANDIDATE_DRAFTS if b < self.max_drafts]
         self.drafts_options = (*smaller, self.max_drafts)
+        if self.memory is not None:
+            self.evidence = self.memory.seed(self.max_depth)
 
     def acceptance(self, drafts: int, level: int) -> float:
         """a_level(B): the posterior mean acceptance at ``level`` (1-based) given the level
@@ -134,8 +269,8 @@ class TreeChooser:
         for b in self.drafts_options:
             if b > drafts:
                 break
-            reached = self._reached.get(b, [])
-            accepted = self._accepted.get(b, [])
+            reached = self.evidence.reached.get(b, [])
+            accepted = self.evidence.accepted.get(b, [])
             r = reached[level - 1] if level <= len(reached) else 0
             a = accepted[level - 1] if level <= len(accepted) else 0
             best = max(best, (a + PRIOR_ACCEPTED) / (r + PRIOR_ACCEPTED + PRIOR_REJECTED))
@@ -144,7 +279,7 @@ class TreeChooser:
     def proposal_rate(self) -> float:
         """π: the share of this request's tree steps where the drafter proposed a node (1
         before the first; an n-gram drafter without a match proposes none)."""
-        return self._proposing.get(1.0)
+        return self.evidence.proposing.get(1.0)
 
     def expected_tokens(self, drafts: int, depth: int) -> float:
         """1 + π·Σ_{s<=ℓ} Π_{j<=s} a_j(B): emitted tokens of a step, the bonus included."""
@@ -160,42 +295,79 @@ class TreeChooser:
         before the first. On llama.cpp a 2-node forward inside requests cost 1.31-1.5
         one-token ones (``measure_profile``'s comment), and other load on the machine scales
         every forward."""
-        return self._scale[tree].get(1.0)
+        return self.evidence.scale[tree].get(1.0)
+
+    def level_seconds(self) -> float:
+        """c: the drafter's measured seconds per level, 0 until measured (no tree step yet in
+        this request or in its process's memory); a tree run before that counts as an
+        explore (``choose``)."""
+        return self.evidence.draft_level.get(0.0)
 
     def expected_seconds(self, drafts: int, depth: int) -> float:
         """s·t(1 + f·B·ℓ) + ℓ·c + o (module docstring; s: ``forward_scale``)."""
-        other = self._other.get(0.0)
+        other = self.evidence.other.get(0.0)
         if depth == 0:
             return self.forward_scale(False) * self.profile.cost(1) + other
-        nodes = 1 + self._fill.get(1.0) * drafts * depth
+        nodes = 1 + self.evidence.fill.get(1.0) * drafts * depth
         forward = self.forward_scale(True) * self.profile.cost(nodes)
-        return forward + depth * self._draft_level.get(0.0) + other
+        return forward + depth * self.level_seconds() + other
 
-    def choose(self, remaining: int) -> tuple[int, int]:
+    def choose(self, remaining: int, price: BatchPrice | None = None) -> tuple[int, int]:
         """(B, ℓ) for the next step, ℓ <= ``remaining`` tokens to go; (1, 0): no tree. The
-        caller ``record``s what it runs (a node cap may shrink it)."""
-        depth_cap = min(self.max_depth, max(remaining, 0))
-        best, best_rate = (1, 0), 1.0 / self.expected_seconds(1, 0)
-        best_tree, best_tree_rate = None, 0.0
+        caller ``record``s what it runs (a node cap may shrink it). Alone: the best expected
+        tokens per second; with a ``price`` (a shared batch step), the best expected tokens
+        less the seconds the tree adds to the batch's forward at its rate (module docstring)."""
+        self._remaining = max(remaining, 0)
+        depth_cap = min(self.max_depth, self._remaining)
+        if price is None:
+            best, best_rate = (1, 0), 1.0 / self.expected_seconds(1, 0)
+        else:
+            best, best_rate = (1, 0), 1.0
+            base = self.profile.cost(price.rows + 1)
+            scale = self.forward_scale(True)
+            fill = self.evidence.fill.get(1.0)
+            level_seconds = self.level_seconds()
+        best_tree, best_tree_rate = None, -float("inf")
         for drafts in self.drafts_options:
             tokens, survive = 1.0, self.proposal_rate()
             for depth in range(1, depth_cap + 1):  # the sum of expected_tokens, incrementally
                 survive *= self.acceptance(drafts, depth)
                 tokens += survive
-                rate = tokens / self.expected_seconds(drafts, depth)
+                if price is None:
+                    rate = tokens / self.expected_seconds(drafts, depth)
+                else:
+                    rows = price.rows + 1 + fill * drafts * depth
+                    added = scale * (self.profile.cost(rows) - base) + depth * level_seconds
+                    rate = tokens - price.rate * added
                 if rate > best_tree_rate:
                     best_tree, best_tree_rate = (drafts, depth), rate
         if best_tree is not None and best_tree_rate > best_rate:
             best = best_tree
+            # priced with an unmeasured drafter: its loss counts against the explore budget
+            self._exploring = self.evidence.draft_level.count == 0
         elif (
             best_tree is not None
             and self._since_tree + 1 >= self._explore_every  # cheap test first: every step
             and self._since_tree + 1 >= self.explore_interval()
+            and self.explore_fits()
         ):
             best = (1, 1)  # explore, cheaply: does the drafter's best guess start to match?
             self._exploring = True
         self._since_tree = 0 if best[1] > 0 else self._since_tree + 1
         return best
+
+    def explore_loss(self) -> float:
+        """An explore's expected seconds beyond what its expected tokens cost one at a time:
+        seconds(1, 1) − tokens(1, 1)·seconds(1, 0), at least 0."""
+        step = self.expected_seconds(1, 0)
+        return max(self.expected_seconds(1, 1) - self.expected_tokens(1, 1) * step, 0.0)
+
+    def explore_fits(self) -> bool:
+        """Whether one more explore keeps the request's explores within ``EXPLORE_BUDGET`` of
+        its time: their measured loss so far plus this one's expected loss against its steps'
+        seconds so far plus its tokens to go at the one-token rate."""
+        total = self._elapsed + self._remaining * self.expected_seconds(1, 0)
+        return self._explore_loss + self.explore_loss() <= EXPLORE_BUDGET * total
 
     def explore_interval(self) -> float:
         """One-token steps between explores: the back-off interval (doubled by a rejected
@@ -206,8 +378,7 @@ class TreeChooser:
         through a float32 LM head after a llama.cpp forward: ~22 ms once timed, two steps) explores
         rarely; a cheap one (n-gram lookup) at the back-off interval."""
         step = self.expected_seconds(1, 0)
-        loss = self.expected_seconds(1, 1) - self.expected_tokens(1, 1) * step
-        floor = loss / (EXPLORE_BUDGET * step) if step > 0 else 0.0
+        floor = self.explore_loss() / (EXPLORE_BUDGET * step) if step > 0 else 0.0
         return max(self._explore_every, min(floor, EXPLORE_MAX))
 
     def record(self, drafts: int, depth: int) -> tuple[int, int]:
@@ -242,28 +413,25 @@ class TreeChooser:
             forward_seconds: its verification forward's time, when it ran alone: scales the
                 profile (``forward_scale``).
         """
-        self._other.add(other_seconds)
-        if forward_seconds is not None:
-            expected = self.profile.cost(1 + proposed)
-            self._scale[proposed > 0].add(forward_seconds / expected)
-        if depth == 0:
-            return
-        if self._exploring:
+        measured = (
+            forward_seconds
+            if forward_seconds is not None
+            else self.forward_scale(proposed > 0) * self.profile.cost(1 + proposed)
+        )
+        seconds = draft_seconds + other_seconds + measured
+        one_token = self.expected_seconds(1, 0)
+        self._elapsed += seconds
+        step = (drafts, depth, proposed, accepted, stopped, draft_seconds, other_seconds)
+        self.evidence.add(self.profile, *step, forward_seconds, self.max_depth)
+        if self.memory is not None:
+            with self.memory.lock:
+                self.memory.evidence.add(self.profile, *step, forward_seconds, self.max_depth)
+        if depth > 0 and self._exploring:
             self._exploring = False
+            self._explore_loss += seconds - (accepted + 1) * one_token
             rejected = accepted == 0 and not stopped
             self._explore_every = (
                 min(2 * self._explore_every, EXPLORE_MAX)
                 if rejected
                 else max(self._explore_every // 2, EXPLORE_EVERY)
             )
-        self._draft_level.add(draft_seconds / depth)
-        self._fill.add(proposed / (drafts * depth))
-        self._proposing.add(1.0 if proposed else 0.0)
-        if not proposed:  # nothing to accept: the acceptance rates count proposals only
-            return
-        reached = self._reached.setdefault(drafts, [0] * self.max_depth)
-        hits = self._accepted.setdefault(drafts, [0] * self.max_depth)
-        for level in range(1, min(accepted + (0 if stopped else 1), depth) + 1):
-            reached[level - 1] += 1
-            if level <= accepted:
-                hits[level - 1] += 1

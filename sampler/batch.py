@@ -18,6 +18,11 @@ A request's emitted ids are those it gets served alone (up to the floating-point
 batched forward, which in float64 never changed a token in the tests): its tokens are its own
 keyed race winners at its own contexts.
 
+Tree ``auto``: each request's chooser prices its nodes at the batch's marginal row
+(``sampler.autotree.BatchPrice``: the rows the requests before it planned, the batch's one-token
+rate), so a tree is drafted where its expected tokens beat the time it adds to the shared
+forward.
+
 Node budget: with ``node_budget`` set, a step whose trees could exceed it (Σ 1 + B·ℓ) caps
 each keyed-race request's tree at ``node_budget // R`` nodes (``loop.new_tree``; one node: a
 one-token step): a smaller B and ℓ, the same output (Thm. 5.1: the keyed race's output is
@@ -34,6 +39,7 @@ from dataclasses import dataclass
 from transformers import PreTrainedModel
 
 from keyed import KeyedSource
+from sampler.autotree import BatchPrice
 from sampler.drafters import Drafter
 from sampler.drafters.eagle import EagleDrafter, prime_eagle
 from sampler.drafters.heads import HeadsDrafter, prime_heads
@@ -77,7 +83,15 @@ def step_many(seqs: list[SequenceState], node_budget: int | None = None) -> list
         bound = sum(1 + s.config.effective_drafts * s.config.effective_lookahead for s in seqs)
         if bound > node_budget:
             cap = max(node_budget // len(seqs), 1)
-    planned = [new_tree(s, cap if budget_invariant(s) else None) for s in seqs]
+    planned, extra = [], 0
+    for s in seqs:  # tree "auto" prices a node at the batch's marginal row (BatchPrice)
+        price = None
+        if s.chooser is not None and len(seqs) > 1:
+            one_token_rate = len(seqs) / s.chooser.profile.cost(len(seqs))
+            price = BatchPrice(len(seqs) - 1 + extra, one_token_rate)
+        tree, depth = new_tree(s, cap if budget_invariant(s) else None, price)
+        extra += tree.nodes[0].multiplicity * depth
+        planned.append((tree, depth))
     trees: list[DraftTree] = [tree for tree, _ in planned]
     depths = [depth for _, depth in planned]
     # 1. draft trees, level by level over the requests

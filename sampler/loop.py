@@ -26,7 +26,7 @@ import torch
 from transformers import PreTrainedModel
 
 from keyed import KeyedSource
-from sampler.autotree import TreeChooser, tree_invariant
+from sampler.autotree import BatchPrice, TreeChooser, memory_for, tree_invariant
 from sampler.drafters import Drafter, draft_law, feed_target_hidden, wants_target_hidden
 from sampler.methods import SamplerConfig
 from sampler.policies import History, KeyedRace, Policy
@@ -128,7 +128,10 @@ def start_many(
         chooser = None
         if auto and config.tree == "auto" and drafter is not None and isinstance(policy, KeyedRace):
             chooser = TreeChooser(
-                profile_for(target), config.effective_drafts, config.effective_lookahead
+                profile_for(target),
+                config.effective_drafts,
+                config.effective_lookahead,
+                memory_for(target, drafter.name, config.processing),
             )
         seqs.append(
             SequenceState(
@@ -183,7 +186,9 @@ def step(seq: SequenceState) -> list[int]:
     return finish_step(seq, tree, logits, depth, drafting, verifying)
 
 
-def new_tree(seq: SequenceState, nodes: int | None = None) -> tuple[DraftTree, int]:
+def new_tree(
+    seq: SequenceState, nodes: int | None = None, price: BatchPrice | None = None
+) -> tuple[DraftTree, int]:
     """The step's empty draft tree (root = the last committed token) and its depth
     ℓ = min(L, N − n).
 
@@ -196,13 +201,14 @@ def new_tree(seq: SequenceState, nodes: int | None = None) -> tuple[DraftTree, i
             (a cap of 1: no drafts, a one-token step). For the keyed race this never changes the
             output (Thm. 5.1: the emitted tokens are invariant of B and L); the batched step
             applies it to keyed-race methods only (``sampler.batch``).
+        price: the chooser's pricing in a shared batch step (``sampler.autotree.BatchPrice``).
     Returns:
         (tree, depth).
     """
     config = seq.config
     remaining = config.max_new_tokens - seq.history.emitted
     if seq.chooser is not None:
-        drafts, depth = seq.chooser.choose(remaining)
+        drafts, depth = seq.chooser.choose(remaining, price)
     else:
         depth = min(config.effective_lookahead, remaining)
         drafts = config.effective_drafts

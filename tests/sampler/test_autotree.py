@@ -281,13 +281,104 @@ def test_choose_is_the_argmax_of_expected_tokens_over_expected_seconds():
         best_tree = max(trees, key=lambda k: (trees[k], -k[0], -k[1]))  # the first of a tie
         want = best_tree if trees[best_tree] > rates[(1, 0)] else (1, 0)
         got = chooser.choose(remaining)
-        if chooser._exploring:
-            assert want == (1, 0) and got == (1, 1)
-        else:
-            assert got == want
+        if got != want:  # an explore
+            assert chooser._exploring and want == (1, 0) and got == (1, 1)
         picked.add(got[1] > 0)
         drafts, depth = chooser.record(*got)
         proposed = drafts * depth if rng.random() < 0.8 else 0
         accepted = min(depth, rng.choice([0, 0, 1, 2, 4])) if proposed else 0
         chooser.observe(drafts, depth, proposed, accepted, False, 1e-4 * depth, 2e-4, None)
     assert picked == {True, False}
+
+
+def _steps(chooser: TreeChooser, accepted: int, draft: float, n: int = 40) -> None:
+    """``n`` steps where every tree's first ``accepted`` levels are accepted and each drafted
+    level costs ``draft`` seconds; forwards take what the profile says."""
+    for _ in range(n):
+        drafts, depth = chooser.record(*chooser.choose(100))
+        proposed = drafts * depth
+        forward = chooser.profile.cost(1 + proposed)
+        chooser.observe(drafts, depth, proposed, min(accepted, depth), False, draft * depth,
+                        0.0, forward)  # fmt: skip
+
+
+def test_a_new_request_starts_from_what_the_process_learnt():
+    """Where the priors say no tree pays (a 2-node forward costs 1.4 steps, acceptance 1/3),
+    a request that learnt trees are always accepted leaves its evidence in the process's
+    memory: the next request drafts at its first step, starting from the same drafting cost,
+    weighed as at most ``MEMORY_COST_STEPS`` / ``MEMORY_ACCEPTANCE_STEPS`` steps; a request
+    without the memory starts with a one-token step."""
+    profile = ForwardProfile((1, 2, 3), (0.010, 0.014, 0.018))
+    memory = autotree.TreeMemory()
+    first = TreeChooser(profile, 1, 2, memory)
+    assert first.choose(100) == (1, 0)
+    for _ in range(200):  # trees every step, all accepted, 1 ms a level
+        first.observe(1, 2, 2, 2, False, 0.002, 0.0, profile.cost(3))
+    second = TreeChooser(profile, 1, 2, memory)
+    assert second.choose(100)[1] > 0
+    assert second.evidence.draft_level.get(0.0) == pytest.approx(0.001)
+    assert second.evidence.draft_level.count == autotree.MEMORY_COST_STEPS
+    assert second.evidence.reached[1][0] == autotree.MEMORY_ACCEPTANCE_STEPS
+    accepted = autotree.MEMORY_ACCEPTANCE_STEPS + autotree.PRIOR_ACCEPTED
+    prior = autotree.PRIOR_ACCEPTED + autotree.PRIOR_REJECTED
+    assert second.acceptance(1, 1) == accepted / (autotree.MEMORY_ACCEPTANCE_STEPS + prior)
+    assert TreeChooser(profile, 1, 2).choose(100) == (1, 0)
+
+
+def test_the_memory_is_per_target_drafter_and_processing_and_goes_with_the_target():
+    import gc
+
+    from sampler.processing import Processing
+
+    class Target:
+        pass
+
+    target, other = Target(), Target()
+    memory = autotree.memory_for(target, "eagle", Processing())
+    assert autotree.memory_for(target, "eagle", Processing()) is memory
+    assert autotree.memory_for(target, "ngram", Processing()) is not memory
+    assert autotree.memory_for(target, "eagle", Processing(0.7)) is not memory
+    assert autotree.memory_for(other, "eagle", Processing()) is not memory
+    before = len(autotree._MEMORIES)
+    del target
+    gc.collect()
+    assert len(autotree._MEMORIES) == before - 1
+
+
+def test_explores_stay_within_their_budget_of_a_lone_request():
+    """A drafter whose level costs 1.5 one-token steps and is always rejected: over a
+    128-token request its tree steps (the first, priced before the drafter was measured, and
+    the explores) cost at most ``EXPLORE_BUDGET`` of its time (without the time bound an
+    explore came every 64 steps: 3 trees, ~3.5 %)."""
+    profile = ForwardProfile((1, 2, 3), (0.010, 0.012, 0.014))
+    chooser = TreeChooser(profile, 1, 1)
+    total = excess = 0.0
+    explores = 0
+    for emitted in range(128):
+        drafts, depth = chooser.record(*chooser.choose(128 - emitted))
+        explores += depth
+        seconds = profile.cost(1 + drafts * depth) + 0.015 * depth
+        chooser.observe(drafts, depth, drafts * depth, 0, False, 0.015 * depth, 0.0,
+                        seconds - 0.015 * depth)  # fmt: skip
+        total += seconds
+        excess += seconds - 0.010
+    assert explores >= 1
+    assert excess <= autotree.EXPLORE_BUDGET * total
+
+
+def test_a_batch_prices_nodes_at_its_marginal_row():
+    """Trees accepted half the time on a profile where rows get dear past 9: alone a one-draft
+    chain pays (1.5 tokens for 1.1 steps); in a step shared by 16 requests its node adds
+    t(17) − t(16) = 0.2 steps' time at the batch's rate 16 / t(16), worth less than the
+    one-token step; with 8 it still pays."""
+    profile = ForwardProfile(
+        (1, 2, 3, 5, 9, 17, 33), (0.010, 0.011, 0.012, 0.014, 0.018, 0.034, 0.066)
+    )
+    chooser = TreeChooser(profile, 1, 1)
+    for step in range(200):
+        chooser.observe(1, 1, 1, step % 2, False, 0.0, 0.0, profile.cost(2))
+    assert chooser.choose(100) == (1, 1)
+    busy = autotree.BatchPrice(rows=15, rate=16 / profile.cost(16))
+    assert chooser.choose(100, busy) == (1, 0)
+    light = autotree.BatchPrice(rows=7, rate=8 / profile.cost(8))
+    assert chooser.choose(100, light) == (1, 1)
