@@ -130,6 +130,7 @@ def step_many(seqs: list[SequenceState], node_budget: int | None = None) -> list
     # 2. one target forward over every request's tree
     bases = [len(s.history.committed) - 1 for s in seqs]
     inputs = [tree_inputs(tree, base) for tree, base in zip(trees, bases, strict=True)]
+    began = time.perf_counter()
     logits = forward_many(
         [s.lm for s in seqs],
         [tokens for tokens, _, _ in inputs],
@@ -137,6 +138,9 @@ def step_many(seqs: list[SequenceState], node_budget: int | None = None) -> list
         [visible for _, _, visible in inputs],
         bases,
     )
+    shared = time.perf_counter() - began  # each request waited for the whole forward
+    for s in seqs:
+        s.timing.forward += shared
     # 3.-4. walk, KV keep and drafter finish, per request
     return [
         finish_step(s, tree, rows, depth, seconds)

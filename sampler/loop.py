@@ -31,7 +31,7 @@ from sampler.drafters import Drafter, draft_law, feed_target_hidden, wants_targe
 from sampler.methods import SamplerConfig
 from sampler.policies import History, KeyedRace, Policy
 from sampler.processing import process
-from sampler.stats import FinishReason, GenerationResult, GenerationStats, count_at
+from sampler.stats import FinishReason, GenerationResult, GenerationStats, StepSeconds, count_at
 from sampler.targets.base import Target, TargetLM
 from sampler.targets.profile import profile_for
 from sampler.targets.transformers import as_target
@@ -53,6 +53,7 @@ class SequenceState:
         chooser: with ``config.tree == "auto"`` on a keyed-race method, the per-step choice
             of B and ℓ (``sampler.autotree``; the output does not depend on it, Thm. 5.1).
         started, prefill_seconds, target_calls_before, drafter_calls_before: for the stats.
+        timing: the decoding seconds by part so far (``sampler.stats.StepSeconds``).
     """
 
     config: SamplerConfig
@@ -69,6 +70,7 @@ class SequenceState:
     drafted: list[int] = field(default_factory=list)  # per level
     finish: FinishReason | None = None
     chooser: TreeChooser | None = None  # tree "auto": B and ℓ per step (sampler.autotree)
+    timing: StepSeconds = field(default_factory=StepSeconds)
 
     @property
     def done(self) -> bool:
@@ -173,15 +175,18 @@ def step(seq: SequenceState) -> list[int]:
     """One speculative step (module docstring); returns the ids it emitted (EOS excluded)."""
     tree, depth = new_tree(seq)
     # 1. draft tree: one drafter call per level
-    began = time.perf_counter()
-    grow_tree(seq, tree, depth)
-    drafting = time.perf_counter() - began
+    drafting = 0.0
+    if depth > 0:
+        began = time.perf_counter()
+        grow_tree(seq, tree, depth)
+        drafting = time.perf_counter() - began
     # 2. verification: one target forward over root + every node, tree-attention mask
     began = time.perf_counter()
     logits = verify_tree(seq.lm, tree, len(seq.history.committed) - 1)
     # its time, for the tree chooser; on an accelerator the forward is asynchronous and the
     # clock would read the launch only
     verifying = time.perf_counter() - began if logits.device.type == "cpu" else None
+    seq.timing.forward += time.perf_counter() - began
     # 3.-4. walk, KV keep, drafter finish
     return finish_step(seq, tree, logits, depth, drafting, verifying)
 
@@ -249,10 +254,13 @@ def finish_step(
     if seq.drafter is not None:
         seq.drafter.finish_step(tree, visited, committed)
         feed_target_hidden(seq.drafter, seq.lm, visited[-1])
+    walking = time.perf_counter() - began
+    seq.timing.draft += draft_seconds
+    seq.timing.walk += walking
     if seq.chooser is not None:
         seq.chooser.observe(
             tree.nodes[0].multiplicity, depth, len(tree) - 1, len(visited) - 1, seq.done,
-            draft_seconds, time.perf_counter() - began, forward_seconds,
+            draft_seconds, walking, forward_seconds,
         )  # fmt: skip
     return committed[emitted_before:]
 
@@ -348,4 +356,5 @@ def stats(seq: SequenceState) -> GenerationStats:
         tree_choices=tuple(sorted((b, depth, n) for (b, depth), n in seq.chooser.choices.items()))
         if seq.chooser is not None
         else (),
+        step_seconds=StepSeconds(seq.timing.draft, seq.timing.forward, seq.timing.walk),
     )

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from sampler.methods import Method
 
 FinishReason = Literal["eos", "length"]
+
+
+@dataclass
+class StepSeconds:
+    """Where a generation's decoding time went, summed over its steps (wall-clock seconds):
+    ``draft`` the drafter's levels and their races (the draft tree), ``forward`` the target's
+    verification forwards (in a batch, the shared forward's full time: what the request
+    waited for), ``walk`` the target's processing, race and walk, the KV keep and the drafter's
+    finish. The rest of ``GenerationStats.seconds`` is the loop's own Python."""
+
+    draft: float = 0.0
+    forward: float = 0.0
+    walk: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -23,6 +36,8 @@ class GenerationStats:
     seconds: float
     tree_choices: tuple[tuple[int, int, int], ...] = ()
     """With tree ``auto``: (B, ℓ, steps) per tree size chosen, ℓ = 0 a one-token step."""
+    step_seconds: StepSeconds = field(default_factory=StepSeconds)
+    """The decoding time by part (``StepSeconds``)."""
 
     @property
     def aatps(self) -> float:

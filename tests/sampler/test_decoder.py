@@ -162,6 +162,18 @@ def test_stats_count_one_target_call_per_step_and_one_drafter_call_per_level(tar
     assert s.aatps == pytest.approx(25 / 7)
 
 
+def test_step_seconds_split_the_decoding_time(target):
+    """Drafting, forwards and the walk each took time in an mpfr generation and sum to no
+    more than its decoding seconds; basic-uwm drafts nothing."""
+    drafter = ModelDrafter(target, VOCAB, "same")
+    for method, drafts in (("mpfr", 2), ("basic-uwm", 1)):
+        out = generate(target, PROMPTS[1], SamplerConfig(method, drafts, 3, 12), source(3), drafter)
+        part = out.stats.step_seconds
+        assert part.forward > 0 and part.walk > 0
+        assert (part.draft > 0) == (method == "mpfr")
+        assert part.draft + part.forward + part.walk <= out.stats.seconds
+
+
 def test_eos_stops_and_is_not_returned(target):
     src = source(11)
     ref = generate(target, PROMPTS[1], SamplerConfig("basic-uwm", max_new_tokens=20), src)
