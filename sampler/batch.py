@@ -105,7 +105,7 @@ def step_many(seqs: list[SequenceState], node_budget: int | None = None) -> list
     drafting = [0.0] * len(seqs)  # per request: its drafter calls' seconds (its chooser's c)
     growing = [i for i, d in enumerate(depths) if d > 0]
     for level in range(1, max(depths, default=0) + 1):
-        eagles: list[tuple[EagleDrafter, DraftTree]] = []
+        eagles: list[tuple[int, EagleDrafter]] = []
         for i in growing:
             drafter = seqs[i].drafter
             if (
@@ -113,9 +113,13 @@ def step_many(seqs: list[SequenceState], node_budget: int | None = None) -> list
                 and isinstance(drafter, EagleDrafter)
                 and budget_invariant(seqs[i])
             ):
-                eagles.append((drafter, trees[i]))
+                eagles.append((i, drafter))
         if len(eagles) > 1:
-            prime_eagle([d for d, _ in eagles], [t for _, t in eagles], level)
+            began = time.perf_counter()
+            prime_eagle([d for _, d in eagles], [trees[i] for i, _ in eagles], level)
+            share = (time.perf_counter() - began) / len(eagles)  # each request's part
+            for i, _ in eagles:
+                drafting[i] += share
         still = []
         for i in growing:
             if depths[i] < level:
