@@ -12,6 +12,9 @@ drafted). Wall seconds are this shared CPU's and only indicative.
 
 Writes ``bench/results/drafters.json`` and ``drafters.md``.
 
+The shipped eagle head runs twice: through its fused 8-bit level (what decoding uses on the
+CPU, ``sampler.drafters.eagle_level``) and through its own float layers (``+float``).
+
     python -m bench.drafters [--eagle NAME=DIR ...] [--prompts 20] [--tokens 128]
         [--cells 4x4,8x6] [--temperatures 1 0.7] [--precision gguf]
 """
@@ -41,14 +44,26 @@ MAX_TREE_NODES = 64
 
 
 class TimedDrafter:
-    """A drafter whose ``propose`` calls are timed: (level, nodes) -> wall seconds."""
+    """A drafter whose ``propose`` (and ``support``, where it has one) calls are timed:
+    (level, nodes) -> wall seconds."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.costs: dict[tuple[int, int], list[float]] = {}
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
+        attribute = getattr(self.inner, name)
+        if name != "support":
+            return attribute
+
+        def support(tree: Any, level: int, committed: list[int], processing: Any) -> Any:
+            started = time.perf_counter()
+            out = attribute(tree, level, committed, processing)
+            key = (level, len(tree.levels[level - 1]))
+            self.costs.setdefault(key, []).append(time.perf_counter() - started)
+            return out
+
+        return support
 
     def propose(self, tree: Any, level: int, committed: list[int]) -> torch.Tensor:
         started = time.perf_counter()
@@ -96,6 +111,19 @@ def _costs(timed: list[TimedDrafter]) -> dict[str, dict[str, float]]:
     }
 
 
+FLOAT = "+float"
+"""A spec suffix: the eagle head drafting through its own float layers instead of the fused
+8-bit level (``EagleDrafter.fast`` off), for comparing the two."""
+
+
+def drafter_of(spec: str, target: Any) -> Any:
+    """``make_drafter(spec)``; ``<eagle spec>+float``: without the fast level."""
+    drafter = make_drafter(spec.removesuffix(FLOAT), target)
+    if spec.endswith(FLOAT):
+        drafter.fast = None  # type: ignore[attr-defined]
+    return drafter
+
+
 def measure(
     loaded: LoadedModel,
     drafters: dict[str, str],
@@ -128,7 +156,7 @@ def measure(
                 runs = []
                 for (ids, source, ref), record in zip(refs, prompts, strict=True):
                     config = SamplerConfig("mpfr", b, lookahead, tokens, processing)
-                    drafter = TimedDrafter(make_drafter(spec, target))
+                    drafter = TimedDrafter(drafter_of(spec, target))
                     timed.append(drafter)
                     started = time.perf_counter()
                     out = generate(target, ids, config, source, drafter, eos_ids=eos)
@@ -184,7 +212,12 @@ def main() -> None:
                 raise SystemExit(f"cell {b}x{lookahead}: B <= 8 and B·L + 1 <= {MAX_TREE_NODES}")
         return cells
 
-    drafters = {"ngram": "ngram", "heads (shipped)": "heads", "eagle (shipped)": "eagle"}
+    drafters = {
+        "ngram": "ngram",
+        "heads (shipped)": "heads",
+        "eagle (shipped)": "eagle",
+        "eagle (shipped, float level)": "eagle" + FLOAT,
+    }
     for item in args.eagle:
         name, _, path = item.partition("=")
         drafters[name] = f"eagle:{path}"
