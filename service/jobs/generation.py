@@ -145,6 +145,11 @@ def stats_json(stats: GenerationStats) -> dict[str, Any]:
         "tree_choices": [
             {"drafts": b, "lookahead": depth, "steps": n} for b, depth, n in stats.tree_choices
         ],
+        "step_seconds": {
+            "draft": stats.step_seconds.draft,
+            "forward": stats.step_seconds.forward,
+            "walk": stats.step_seconds.walk,
+        },
     }
 
 

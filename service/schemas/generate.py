@@ -92,6 +92,18 @@ class TreeChoiceOut(BaseModel):
     steps: int
 
 
+class StepSecondsOut(BaseModel):
+    """The decoding seconds by part; the rest of ``seconds`` is the decoder's own Python."""
+
+    draft: float = Field(description="Drafting the draft trees (the drafter and its races).")
+    forward: float = Field(
+        description="Target forwards; in a batch, the whole shared forward the request waited for."
+    )
+    walk: float = Field(
+        description="The target's race and walk, the KV keep, the drafter's finish."
+    )
+
+
 class GenerationStatsOut(BaseModel):
     emitted_tokens: int = Field(description="Tokens emitted, EOS included.")
     target_forward_passes: int
@@ -103,6 +115,9 @@ class GenerationStatsOut(BaseModel):
     tokens_per_second: float
     tree_choices: list[TreeChoiceOut] = Field(
         default_factory=list, description="With tree `auto`: the trees chosen, per size."
+    )
+    step_seconds: StepSecondsOut | None = Field(
+        default=None, description="The decoding seconds by part."
     )
 
 

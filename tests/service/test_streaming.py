@@ -196,7 +196,8 @@ def test_tree_auto_is_the_default_and_changes_no_token(embedded_services: Servic
     """``tree`` (default ``auto``): the same tokens as ``fixed`` and as basic-uwm for the same
     key and nonce (Thm. 5.1). The served tiny model is float32, where ``auto`` drafts as
     ``fixed`` (no timing-driven trees: ``sampler.autotree.tree_invariant``), so no tree
-    choices are reported; another value is a 422 naming the field."""
+    choices are reported; the stats split the decoding seconds by part; another value is a
+    422 naming the field."""
     svc = embedded_services()
     key_id = svc.create_key()
     body = {"key_id": key_id, "prompt": "Write a poem.", "max_new_tokens": 30, "nonce": 99}
@@ -213,5 +214,10 @@ def test_tree_auto_is_the_default_and_changes_no_token(embedded_services: Servic
     assert answers["default"]["token_ids"] == answers["basic"]["token_ids"]
     assert answers["default"]["stats"]["tree_choices"] == []
     assert answers["fixed"]["stats"]["tree_choices"] == []
+    for answer in answers.values():  # the decoding seconds by part, within the total
+        parts = answer["stats"]["step_seconds"]
+        assert parts["forward"] > 0 and parts["walk"] > 0
+        assert sum(parts.values()) <= answer["stats"]["seconds"]
+    assert answers["basic"]["stats"]["step_seconds"]["draft"] == 0
     bad = svc.client.post("/v1/generate", json=body | {"tree": "deep"}, headers=svc.admin)
     assert bad.status_code == 422 and "tree" in bad.text
