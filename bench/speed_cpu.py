@@ -6,6 +6,7 @@ T = 1, top-k 50, top-p 1, up to ``--tokens`` new tokens, the same number of thre
   each mpfr row records whether its ids equal ``basic-uwm``'s for the same key and nonce;
 - ``bf16:basic-uwm`` and ``bf16:mpfr/...``: the same on the row-invariant bfloat16 runner
   (``sampler.targets.cpu_bf16``, precision ``bfloat16``), compared with ``bf16:basic-uwm``;
+  skipped, saying so, on a CPU where that runner is not row-invariant (no AMX bfloat16);
 - ``gguf:basic-uwm`` and ``gguf:mpfr/...``: the same on llama.cpp with the GGUF's own weights
   (``sampler.targets.llamacpp``, precision ``gguf``), compared with ``gguf:basic-uwm``; weights
   repacked into llama.cpp's extra CPU buffer types (AMX tiles) where ``repacking_safe``;
@@ -105,6 +106,7 @@ from sampler.drafters import Drafter, default_drafter, make_drafter
 from sampler.methods import METHODS, TreeMode
 from sampler.models import DEFAULT_MODEL, LoadedModel, gguf_source, load_model, materialise
 from sampler.stats import StepSeconds
+from sampler.targets.cpu_bf16 import RowInvarianceError
 from sampler.targets.llamacpp import GgufTarget, repacking_safe
 
 TOP_K = 50
@@ -791,10 +793,17 @@ def measure(args: argparse.Namespace, stack: contextlib.ExitStack) -> None:
         if any(n.startswith(llama_rows) for n in args.rows)
         else None
     )
+    skipped: dict[str, str] = {}
     by_prefix: dict[str, LoadedModel] = {"": loaded}
     for prefix, precision in ((BF16, "bfloat16"), (GGUF, "gguf"), (GGUF_NOREPACK, "gguf")):
         if any(n.startswith(prefix) for n in args.rows):
-            by_prefix[prefix] = load_model(args.model, args.home, "cpu", precision=precision)
+            try:
+                by_prefix[prefix] = load_model(args.model, args.home, "cpu", precision=precision)
+            except RowInvarianceError as exc:  # bfloat16 on a CPU where it is not row-invariant
+                for name in args.rows:
+                    if name.startswith(prefix):
+                        skipped[name] = str(exc)
+                        print(f"{name}: skipped: {exc}", file=sys.stderr, flush=True)
     if GGUF_NOREPACK in by_prefix:
         assert gguf_file is not None
         plain = GgufTarget(gguf_file, repack=False)
@@ -806,7 +815,6 @@ def measure(args: argparse.Namespace, stack: contextlib.ExitStack) -> None:
     assert served is None or isinstance(served, GgufTarget)
     bf16 = by_prefix.get(BF16)
     notes: list[str] = []
-    skipped: dict[str, str] = {}
     scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="speed_cpu-")))
     models = args.home / "models"
     users: dict[str, CliUser | Served] = {}  # the CLI's data dir and key, the server: once
