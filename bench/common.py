@@ -75,5 +75,11 @@ def prompts_by_hash(name: str) -> list[dict[str, Any]]:
 
 
 def shared_prompts(n: int) -> list[dict[str, Any]]:
-    """n prompts, half ELI5 and half summarisation, chosen by a fixed hash of their id."""
-    return [row for name in PROMPT_FILES for row in prompts_by_hash(name)[: n // 2]]
+    """n prompts, half ELI5 and half summarisation (an odd n's extra one ELI5), chosen by a
+    fixed hash of their id."""
+    counts = ((n + 1) // 2, n // 2)
+    return [
+        row
+        for name, k in zip(PROMPT_FILES, counts, strict=True)
+        for row in prompts_by_hash(name)[:k]
+    ]
