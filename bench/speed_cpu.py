@@ -45,9 +45,10 @@ prefill forward timed just before). A row's rate is total tokens / total seconds
 prompts; the spread over prompts is kept. Ratios in ``ratios`` are of those aggregate rates,
 measured in this run.
 
-Per step, for the rows in this process: a step is one target forward; its decoding seconds are
-split by ``StepSeconds`` into drafting, the target's forward and the walk (processing, race,
-KV keep), and "python" is the rest of the decode seconds (the loop's own code). The report's
+Per step, for our rows (in this process, or from the ``step_seconds`` of the CLI's and the
+service's JSON answers): a step is one target forward; its decoding seconds are split by
+``StepSeconds`` into drafting, the target's forward and the walk (processing, race, KV keep),
+and "python" is the rest of the decode seconds (the loop's own code). The report's
 second table gives each as mean milliseconds per step, with tree steps / steps.
 
     bash scripts/setup.sh   # builds llama-cpp-python 0.3.36 for this CPU once (~6 min on 2 cores)
@@ -372,12 +373,16 @@ def _wire_run(answer: dict[str, Any], wall: float) -> tuple[Run, bool]:
         speculative = METHODS[answer["method"]].speculative
         trees = stats["target_forward_passes"] if speculative else 0
     seconds = stats.get("seconds")
+    parts = stats.get("step_seconds")  # the decode seconds by part, where the answer has them
     run = Run(
         stats["emitted_tokens"],
         wall if seconds is None else seconds,
         list(answer["token_ids"]),
         stats["target_forward_passes"],
         trees,
+        step_seconds=StepSeconds(parts["draft"], parts["forward"], parts["walk"])
+        if parts
+        else None,
         wall=wall,
     )
     return run, seconds is None
