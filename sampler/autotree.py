@@ -128,9 +128,9 @@ class Evidence:
     fill: _Mean = field(default_factory=_Mean)  # proposed nodes / planned B·ℓ
     proposing: _Mean = field(default_factory=_Mean)  # tree steps with a proposal: 1, else 0
     other: _Mean = field(default_factory=_Mean)  # seconds of a step besides forward + drafts
-    scale: dict[bool, _Mean] = field(
-        default_factory=lambda: {False: _Mean(), True: _Mean()}
-    )  # measured / profiled forward seconds, one-token and tree steps
+    scale: dict[tuple[bool, bool], _Mean] = field(
+        default_factory=lambda: {(t, s): _Mean() for t in (False, True) for s in (False, True)}
+    )  # measured / profiled forward seconds by (tree step, node count changed from the last)
 
     def add(
         self,
@@ -144,11 +144,14 @@ class Evidence:
         other_seconds: float,
         forward_seconds: float | None,
         max_depth: int,
+        switched: bool = False,
     ) -> None:
-        """Count one step (``TreeChooser.observe``'s arguments)."""
+        """Count one step (``TreeChooser.observe``'s arguments; ``switched``: its node count
+        differs from the step before's)."""
         self.other.add(other_seconds)
         if forward_seconds is not None:
-            self.scale[proposed > 0].add(forward_seconds / profile.cost(1 + proposed))
+            ratio = forward_seconds / profile.cost(1 + proposed)
+            self.scale[(proposed > 0, switched)].add(ratio)
         if depth == 0:
             return
         self.draft_level.add(draft_seconds / depth)
@@ -253,6 +256,7 @@ class TreeChooser:
     _elapsed: float = 0.0  # seconds of this request's observed steps
     _explore_loss: float = 0.0  # of them, what its explores cost beyond their tokens
     _remaining: int = 0  # tokens to go at the last choice
+    _last_nodes: int | None = None  # the last step's forward nodes
 
     def __post_init__(self) -> None:
         if self.max_drafts < 1 or self.max_depth < 1:
@@ -289,13 +293,23 @@ class TreeChooser:
             total += survive
         return total
 
-    def forward_scale(self, tree: bool) -> float:
+    def forward_scale(self, tree: bool, switched: bool = False) -> float:
         """This request's forwards, of one token (``tree`` False) or of a tree with nodes,
-        measured against the profile: the mean of seconds / t(nodes) over its steps, 1
-        before the first. On llama.cpp a 2-node forward inside requests cost 1.31-1.5
-        one-token ones (``measure_profile``'s comment), and other load on the machine scales
-        every forward."""
-        return self.evidence.scale[tree].get(1.0)
+        measured against the profile: the mean of seconds / t(nodes) over its steps whose
+        node count did (``switched``) or did not change from the step before, else over the
+        others of the kind, 1 before the first. On llama.cpp a 2-node forward inside requests
+        cost 1.31-1.5 one-token ones (``measure_profile``'s comment), other load on the
+        machine scales every forward, and a forward whose node count differs from the last
+        one's pays for a new compute graph: alternating one-token and 2-node steps cost
+        ~0.9 ms a step more than either alone (AMD EPYC, ~8 ms steps), so a request stays with
+        a tree size unless another pays for the change."""
+        scale = self.evidence.scale
+        mean = scale[(tree, switched)]
+        return mean.get(scale[(tree, not switched)].get(1.0))
+
+    def _switched(self, nodes: int) -> bool:
+        """Whether a forward of ``nodes`` nodes changes the node count of the last step."""
+        return self._last_nodes is not None and nodes != self._last_nodes
 
     def level_seconds(self) -> float:
         """c: the drafter's measured seconds per level, 0 until measured (no tree step yet in
@@ -307,9 +321,10 @@ class TreeChooser:
         """s·t(1 + f·B·ℓ) + ℓ·c + o (module docstring; s: ``forward_scale``)."""
         other = self.evidence.other.get(0.0)
         if depth == 0:
-            return self.forward_scale(False) * self.profile.cost(1) + other
+            return self.forward_scale(False, self._switched(1)) * self.profile.cost(1) + other
         nodes = 1 + self.evidence.fill.get(1.0) * drafts * depth
-        forward = self.forward_scale(True) * self.profile.cost(nodes)
+        scale = self.forward_scale(True, self._switched(1 + drafts * depth))
+        forward = scale * self.profile.cost(nodes)
         return forward + depth * self.level_seconds() + other
 
     def choose(self, remaining: int, price: BatchPrice | None = None) -> tuple[int, int]:
@@ -324,7 +339,7 @@ class TreeChooser:
         else:
             best, best_rate = (1, 0), 1.0
             base = self.profile.cost(price.rows + 1)
-            scale = self.forward_scale(True)
+            scale = self.forward_scale(True, False)
             fill = self.evidence.fill.get(1.0)
             level_seconds = self.level_seconds()
         best_tree, best_tree_rate = None, -float("inf")
@@ -416,16 +431,21 @@ class TreeChooser:
         measured = (
             forward_seconds
             if forward_seconds is not None
-            else self.forward_scale(proposed > 0) * self.profile.cost(1 + proposed)
+            else self.forward_scale(proposed > 0, self._switched(1 + proposed))
+            * self.profile.cost(1 + proposed)
         )
         seconds = draft_seconds + other_seconds + measured
         one_token = self.expected_seconds(1, 0)
         self._elapsed += seconds
         step = (drafts, depth, proposed, accepted, stopped, draft_seconds, other_seconds)
-        self.evidence.add(self.profile, *step, forward_seconds, self.max_depth)
+        switched = self._switched(1 + proposed)
+        self._last_nodes = 1 + proposed
+        self.evidence.add(self.profile, *step, forward_seconds, self.max_depth, switched)
         if self.memory is not None:
             with self.memory.lock:
-                self.memory.evidence.add(self.profile, *step, forward_seconds, self.max_depth)
+                self.memory.evidence.add(
+                    self.profile, *step, forward_seconds, self.max_depth, switched
+                )
         if depth > 0 and self._exploring:
             self._exploring = False
             self._explore_loss += seconds - (accepted + 1) * one_token

@@ -15,11 +15,11 @@ computes the same function with
 
 The drafter's law moves a little, which can only move acceptance: drafts are MPFR samples of
 whatever law the drafter gives, so the emitted tokens never depend on it (MPFR paper Thm. 5.1;
-DESIGN §3, Decoder). On the shipped head over 198 positions of a real answer (AMD EPYC, AVX2):
-total variation 0.08 from the float head's law at level 1, expected one-draft acceptance 0.470
-against the float head's 0.473; one level 0.59 ms against 4.95 ms for the float head (one row,
-one thread). Where 8-bit kernels are unavailable (no x86/fbgemm engine, another device) the same
-fused path runs in float32 (equal to the head's to ~1e-5).
+DESIGN §3, Decoder). On the shipped head over 198 positions of a real answer (AMD EPYC with
+AVX-512): total variation 0.08 from the float head's law at level 1, expected one-draft
+acceptance 0.470 against the float head's 0.473; one level 0.59 ms against 4.95 ms for the float
+head (one row, one thread). Where 8-bit kernels are unavailable (no x86/fbgemm engine, another
+device) the same fused path runs in float32 (equal to the head's to ~1e-5).
 
 Shapes: n contexts of a level, d hidden size, N draft vocabulary (V without one), H query heads,
 H_kv key/value heads, D head dimension, s path length.

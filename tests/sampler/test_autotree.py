@@ -382,3 +382,25 @@ def test_a_batch_prices_nodes_at_its_marginal_row():
     assert chooser.choose(100, busy) == (1, 0)
     light = autotree.BatchPrice(rows=7, rate=8 / profile.cost(8))
     assert chooser.choose(100, light) == (1, 1)
+
+
+def test_a_request_keeps_its_tree_size_unless_the_change_pays():
+    """Forwards that change the node count cost 1.3x the profile (a new compute graph), the
+    others as profiled; trees accepted 35 % of the time: a tree (1.35 tokens for 1.3 steps)
+    beats a one-token step only without the change, so after one-token steps the request
+    stays with them, and after a tree it stays with trees."""
+    profile = ForwardProfile((1, 2), (1.0, 1.3))
+    chooser = TreeChooser(profile, 1, 1)
+    for step in range(400):
+        tree = step % 40 >= 20  # runs of 20 steps of each kind: few switches, both measured
+        nodes = 2 if tree else 1
+        changed = chooser._last_nodes is not None and chooser._last_nodes != nodes
+        forward = profile.cost(nodes) * (1.3 if changed else 1.0)
+        accepted = 1 if tree and step % 20 < 7 else 0
+        chooser.observe(1, int(tree), int(tree), accepted, False, 0.0, 0.0, forward)
+    assert chooser.forward_scale(True, True) == pytest.approx(1.3)
+    assert chooser.forward_scale(True, False) == pytest.approx(1.0)
+    assert chooser._last_nodes == 2
+    assert chooser.choose(100) == (1, 1)
+    chooser.observe(1, 0, 0, 0, False, 0.0, 0.0, 1.3)  # one one-token step
+    assert chooser.choose(100) == (1, 0)
