@@ -617,7 +617,7 @@ def _report(result: dict[str, Any], out: Path) -> None:
     if stepped:
         lines += [
             "",
-            "Per step (one target forward), rows in this process: mean ms of drafting, the "
+            "Per step (one target forward), our rows: mean ms of drafting, the "
             "target's forward, the walk (processing, race, KV keep) and the rest of the decode "
             "seconds (python).",
             "",
