@@ -49,9 +49,9 @@ choice is a cost model in the spirit of Sequoia (Chen et al. 2024):
   from the priors, so its first explore is priced and a drafter that pays is used at once.
 - in a batch (``BatchPrice``: R ≥ 2 requests share one forward) a node costs the batch's
   marginal row time, not a lone forward's: a step is worth its expected tokens less the
-  seconds it adds to the shared step, t(r + 1 + f·B·ℓ) − t(r + 1) + ℓ·c (r: the rows the other
-  requests already put in the forward), at the batch's one-token rate R / t(R) tokens a
-  second; a one-token step is worth 1.
+  seconds it adds to the shared step, s·(t(r + 1 + f·B·ℓ) − t(r + 1)) + ℓ·c (r: the rows the
+  other requests already put in the forward), at the batch's one-token rate R / (s₀·t(R))
+  tokens a second (``TreeChooser.batch_price``); a one-token step is worth 1.
 
 Shapes: n tree nodes (root included); B drafts; ℓ depth.
 """
@@ -145,16 +145,19 @@ class Evidence:
         forward_seconds: float | None,
         max_depth: int,
         switched: bool = False,
+        drafting: bool = True,
     ) -> None:
         """Count one step (``TreeChooser.observe``'s arguments; ``switched``: its node count
-        differs from the step before's)."""
+        differs from the step before's; ``drafting`` False: its drafting seconds are a share
+        of a batch's and not counted)."""
         self.other.add(other_seconds)
         if forward_seconds is not None:
             ratio = forward_seconds / profile.cost(1 + proposed)
             self.scale[(proposed > 0, switched)].add(ratio)
         if depth == 0:
             return
-        self.draft_level.add(draft_seconds / depth)
+        if drafting:
+            self.draft_level.add(draft_seconds / depth)
         self.fill.add(proposed / (drafts * depth))
         self.proposing.add(1.0 if proposed else 0.0)
         if not proposed:  # nothing to accept: the acceptance rates count proposals only
@@ -323,9 +326,16 @@ class TreeChooser:
         if depth == 0:
             return self.forward_scale(False, self._switched(1)) * self.profile.cost(1) + other
         nodes = 1 + self.evidence.fill.get(1.0) * drafts * depth
-        scale = self.forward_scale(True, self._switched(1 + drafts * depth))
+        scale = self.forward_scale(True, self._switched(round(nodes)))
         forward = scale * self.profile.cost(nodes)
         return forward + depth * self.level_seconds() + other
+
+    def batch_price(self, rows: int, requests: int) -> BatchPrice:
+        """The pricing of a step shared by ``requests`` requests whose others put ``rows``
+        rows in the forward: their one-token rate from this request's measured one-token
+        forwards (s₀·t(R)), so a load that scales every forward cancels out."""
+        seconds = self.forward_scale(False) * self.profile.cost(requests)
+        return BatchPrice(rows, requests / seconds)
 
     def choose(self, remaining: int, price: BatchPrice | None = None) -> tuple[int, int]:
         """(B, ℓ) for the next step, ℓ <= ``remaining`` tokens to go; (1, 0): no tree. The
@@ -414,6 +424,7 @@ class TreeChooser:
         draft_seconds: float,
         other_seconds: float,
         forward_seconds: float | None = None,
+        batched: bool = False,
     ) -> None:
         """One step's outcome.
 
@@ -427,6 +438,9 @@ class TreeChooser:
                 target forward and the drafting.
             forward_seconds: its verification forward's time, when it ran alone: scales the
                 profile (``forward_scale``).
+            batched: the step shared its forward and drafting with other requests: its
+                share of the drafting does not go into the process's memory (a lone request
+                pays the whole level).
         """
         measured = (
             forward_seconds
@@ -444,7 +458,7 @@ class TreeChooser:
         if self.memory is not None:
             with self.memory.lock:
                 self.memory.evidence.add(
-                    self.profile, *step, forward_seconds, self.max_depth, switched
+                    self.profile, *step, forward_seconds, self.max_depth, switched, not batched
                 )
         if depth > 0 and self._exploring:
             self._exploring = False

@@ -39,7 +39,6 @@ from dataclasses import dataclass
 from transformers import PreTrainedModel
 
 from keyed import KeyedSource
-from sampler.autotree import BatchPrice
 from sampler.drafters import Drafter
 from sampler.drafters.eagle import EagleDrafter, prime_eagle
 from sampler.drafters.heads import HeadsDrafter, prime_heads
@@ -87,8 +86,7 @@ def step_many(seqs: list[SequenceState], node_budget: int | None = None) -> list
     for s in seqs:  # tree "auto" prices a node at the batch's marginal row (BatchPrice)
         price = None
         if s.chooser is not None and len(seqs) > 1:
-            one_token_rate = len(seqs) / s.chooser.profile.cost(len(seqs))
-            price = BatchPrice(len(seqs) - 1 + extra, one_token_rate)
+            price = s.chooser.batch_price(len(seqs) - 1 + extra, len(seqs))
         tree, depth = new_tree(s, cap if budget_invariant(s) else None, price)
         extra += tree.nodes[0].multiplicity * depth
         planned.append((tree, depth))
@@ -147,7 +145,7 @@ def step_many(seqs: list[SequenceState], node_budget: int | None = None) -> list
         s.timing.forward += shared
     # 3.-4. walk, KV keep and drafter finish, per request
     return [
-        finish_step(s, tree, rows, depth, seconds)
+        finish_step(s, tree, rows, depth, seconds, batched=len(seqs) > 1)
         for s, tree, rows, depth, seconds in zip(seqs, trees, logits, depths, drafting, strict=True)
     ]
 

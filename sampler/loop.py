@@ -39,6 +39,15 @@ from sampler.tree import DraftTree
 
 
 @dataclass
+class StepTotals:
+    """The running sums behind ``sampler.stats.StepSeconds`` (seconds)."""
+
+    draft: float = 0.0
+    forward: float = 0.0
+    walk: float = 0.0
+
+
+@dataclass
 class SequenceState:
     """One request between steps.
 
@@ -53,7 +62,7 @@ class SequenceState:
         chooser: with ``config.tree == "auto"`` on a keyed-race method, the per-step choice
             of B and ℓ (``sampler.autotree``; the output does not depend on it, Thm. 5.1).
         started, prefill_seconds, target_calls_before, drafter_calls_before: for the stats.
-        timing: the decoding seconds by part so far (``sampler.stats.StepSeconds``).
+        timing: the decoding seconds by part so far (``StepTotals``).
     """
 
     config: SamplerConfig
@@ -70,7 +79,7 @@ class SequenceState:
     drafted: list[int] = field(default_factory=list)  # per level
     finish: FinishReason | None = None
     chooser: TreeChooser | None = None  # tree "auto": B and ℓ per step (sampler.autotree)
-    timing: StepSeconds = field(default_factory=StepSeconds)
+    timing: StepTotals = field(default_factory=lambda: StepTotals())
 
     @property
     def done(self) -> bool:
@@ -235,11 +244,13 @@ def finish_step(
     depth: int,
     draft_seconds: float = 0.0,
     forward_seconds: float | None = None,
+    batched: bool = False,
 ) -> list[int]:
     """Steps 3-4 after the verification forward's (len(tree), V) ``logits``: the walk, the KV
     keep, the drafter's finish; returns the ids the step emitted (EOS excluded). A
     ``chooser`` is told the step's outcome (``draft_seconds``: the step's drafting time;
-    ``forward_seconds``: its own verification forward's, None when it shared one)."""
+    ``forward_seconds``: its own verification forward's, None when it shared one; ``batched``:
+    the step was one of a batch's)."""
     began = time.perf_counter()
     committed, config = seq.history.committed, seq.config
     base = len(committed) - 1
@@ -260,7 +271,7 @@ def finish_step(
     if seq.chooser is not None:
         seq.chooser.observe(
             tree.nodes[0].multiplicity, depth, len(tree) - 1, len(visited) - 1, seq.done,
-            draft_seconds, walking, forward_seconds,
+            draft_seconds, walking, forward_seconds, batched,
         )  # fmt: skip
     return committed[emitted_before:]
 

@@ -10,13 +10,15 @@ from sampler.methods import Method
 FinishReason = Literal["eos", "length"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class StepSeconds:
     """Where a generation's decoding time went, summed over its steps (wall-clock seconds):
     ``draft`` the drafter's levels and their races (the draft tree), ``forward`` the target's
     verification forwards (in a batch, the shared forward's full time: what the request
     waited for), ``walk`` the target's processing, race and walk, the KV keep and the drafter's
-    finish. The rest of ``GenerationStats.seconds`` is the loop's own Python."""
+    finish. The rest of ``GenerationStats.seconds`` is the loop's own Python. On an
+    accelerator a forward is launched asynchronously: its time shows up in ``walk``, where the
+    processing waits for the logits."""
 
     draft: float = 0.0
     forward: float = 0.0

@@ -234,8 +234,11 @@ def new_eagle(
     on its device and dtype; ``draft_tokens`` (N,) int64 distinct token ids: its draft
     vocabulary (None: the whole vocabulary).
 
+    The draft tokens are kept sorted (``EagleDrafter.support`` relies on it).
+
     Raises:
-        ValueError: draft tokens that repeat or fall outside the vocabulary.
+        ValueError: draft tokens that repeat, fall outside the vocabulary or are all of it
+            (give None for the whole vocabulary).
     """
     if draft_tokens is not None:
         vocab = int(target.config.vocab_size)
@@ -243,6 +246,12 @@ def new_eagle(
             ((draft_tokens >= 0) & (draft_tokens < vocab)).all()
         ):
             raise ValueError(f"draft_tokens must be distinct token ids in [0, {vocab})")
+        if draft_tokens.numel() == vocab:
+            raise ValueError(
+                f"draft_tokens must be fewer than the {vocab} tokens of the vocabulary "
+                "(None drafts over all of them)"
+            )
+        draft_tokens = draft_tokens.sort().values
     c = target.config
     config = EagleConfig(
         hidden_size=c.hidden_size,
@@ -285,6 +294,8 @@ class EagleDrafter:
         self._states: torch.Tensor | None = None  # (n, d) of the last drafted level
         self._paths: PathCache | None = None
         self._primed: tuple[int, torch.Tensor] | None = None  # (level, its logits)
+        tokens = head.draft_tokens
+        self._sorted = tokens is None or bool((tokens[1:] > tokens[:-1]).all())
         self.fast: FastLevel | None = None
         if head.fuse.weight.dtype == torch.float32:
             device = head.fuse.weight.device
@@ -319,11 +330,12 @@ class EagleDrafter:
         The same support: the columns outside it are −inf, which top-k, top-p and the softmax
         never keep, and the draft tokens are sorted, so ties break in the same order."""
         compact = self._level_logits(tree, level).cpu()
-        support = process(compact, processing)
-        if compact.shape[1] == self.vocab_size:
-            return support
         tokens = self.head.draft_tokens
-        assert tokens is not None  # a narrower row comes from a draft vocabulary
+        if compact.shape[1] == self.vocab_size or tokens is None:
+            return process(compact, processing)
+        if not self._sorted:  # ties would break in another order: process the full row
+            return process(self._expand(compact), processing)
+        support = process(compact, processing)
         return Support(tokens=tokens.cpu()[support.tokens], logp=support.logp)
 
     def _level_logits(self, tree: DraftTree, level: int) -> torch.Tensor:

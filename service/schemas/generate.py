@@ -97,7 +97,8 @@ class StepSecondsOut(BaseModel):
 
     draft: float = Field(description="Drafting the draft trees (the drafter and its races).")
     forward: float = Field(
-        description="Target forwards; in a batch, the whole shared forward the request waited for."
+        description="Target forwards; in a batch, the whole shared forward the request waited "
+        "for. On a GPU the forward runs asynchronously and its time shows up in `walk`."
     )
     walk: float = Field(
         description="The target's race and walk, the KV keep, the drafter's finish."

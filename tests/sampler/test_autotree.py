@@ -348,8 +348,7 @@ def test_the_memory_is_per_target_drafter_and_processing_and_goes_with_the_targe
 def test_explores_stay_within_their_budget_of_a_lone_request():
     """A drafter whose level costs 1.5 one-token steps and is always rejected: over a
     128-token request its tree steps (the first, priced before the drafter was measured, and
-    the explores) cost at most ``EXPLORE_BUDGET`` of its time (without the time bound an
-    explore came every 64 steps: 3 trees, ~3.5 %)."""
+    the explores) cost at most ``EXPLORE_BUDGET`` of its time."""
     profile = ForwardProfile((1, 2, 3), (0.010, 0.012, 0.014))
     chooser = TreeChooser(profile, 1, 1)
     total = excess = 0.0
@@ -382,6 +381,25 @@ def test_a_batch_prices_nodes_at_its_marginal_row():
     assert chooser.choose(100, busy) == (1, 0)
     light = autotree.BatchPrice(rows=7, rate=8 / profile.cost(8))
     assert chooser.choose(100, light) == (1, 1)
+    assert chooser.batch_price(15, 16) == busy and chooser.batch_price(7, 8) == light
+    slow = TreeChooser(profile, 1, 1)  # every forward and level at twice the profile
+    for step in range(200):
+        slow.observe(1, 1, 1, step % 2, False, 0.0, 0.0, 2 * profile.cost(2))
+        slow.observe(1, 0, 0, 0, False, 0.0, 0.0, 2 * profile.cost(1))
+    assert slow.choose(100, slow.batch_price(15, 16)) == (1, 0)
+    assert slow.choose(100, slow.batch_price(7, 8)) == (1, 1)
+
+
+def test_a_batch_share_of_drafting_stays_out_of_the_process_memory():
+    """A batched step's drafting seconds are a share of a level the batch paid once: they
+    count for the request, not for the process's memory a lone request starts from."""
+    profile = ForwardProfile((1, 2), (0.010, 0.012))
+    memory = autotree.TreeMemory()
+    chooser = TreeChooser(profile, 1, 1, memory)
+    chooser.observe(1, 1, 1, 1, False, 0.004, 0.0, None, batched=False)
+    chooser.observe(1, 1, 1, 1, False, 0.0005, 0.0, None, batched=True)
+    assert memory.evidence.draft_level.get(0.0) == 0.004
+    assert chooser.evidence.draft_level.get(0.0) == pytest.approx(0.00225)
 
 
 def test_a_request_keeps_its_tree_size_unless_the_change_pays():

@@ -272,6 +272,11 @@ def test_a_draft_vocabulary_must_be_distinct_ids_of_the_vocabulary(target):
     for bad in (torch.tensor([1, 1, 2]), torch.tensor([0, VOCAB])):
         with pytest.raises(ValueError, match="distinct token ids"):
             new_eagle(target, "test", bad)
+    with pytest.raises(ValueError, match="fewer than the"):
+        new_eagle(target, "test", torch.arange(VOCAB).flip(0))
+    unsorted = new_eagle(target, "test", torch.tensor([9, 3, 5]))
+    assert unsorted.draft_tokens is not None
+    assert unsorted.draft_tokens.tolist() == [3, 5, 9]
 
 
 def test_the_default_drafter_is_ngram_where_the_shipped_head_does_not_fit(target):
