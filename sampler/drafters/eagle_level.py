@@ -29,18 +29,38 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
+from torch import nn
 from transformers import PreTrainedModel
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from sampler.drafters.heads import output_head
 
-if TYPE_CHECKING:
-    from sampler.drafters.eagle import EagleHead
-
 Linear = Callable[[torch.Tensor], torch.Tensor]
 PathCache = tuple[torch.Tensor, torch.Tensor]
+
+
+class LayerShape(Protocol):
+    @property
+    def heads(self) -> int: ...
+
+    @property
+    def kv_heads(self) -> int: ...
+
+
+class EagleParts(Protocol):
+    """What ``FastLevel`` reads of an ``sampler.drafters.eagle.EagleHead``."""
+
+    @property
+    def config(self) -> LayerShape: ...
+
+    fuse: nn.Linear
+    layer: LlamaDecoderLayer
+    rotary: LlamaRotaryEmbedding
+    draft_tokens: torch.Tensor | None
+
 
 MAX_DEPTH = 64
 """Rotary positions tabulated (a draft tree deeper than this falls back to the head)."""
@@ -92,7 +112,7 @@ class FastLevel:
         int8: 8-bit weights (``int8_available``); False: the head's float weights, fused.
     """
 
-    def __init__(self, head: EagleHead, model: PreTrainedModel, int8: bool) -> None:
+    def __init__(self, head: EagleParts, model: PreTrainedModel, int8: bool) -> None:
         layer = head.layer
         attn, mlp = layer.self_attn, layer.mlp
         self.int8 = int8
