@@ -177,20 +177,23 @@ def test_the_chat_template_comes_from_the_file(q8: LoadedModel, real_tokenizer: 
 def test_generate_and_detect_through_the_cli(
     q8: LoadedModel, files: dict[str, Path], home: Path
 ) -> None:
-    """``POISSONMARK_MODEL`` names the Q8_0 file (the copy ``q8`` converted is reused)."""
+    """``POISSONMARK_MODEL`` names the Q8_0 file (the copy ``q8`` converted is reused). The key
+    is a fresh random one each run, so the answer differs between runs: up to 128 tokens and
+    α = 1e-3 keep a miss far less likely than a real fault (this checks the file's path end to
+    end; the detector's power by length is measured in ``bench/results/robustness.md``)."""
     env = {"POISSONMARK_HOME": str(home), "POISSONMARK_MODEL": str(files["q8_0"])}
     runner = CliRunner()
     created = runner.invoke(app, ["keys", "create", "--json"], env=env)
     assert created.exit_code == 0, created.output
     key = json.loads(created.stdout)["key_id"]
     generated = runner.invoke(app, [
-        "generate", "--key", key, "--prompt", "Tell me about the sea in three sentences.",
-        "--max-new-tokens", "64", "--nonce", "3", "--json",
+        "generate", "--key", key, "--prompt", "Tell me about the sea in ten sentences.",
+        "--max-new-tokens", "128", "--nonce", "3", "--json",
     ], env=env)  # fmt: skip
     assert generated.exit_code == 0, generated.output
     text = json.loads(generated.stdout)["text"]
     found = runner.invoke(
-        app, ["detect", "--key", key, "--text", text, "--alpha", "1e-6", "--json"], env=env
+        app, ["detect", "--key", key, "--text", text, "--alpha", "1e-3", "--json"], env=env
     )
     assert found.exit_code == 0, found.output
     assert json.loads(found.stdout)["verdict"] == "watermarked"
