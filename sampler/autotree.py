@@ -303,9 +303,8 @@ class TreeChooser:
         others of the kind, 1 before the first. On llama.cpp a 2-node forward inside requests
         cost 1.31-1.5 one-token ones (``measure_profile``'s comment), other load on the
         machine scales every forward, and a forward whose node count differs from the last
-        one's pays for a new compute graph: alternating one-token and 2-node steps cost
-        ~0.9 ms a step more than either alone (AMD EPYC, ~8 ms steps), so a request stays with
-        a tree size unless another pays for the change."""
+        one's pays for a new compute graph (llama.cpp reuses a graph only for the same shape),
+        so a request stays with a tree size unless another pays for the change."""
         scale = self.evidence.scale
         mean = scale[(tree, switched)]
         return mean.get(scale[(tree, not switched)].get(1.0))
