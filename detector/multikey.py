@@ -62,7 +62,7 @@ from detector.detect import (
 )
 from detector.evidence import Detection, Verdict, verdict
 from detector.options import DetectOptions
-from detector.readings import ReadText, best_of, corrected, report_for
+from detector.readings import ReadText, corrected, report_for
 from detector.scores import aaronson_terms
 from detector.spans import bonferroni_log
 from detector.stats import LN10, PValue, aaronson_log_sf_many
@@ -83,11 +83,12 @@ class MultiKeyDetection:
             the caller's order). Their verdicts and p-values are per key, *uncorrected* for
             the K keys (corrected for the R readings, as ``detect``'s).
         key_ids: (K,) every key tested, in the caller's order.
-        log_p_values: (K,) float64 each key's own Aaronson natural-log p-value, uncorrected,
-            in ``key_ids`` order (``/ LN10`` is bit for bit ``detect``'s ``log10_p_value``).
-        verdict_log_p_values: (K,) float64 each key's own combined-test ln p (bit for bit
-            ``detect``'s ``test.log_p``), uncorrected.
-        num_scored: (K,) int64 each key's scored tokens (keys of one context width agree).
+        log_p_values: (K,) float64 each key's own Aaronson natural-log p-value on its reading
+            (the one with its smallest verdict p), uncorrected, in ``key_ids`` order (``/ LN10``
+            is bit for bit ``detect``'s ``log10_p_value`` before the R correction).
+        verdict_log_p_values: (K,) float64 each key's own combined-test ln p on its reading
+            (bit for bit ``detect``'s ``test.log_p`` before the R correction), uncorrected.
+        num_scored: (K,) int64 each key's scored tokens on its reading.
         best_key_id: the key with the smallest verdict p-value.
         num_keys: K.
         p_value, log10_p_value: the best key's verdict p-value corrected for K keys and R
@@ -104,10 +105,11 @@ class MultiKeyDetection:
         alpha: the level.
         min_scored_tokens: the tokens a typical watermarked text needs to reach α/(K·R), the
             level the best key's own p must reach (``needed_tokens``; α's for K·R = 1).
-        reading: which reading carried the evidence and what the canonical reading changed
-            (``detector.readings``); None for exact token ids. ``log_p_values`` and
-            ``verdict_log_p_values`` are that reading's, uncorrected; the per-key ``results``
-            are that reading's with every p-value corrected for R (as ``detect``'s), not K.
+        reading: which reading carried the best key's evidence and what the canonical
+            reading changed (``detector.readings``); None for exact token ids. Each key is read
+            as ``detect`` reads it alone: its own reading is the one with its smallest verdict
+            p, and its ``results`` entry carries that reading's report with every p-value
+            corrected for R (as ``detect``'s), not K.
         num_readings: R, the readings tried (1 or 2).
     """
 
@@ -225,9 +227,14 @@ def detect_multi(
     special = frozenset(int(i) for i in tokenizer.all_special_ids)
     ids = list(sources)
     tests = [_key_tests(r.tokenized, special, [sources[k] for k in ids]) for r in read]
-    pick = best_of(tests, lambda t: float(np.min(t.combined)))
-    chosen = tests[pick]
-    log_p, num_scored, combined = chosen.log_p, chosen.num_scored, chosen.combined
+    # each key's reading: its smallest verdict log10 p, the first (raw) on ties: ``detect``'s
+    # rule on the same numbers (``best_of`` over ``verdict_log10_p_value``)
+    by_reading = np.stack([t.combined for t in tests])  # (R, K)
+    own = np.argmin(by_reading / LN10, axis=0)  # (K,) first index of the minimum
+    keys = np.arange(len(ids))
+    combined = by_reading[own, keys]  # (K,)
+    log_p = np.stack([t.log_p for t in tests])[own, keys]  # (K,)
+    num_scored = np.stack([t.num_scored for t in tests])[own, keys]  # (K,)
     pairs = len(ids) * len(read)
     best, corrected_log = best_key_corrected(combined, pairs)
     whole_corrected = bonferroni_log(min(float(np.min(t.log_p)) for t in tests), pairs)
@@ -235,23 +242,25 @@ def detect_multi(
         float(s) + math.log(n) for t in tests for s, n in zip(t.scan, t.windows, strict=True) if n
     ]
     span = bonferroni_log(min(scans), pairs) / LN10 if scans else None
-    tokenized = read[pick].tokenized
-    report = report_for(read, pick)
+    report = report_for(read, int(own[best]))
     order = np.argsort(combined, kind="stable")[: len(ids) if detailed is None else detailed]
-    # the re-aligned test (seconds per key on long texts with wide contexts) for the best key
-    # alone: its p is the one reported, corrected for K; running it for every detailed key let
-    # one request cost up to ``detailed`` times that
+    # Each key's own result carries its reading's report and its p-values times R, as
+    # detect's: a detailed key's result is what testing that key alone gives. The re-aligned
+    # test (seconds per key on long texts with wide contexts) runs for the best key alone: its
+    # p is the one reported, corrected for K; running it for every detailed key let one
+    # request cost up to ``detailed`` times that.
     results = {
-        ids[i]: detect_tokenized(
-            tokenized,
-            special,
-            sources[ids[i]],
-            dataclasses.replace(options, key_id=ids[i], realign=options.realign and i == best),
+        ids[i]: corrected(
+            detect_tokenized(
+                read[own[i]].tokenized,
+                special,
+                sources[ids[i]],
+                dataclasses.replace(options, key_id=ids[i], realign=options.realign and i == best),
+            ),
+            report_for(read, int(own[i])),
         )
         for i in order.tolist()
     }
-    # each key's own result carries the reading report and its p-values times R, as detect's
-    results = {k: corrected(d, report) for k, d in results.items()}
     best_result = results[ids[best]]
     corrected_p = PValue.from_log(best_result.p_value.score, corrected_log, "exact")
     needed = _needed(options.alpha, pairs, best_result.min_scored_tokens, options)

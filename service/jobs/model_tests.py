@@ -3,8 +3,9 @@ likelihood-ratio and edit-filtered, for the HTTP routes and ``poissonmark detect
 
 The law at every position of the text (``sampler.entropy.position_laws``: one causal forward of
 the target over the ids, after the generation's chat-templated prompt when the caller gives it,
-else after the tokenizer's BOS when it has one) is computed once — it does not depend on the
-key — and weighs each detailed key's scored positions. ``service.jobs.detect_response`` puts each
+else after the tokenizer's BOS when it has one) is computed once per reading the detailed keys
+were read through (it does not depend on the key; one or two) and weighs each detailed key's
+scored positions. ``service.jobs.detect_response`` puts each
 key's result beside its own, with its p times K (the keys are ranked by the verdict's p), and
 at the top K times the smallest of them (a subset of the keys: still valid for "one of the K
 keys").
@@ -57,7 +58,7 @@ def run_model_tests(
     """Run the asked tests over every detailed key of ``found`` (module docstring).
 
     Args:
-        found: the detector's result (its detailed keys share the text's ids).
+        found: the detector's result (each detailed key's evidence holds its reading's ids).
         model: the target (``LoadedModel.target``). processing: a ``sampler.processing.
             Processing`` (the generation's temperature, top-k, top-p).
         entropy_weighting, likelihood_ratio, edit_filter: which tests (none: None).
@@ -79,33 +80,34 @@ def run_model_tests(
     )
     from sampler.entropy import position_laws  # torch: only when asked for
 
-    first = next(iter(found.results.values()))
-    ids = first.evidence.ids.tolist()
+    texts = {tuple(d.evidence.ids.tolist()) for d in found.results.values()}  # a key's reading
+    longest = max(len(ids) for ids in texts)
     if prompt_ids is None:
         bos = getattr(model.config, "bos_token_id", None)
         prefix = [int(bos)] if isinstance(bos, int) else []
     else:
         prefix = [int(t) for t in prompt_ids]
     limit = getattr(model.config, "max_position_embeddings", None)
-    if isinstance(limit, int) and len(prefix) + len(ids) > limit:
+    if isinstance(limit, int) and len(prefix) + longest > limit:
         field = prompt_field if prompt_ids is not None else asked[0][1]
         raise InvalidInput(
             field,
             f"expected the prompt and the text within {limit} tokens (the model's positions), "
-            f"got {len(prefix)} + {len(ids)}",
+            f"got {len(prefix)} + {longest}",
         )
-    laws = position_laws(model, ids, processing, prefix=prefix)
-    entropy, logp = laws.entropy.numpy(), laws.token_logp.numpy()  # (T,) each, once
-    rank = laws.raw_rank.numpy()  # (T,)
     conditioned = prompt_ids is not None
+    laws = {ids: position_laws(model, list(ids), processing, prefix=prefix) for ids in texts}
 
     def run(name: str, detection: Detection) -> dict[str, Any]:
+        law = laws[tuple(detection.evidence.ids.tolist())]  # (T,) columns of the key's reading
         skip, terms = detection.evidence.skip, detection.evidence.terms["aaronson"]
         if name == "entropy_weighted":
-            return entropy_weighted_test(skip, terms, entropy).to_json()
+            return entropy_weighted_test(skip, terms, law.entropy.numpy()).to_json()
         if name == "edit_filtered":
             assert detection.context_width is not None, "detect() sets it"
+            rank = law.raw_rank.numpy()
             return rank_filtered_test(skip, terms, rank, detection.context_width).to_json()
+        logp = law.token_logp.numpy()
         return likelihood_ratio_test(skip, terms, logp, conditioned_on_prompt=conditioned).to_json()
 
     readings = found.num_readings

@@ -145,6 +145,29 @@ def test_multikey_corrects_for_keys_and_readings(real_tokenizer, answers) -> Non
     assert multi.verdict == Verdict.WATERMARKED
 
 
+def test_every_detailed_key_reads_as_it_does_alone(real_tokenizer, answers) -> None:  # type: ignore[no-untyped-def]
+    """Two readings, twenty keys: each key's result in ``detect_multi`` is ``detect``'s for that
+    key alone, whichever reading its own smallest p came from (the keys pick both readings
+    here: a key that has to take another key's reading would differ)."""
+    sources = {"bench": BENCH, **{f"other-{i}": _source(f"other-{i}") for i in range(19)}}
+    text = answers[6][:300].replace(" ", "\u00a0") + answers[7][:300]
+    multi = detect_multi(real_tokenizer, sources, text=text)
+    assert multi.num_readings == 2 and multi.best_key_id == "bench"
+    picked = set()
+    for key_id, result in multi.results.items():
+        alone = detect(
+            real_tokenizer, sources[key_id], text=text, options=DetectOptions(key_id=key_id)
+        )
+        assert alone.to_json() == result.to_json(), key_id
+        assert result.reading is not None
+        picked.add(result.reading.name)
+        k = multi.key_ids.index(key_id)
+        assert multi.verdict_log_p_values is not None
+        own = min(0.0, float(multi.verdict_log_p_values[k]) / LN10 + math.log10(2))
+        assert own == pytest.approx(alone.verdict_log10_p_value, abs=1e-12)
+    assert picked == {RAW, CANONICAL}
+
+
 def test_human_text_under_every_rewrite_stays_within_alpha(real_tokenizer, human_passages) -> None:  # type: ignore[no-untyped-def]
     """H0: 227 human passages under every rewrite (and clean), each under its own key.
 
