@@ -34,9 +34,11 @@ pipq -e ".[test,bench]"
 # scripts/llama-cpp-row-kernels.patch: Q4_1 x Q8_1 and Q8_0 x Q8_0 matrix kernels for AVX2
 # CPUs (tinyBLAS has no Q4_1 one: without it a forward of q rows costs ~q one-row forwards),
 # taken for one row too so that a row's logits are the same bits alone or in a batch (so are
-# tinyBLAS's F32, F16 and BF16 kernels: a GGUF of those types is row-invariant too), and an
+# tinyBLAS's F32, F16 and BF16 kernels: a GGUF of those types is row-invariant too); with 32
+# vector registers one pass over a weight tile serves up to 12 (Q4_1) or 9 (Q8_0) rows. And an
 # attention kernel over the Q8_0 KV cache that reads only a row's own cells (sequences sharing
-# one context); the version becomes `+poissonmark.amx2.rows`.
+# one context), a row's visible cells listed once for its KV heads and the value sums of small
+# heads held in registers; the version becomes `+poissonmark.amx2.rows`.
 LLAMA_CPP_VERSION=0.3.36
 LLAMA_CPP_BUILD="$LLAMA_CPP_VERSION+poissonmark.amx2.rows"
 LLAMA_CPP_PATCHES=("$PWD/scripts/llama-cpp-amx-tilecfg.patch" "$PWD/scripts/llama-cpp-row-kernels.patch")
