@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from keyed import KeyedSource, Secret
 from sampler.autotree import tree_invariant
@@ -25,19 +25,13 @@ from tests.sampler.backend_contract import (
     assert_speculative_equals_basic_uwm,
 )
 from tests.sampler.conftest import VOCAB, tiny_llama
+from tests.tiny_models import tied_llama
 
 EXACT = 1e-12
 
 
 def _tied_llama() -> LlamaForCausalLM:
-    torch.manual_seed(3)
-    config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
-        num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=512,
-        initializer_range=0.3, tie_word_embeddings=True, rope_theta=500.0,
-        attn_implementation="sdpa",
-    )  # fmt: skip
-    return LlamaForCausalLM(config).to(torch.float64).eval()
+    return tied_llama(VOCAB, attn_implementation="sdpa")
 
 
 def _tree_inputs(cached: int) -> tuple[list[int], list[int], torch.Tensor]:

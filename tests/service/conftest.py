@@ -28,7 +28,6 @@ import torch
 import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from sampler.completion import eos_ids
 from sampler.models import LoadedModel
@@ -37,6 +36,7 @@ from service.keys.api_tokens import TokenStore
 from service.keys.redis import delete_prefix
 from service.keys.store import KeyStore
 from service.settings import Settings
+from tests.tiny_models import real_vocab_llama
 
 SERVER_URL = "redis://127.0.0.1:6379/0"
 
@@ -58,20 +58,7 @@ def free_port() -> int:
 @pytest.fixture(scope="session")
 def tiny_loaded(real_tokenizer: Any) -> LoadedModel:
     """A 2-layer random Llama with SmolLM2's vocabulary, behind the real tokenizer."""
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(real_tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-        bos_token_id=real_tokenizer.bos_token_id,
-        eos_token_id=real_tokenizer.eos_token_id,
-    )
-    model = LlamaForCausalLM(config).eval()
+    model = real_vocab_llama(real_tokenizer, 1024, bos_token_id=real_tokenizer.bos_token_id)
     return LoadedModel("tiny", model, real_tokenizer, torch.device("cpu"), torch.float32)
 
 
