@@ -300,11 +300,11 @@ def grow_level(seq: SequenceState, tree: DraftTree, level: int) -> bool:
 
 def verify_tree(lm: TargetLM, tree: DraftTree, base: int) -> torch.Tensor:
     """One target forward over the root and every tree node (tree-attention mask over the
-    cached prefix of ``base`` tokens): (len(tree), V) logits, node order. A tree of the root
-    alone (a one-token step) is the chain ``extend`` of its token: the same forward, without
-    a mask to build and check."""
-    if len(tree) == 1 and base == lm.cached:
-        return lm.extend([tree.nodes[0].token])
+    cached prefix of ``base`` tokens): (len(tree), V) logits, node order. A chain (the root
+    alone, a one-token step, or one draft per level) is the causal ``extend`` of its tokens:
+    the same forward, without a mask to build and check."""
+    if base == lm.cached and tree.is_chain():
+        return lm.extend([node.token for node in tree.nodes])
     return lm.forward(*tree_inputs(tree, base), base)
 
 

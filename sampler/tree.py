@@ -77,6 +77,11 @@ class DraftTree:
     def __len__(self) -> int:
         return len(self.nodes)
 
+    def is_chain(self) -> bool:
+        """Whether every node is the child of the one before it (node i's parent is i − 1):
+        its tree-attention mask is the causal one."""
+        return all(node.parent == i - 1 for i, node in enumerate(self.nodes))
+
     def ancestors(self, upto: int | None = None) -> torch.Tensor:
         """(n, n) bool: [i, j] is True when node j is node i or one of its ancestors."""
         n = len(self.nodes) if upto is None else upto

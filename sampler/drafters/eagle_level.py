@@ -2,9 +2,9 @@
 ``sampler.drafters.eagle.EagleHead``.
 
 ``EagleHead.advance`` + ``EagleHead.logits`` run transformers' ``LlamaDecoderLayer`` and the
-float32 LM-head rows of the draft vocabulary: on 2 CPU cores ~6 ms a level, most of it reading
-~55 MB of float32 weights (the 16,384 draft rows alone 38 MB) and a layer's Python. ``FastLevel``
-computes the same function with
+float32 LM-head rows of the draft vocabulary: on 2 CPU cores ~6 ms a level for 16,384 draft
+rows, most of it reading ~55 MB of float32 weights (those rows alone 38 MB) and a layer's
+Python. ``FastLevel`` computes the same function with
 
 - the projections fused (q|k|v into one matrix, gate|up into one) and the target's final-norm
   gain folded into the head rows (rms(s)·g·Wᵀ = rms(s)·(W·diag g)ᵀ);

@@ -178,11 +178,16 @@ def test_the_decision_is_made_once_for_every_thread(monkeypatch):
     assert len(calls) == 1
 
 
-@pytest.mark.parametrize("width", [1, 3])
-def test_a_one_node_tree_is_verified_as_the_chain_extend(target, width):
-    """``loop.verify_tree``'s shortcut: a tree of the root alone gives the bits of the masked
-    forward (``tree_inputs``) and leaves the cache where that forward leaves it, on the
-    transformers backend (the gguf backend: ``test_gguf_target``)."""
+@pytest.mark.parametrize(
+    ("width", "drafts"),
+    [(1, []), (3, []), (1, [[11], [12], [13]]), (3, [[11], [12]]), (2, [[11, 14], [12]])],
+    ids=["root_alone", "root_alone_longer", "chain", "chain_longer", "branching"],
+)
+def test_a_chain_tree_is_verified_as_the_causal_extend(target, width, drafts):
+    """``loop.verify_tree``'s shortcut: a chain (the root alone, or one draft per level) gives
+    the bits of the masked forward (``tree_inputs``) and leaves the cache where that forward
+    leaves it, after keeping a path too; a branching tree takes the masked forward. On the
+    transformers backend (the gguf backend: the decoder tests of ``test_gguf_target``)."""
     from sampler.loop import tree_inputs, verify_tree
     from sampler.targets.transformers import open_cache
     from sampler.tree import DraftTree
@@ -191,11 +196,17 @@ def test_a_one_node_tree_is_verified_as_the_chain_extend(target, width):
     short, masked = open_cache(target), open_cache(target)
     short.extend(prompt[:-1])
     masked.extend(prompt[:-1])
-    tree = DraftTree(prompt[-1], 1)
+    tree = DraftTree(prompt[-1], 2)
+    parents = [0]
+    for level in drafts:
+        tree.add_drafts(parents[0], level)
+        parents = tree.level(len(tree.levels) - 1)
+    assert tree.is_chain() == all(len(level) == 1 for level in drafts)
     base = len(prompt) - 1
     got = verify_tree(short, tree, base)
     want = masked.forward(*tree_inputs(tree, base), base)
-    assert torch.equal(got, want) and short.cached == masked.cached == len(prompt)
-    short.keep(base, [base])
-    masked.keep(base, [base])
+    assert torch.equal(got, want) and short.cached == masked.cached == base + len(tree)
+    path = [base + i for i in range(min(len(tree), 2))]  # the root and its first child
+    short.keep(base, path)
+    masked.keep(base, path)
     assert torch.equal(short.extend([7]), masked.extend([7]))

@@ -19,7 +19,14 @@ from keyed import KeyedSource, Secret
 from sampler.batch import generate_many
 from sampler.decoder import SamplerConfig, generate
 from sampler.drafters import default_drafter, fresh_drafter, make_drafter
-from sampler.drafters.eagle import SHIPPED_EAGLE, EagleDrafter, EagleHead, new_eagle, prime_eagle
+from sampler.drafters.eagle import (
+    SHIPPED_EAGLE,
+    EagleDrafter,
+    EagleHead,
+    narrowed,
+    new_eagle,
+    prime_eagle,
+)
 from sampler.drafters.heads import target_fingerprint, trained_dir
 from sampler.processing import Processing
 from sampler.targets.base import Target
@@ -277,6 +284,54 @@ def test_a_draft_vocabulary_must_be_distinct_ids_of_the_vocabulary(target):
     unsorted = new_eagle(target, "test", torch.tensor([9, 3, 5]))
     assert unsorted.draft_tokens is not None
     assert unsorted.draft_tokens.tolist() == [3, 5, 9]
+
+
+@pytest.mark.parametrize("start", [None, "half"], ids=["whole", "draft_vocab"])
+def test_a_narrowed_head_drafts_the_heads_law_on_its_subset_and_stays_exact(
+    target, tmp_path: Path, start
+):
+    """``narrowed``: the same weights, the draft vocabulary cut to a subset of the head's own;
+    its law is the head's conditioned on the subset (equal log-probabilities up to one
+    normaliser per row, −inf elsewhere); it round-trips through its files with the new size;
+    mpfr with it emits basic-uwm's tokens. Ids outside the head's draft vocabulary, repeats,
+    none or all of them are refused."""
+    own = None if start is None else torch.arange(0, VOCAB, 2)
+    head = new_eagle(target, "test", own)
+    g = torch.Generator().manual_seed(9)
+    with torch.no_grad():
+        for p in head.parameters():
+            if p.is_floating_point():
+                p.copy_(0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    head.eval()
+    pool = torch.arange(VOCAB) if own is None else own
+    subset = pool[torch.randperm(pool.numel(), generator=g)[: pool.numel() // 3]]
+    small = narrowed(head, subset)
+    assert small.config.draft_vocab == subset.numel()
+    assert small.draft_tokens is not None
+    assert torch.equal(small.draft_tokens, subset.sort().values)
+    state = torch.randn((3, 32), generator=g, dtype=torch.float64)
+    with torch.no_grad():
+        full = torch.log_softmax(head.logits(target, state), -1)
+        part = torch.log_softmax(small.logits(target, state), -1)
+    kept = small.draft_tokens
+    shift = part[:, kept] - full[:, kept]  # one normaliser per row
+    torch.testing.assert_close(shift, shift[:, :1].expand_as(shift))
+    outside = torch.ones(VOCAB, dtype=torch.bool)
+    outside[kept] = False
+    assert bool(torch.isinf(part[:, outside]).all())
+    small.save(tmp_path / "n", dtype=torch.float64)
+    loaded = EagleHead.load(tmp_path / "n", target)
+    assert loaded.config.draft_vocab == subset.numel()
+    for i in range(3):
+        ref = generate(target, _prompt(i + 2), SamplerConfig("basic-uwm", max_new_tokens=16),
+                       _source(i))  # fmt: skip
+        out = generate(target, _prompt(i + 2), SamplerConfig("mpfr", 4, 3, 16), _source(i),
+                       EagleDrafter(loaded, target, "eagle:narrowed"))  # fmt: skip
+        assert out.token_ids == ref.token_ids
+    outsider = 1 if own is not None else VOCAB
+    for bad in (torch.tensor([kept[0], kept[0]]), torch.tensor([outsider]), kept[:0], pool):
+        with pytest.raises(ValueError, match="narrowed"):
+            narrowed(head, bad)
 
 
 def test_the_default_drafter_is_ngram_where_the_shipped_head_does_not_fit(target):
