@@ -88,6 +88,8 @@ def main() -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    # before anything is written: --out may be the shipped head's directory
+    run = {k: v for k, v in environment().items() if k in ("commit", "dirty_tree", "date")}
     loaded = load_model(args.model, args.home.expanduser(), device="cpu", precision="gguf")
     head = EagleHead.load(args.head, loaded.target.model)
     provenance = json.loads((args.head / "provenance.json").read_text())
@@ -117,7 +119,7 @@ def main() -> None:
         "validation_positions": held_positions,
         "max_new_tokens": args.tokens,
         "seconds": round(time.perf_counter() - started, 1),
-        **{k: v for k, v in environment().items() if k in ("commit", "dirty_tree", "date")},
+        **run,
     }
     data["draft_vocabulary"] = {
         "size": args.size,
