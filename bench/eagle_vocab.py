@@ -11,7 +11,7 @@ training prompts (``provenance.json``: ``train_prompt_ids``, train split only), 
 with the ranking and the coverage (mean teacher probability on the kept tokens, an upper bound
 on one draft's acceptance) on those positions and on the head's validation prompts.
 
-    python -m bench.eagle_vocab --size 4096 --out DIR [--head DIR] [--tokens 128]
+    python -m bench.eagle_vocab --head DIR --size 4096 --out DIR [--tokens 128]
 
 Then ``python -m bench.drafters --eagle NAME=DIR`` measures it in the real decoder.
 """
@@ -31,7 +31,7 @@ from bench.common import PROMPT_FILES, environment, prompts_by_hash
 from keyed import KeyedSource, Secret
 from sampler.completion import chat_prompt_ids
 from sampler.decoder import SamplerConfig, generate
-from sampler.drafters.eagle import SHIPPED_EAGLE, EagleHead, narrowed
+from sampler.drafters.eagle import EagleHead, narrowed
 from sampler.models import DEFAULT_MODEL, LoadedModel, load_model
 from sampler.processing import Processing, process
 
@@ -80,7 +80,9 @@ def teacher_mass(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--head", type=Path, default=SHIPPED_EAGLE)
+    parser.add_argument(
+        "--head", type=Path, required=True, help="the head to narrow (the trained one)"
+    )
     parser.add_argument("--size", type=int, default=4096)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--tokens", type=int, default=128)
@@ -111,7 +113,8 @@ def main() -> None:
 
     narrowed(head, kept).save(args.out)
     ranking = {
-        "made_by": f"python -m bench.eagle_vocab --size {args.size} --tokens {args.tokens}",
+        "made_by": f"python -m bench.eagle_vocab --head {args.head} --size {args.size} "
+        f"--tokens {args.tokens}",
         "ranked_on": "one basic-uwm generation per train prompt (T = 1, top-k 50), the "
         "target's processed law summed over its positions",
         "train_prompts": len(train),

@@ -24,7 +24,7 @@ python -m bench.eagle_data --out "$data" --samples 2 --batch 96 --temperatures 0
   --max-new-tokens 160
 python -m bench.train_eagle --data "$data" --out "$out" --ce-steps 6000 --batch 256 --lr 2e-3 \
   --checkpoint 500 --mdraft-steps 600 --mdraft-anchors 16 --proposals 4 --mdraft-lr 2e-4
-python -m bench.eagle_vocab --head "$out/ce" --size 4096 \
+python -m bench.eagle_vocab --home "$home" --head "$out/ce" --size 4096 \
   --out sampler/drafters/eagle_data/smollm2-135m-instruct
 python -m bench.drafters --home "$home" --eagle "eagle-mdraft=$out/mdraft" --prompts 20 \
   --tokens 128 --temperatures 1 0.7 --cells 4x4,8x6 \

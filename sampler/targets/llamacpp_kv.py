@@ -299,8 +299,9 @@ class GgufCache:
         """Causal forward of a token chain after the cache, all of it kept; (q, V) logits.
 
         ``forward`` over the chain's mask, without building or checking one: a decoding step
-        of one token comes here (``sampler.loop.verify_tree``), where the mask and tree checks
-        cost ~0.1 ms a token after a llama.cpp forward (one-off timing). Same rows, same bits.
+        whose tree is a chain comes here (``sampler.loop.verify_tree``), where the mask and
+        tree checks cost ~0.1 ms a token after a llama.cpp forward (one-off timing). Same rows,
+        same bits.
         """
         return self._forward(self.plan_chain(tokens))
 

@@ -203,7 +203,12 @@ def test_a_chain_tree_is_verified_as_the_causal_extend(target, width, drafts):
         parents = tree.level(len(tree.levels) - 1)
     assert tree.is_chain() == all(len(level) == 1 for level in drafts)
     base = len(prompt) - 1
+    extended: list[list[int]] = []
+    extend = short.extend
+    short.extend = lambda tokens: extended.append(tokens) or extend(tokens)  # type: ignore[method-assign]
     got = verify_tree(short, tree, base)
+    short.extend = extend  # type: ignore[method-assign]
+    assert extended == ([[n.token for n in tree.nodes]] if tree.is_chain() else [])
     want = masked.forward(*tree_inputs(tree, base), base)
     assert torch.equal(got, want) and short.cached == masked.cached == base + len(tree)
     path = [base + i for i in range(min(len(tree), 2))]  # the root and its first child
