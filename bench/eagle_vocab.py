@@ -7,9 +7,9 @@ far fewer tokens. This ranks the head's draft tokens by the target's processed l
 top-k 50) summed over the positions of one generation per prompt of the head's own
 training prompts (``provenance.json``: ``train_prompt_ids``, train split only), keeps the
 ``--size`` first, and writes the head with that draft vocabulary
-(``sampler.drafters.eagle.narrowed``: the same weights) to ``--out``, its provenance extended
-with the ranking and the coverage (mean teacher probability on the kept tokens, an upper bound
-on one draft's acceptance) on those positions and on the head's validation prompts.
+(``sampler.training.eagle_distill.narrowed``: the same weights) to ``--out``, its provenance
+extended with the ranking and the coverage (mean teacher probability on the kept tokens, an
+upper bound on one draft's acceptance) on those positions and on the head's validation prompts.
 
     python -m bench.eagle_vocab --head DIR --size 4096 --out DIR [--tokens 128]
 
@@ -31,9 +31,10 @@ from bench.common import PROMPT_FILES, environment, prompts_by_hash
 from keyed import KeyedSource, Secret
 from sampler.completion import chat_prompt_ids
 from sampler.decoder import SamplerConfig, generate
-from sampler.drafters.eagle import EagleHead, narrowed
+from sampler.drafters.eagle import EagleHead
 from sampler.models import DEFAULT_MODEL, LoadedModel, load_model
 from sampler.processing import Processing, process
+from sampler.training.eagle_distill import narrowed
 
 TOP_K = 50
 

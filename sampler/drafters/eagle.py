@@ -32,7 +32,7 @@ Files: ``<dir>/eagle.safetensors`` (the trainable weights, float16 by default) a
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -268,43 +268,6 @@ def new_eagle(
     if head.draft_tokens is not None and draft_tokens is not None:
         head.draft_tokens.copy_(draft_tokens)
     return head
-
-
-def narrowed(head: EagleHead, tokens: torch.Tensor) -> EagleHead:
-    """A copy of ``head`` drafting over ``tokens`` only: the same trained weights, the draft
-    vocabulary cut to a subset of its own (its LM-head rows for those tokens). Its law is the
-    head's, conditioned on the subset: a smaller drafting step (the rows are most of a level's
-    bytes) for the mass left out; exactness never depends on it (MPFR paper Thm. 5.1).
-
-    Args:
-        head: an eagle head (any draft vocabulary, or the whole vocabulary).
-        tokens: (N,) int64 distinct token ids of ``head``'s draft vocabulary, fewer than it has.
-    Raises:
-        ValueError: tokens that repeat, lie outside the head's draft vocabulary, or are all of it.
-    """
-    vocab = int(head.config.vocab_size)
-    own = torch.arange(vocab) if head.draft_tokens is None else head.draft_tokens.cpu()
-    tokens = tokens.cpu().long()
-    inside = torch.zeros(vocab, dtype=torch.bool)
-    inside[own] = True
-    if (
-        tokens.numel() == 0
-        or torch.unique(tokens).numel() != tokens.numel()
-        or not bool(((tokens >= 0) & (tokens < vocab)).all())
-        or not bool(inside[tokens].all())
-    ):
-        raise ValueError("narrowed: tokens must be distinct ids of the head's draft vocabulary")
-    if tokens.numel() >= own.numel():
-        raise ValueError(
-            f"narrowed: {tokens.numel()} tokens do not narrow a draft vocabulary of {own.numel()}"
-        )
-    config = replace(head.config, draft_vocab=int(tokens.numel()))
-    param = head.fuse.weight
-    out = EagleHead(config).to(param.device, param.dtype)
-    state = head.state_dict()
-    state["draft_tokens"] = tokens.sort().values.to(param.device)
-    out.load_state_dict(state)
-    return out.eval()
 
 
 class EagleDrafter:

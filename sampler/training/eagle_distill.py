@@ -23,7 +23,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -338,6 +338,43 @@ def vocabulary_coverage(data: AnchorData, tokens: torch.Tensor, vocab_size: int)
     inside[tokens] = True
     laws = torch.softmax(data.teacher_logits, -1).double()
     return float((laws * inside[data.teacher_tokens]).sum(-1).mean())
+
+
+def narrowed(head: EagleHead, tokens: torch.Tensor) -> EagleHead:
+    """A copy of ``head`` drafting over ``tokens`` only: the same trained weights, the draft
+    vocabulary cut to a subset of its own (its LM-head rows for those tokens). Its law is the
+    head's, conditioned on the subset: a smaller drafting step (the rows are most of a level's
+    bytes) for the mass left out; exactness never depends on it (MPFR paper Thm. 5.1).
+
+    Args:
+        head: an eagle head (any draft vocabulary, or the whole vocabulary).
+        tokens: (N,) int64 distinct token ids of ``head``'s draft vocabulary, fewer than it has.
+    Raises:
+        ValueError: tokens that repeat, lie outside the head's draft vocabulary, or are all of it.
+    """
+    vocab = int(head.config.vocab_size)
+    own = torch.arange(vocab) if head.draft_tokens is None else head.draft_tokens.cpu()
+    tokens = tokens.cpu().long()
+    inside = torch.zeros(vocab, dtype=torch.bool)
+    inside[own] = True
+    if (
+        tokens.numel() == 0
+        or torch.unique(tokens).numel() != tokens.numel()
+        or not bool(((tokens >= 0) & (tokens < vocab)).all())
+        or not bool(inside[tokens].all())
+    ):
+        raise ValueError("narrowed: tokens must be distinct ids of the head's draft vocabulary")
+    if tokens.numel() >= own.numel():
+        raise ValueError(
+            f"narrowed: {tokens.numel()} tokens do not narrow a draft vocabulary of {own.numel()}"
+        )
+    config = replace(head.config, draft_vocab=int(tokens.numel()))
+    param = head.fuse.weight
+    out = EagleHead(config).to(param.device, param.dtype)
+    state = head.state_dict()
+    state["draft_tokens"] = tokens.sort().values.to(param.device)
+    out.load_state_dict(state)
+    return out.eval()
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,6 @@ from sampler.drafters.eagle import (
     SHIPPED_EAGLE,
     EagleDrafter,
     EagleHead,
-    narrowed,
     new_eagle,
     prime_eagle,
 )
@@ -32,6 +31,7 @@ from sampler.processing import Processing
 from sampler.targets.base import Target
 from sampler.targets.static import ATTENTION_BLOCK, StaticLlama
 from sampler.targets.transformers import as_target
+from sampler.training.eagle_distill import narrowed
 from sampler.training.rollouts import split_of
 from sampler.tree import DraftTree
 from tests.sampler.conftest import VOCAB, tiny_llama
