@@ -34,7 +34,7 @@ from sampler.decoder import SamplerConfig, generate
 from sampler.drafters.eagle import EagleHead
 from sampler.models import DEFAULT_MODEL, LoadedModel, load_model
 from sampler.processing import Processing, process
-from sampler.training.eagle_distill import narrowed
+from sampler.training.eagle_distill import narrowed, teacher_mass
 
 TOP_K = 50
 
@@ -52,7 +52,7 @@ def prompts_with_ids(ids: list[str]) -> list[dict[str, Any]]:
     return [rows[i] for i in ids]
 
 
-def teacher_mass(
+def generation_mass(
     loaded: LoadedModel, prompts: list[dict[str, Any]], tokens: int
 ) -> tuple[torch.Tensor, int]:
     """(V,) float64 teacher probability summed over positions, and the position count: per
@@ -74,7 +74,7 @@ def teacher_mass(
             continue
         logits = target.new_cache().extend(chain[:-1])[len(ids) - 1 :]
         law = process(logits, processing)
-        mass.index_add_(0, law.tokens.flatten(), law.logp.exp().double().flatten())
+        mass += teacher_mass(law.tokens, law.logp.exp(), target.vocab_size)
         positions += logits.shape[0]
     return mass, positions
 
@@ -105,8 +105,8 @@ def main() -> None:
     started = time.perf_counter()
     train = prompts_with_ids(data["train_prompt_ids"])
     validation = prompts_with_ids(data["validation_prompt_ids"])
-    mass, positions = teacher_mass(loaded, train, args.tokens)
-    held_mass, held_positions = teacher_mass(loaded, validation, args.tokens)
+    mass, positions = generation_mass(loaded, train, args.tokens)
+    held_mass, held_positions = generation_mass(loaded, validation, args.tokens)
     kept = own[mass[own].argsort(descending=True, stable=True)[: args.size]]
 
     def coverage(m: torch.Tensor, n: int, tokens: torch.Tensor) -> float:

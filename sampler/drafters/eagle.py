@@ -386,11 +386,7 @@ class EagleDrafter:
         nodes = tree.levels[level - 1]
         device = self.head.fuse.weight.device
         tokens = torch.tensor([tree.nodes[i].token for i in nodes], device=device)
-        embed = self.target.model.get_input_embeddings()
-        if type(embed) is nn.Embedding:  # its rows directly: the call costs more than a row
-            embedding = embed.weight.index_select(0, tokens)
-        else:  # a family's own embedding (scaled, ...) as the head was trained on it
-            embedding = embed(tokens)
+        embedding = self.target.model.get_input_embeddings()(tokens)
         if level == 1:
             assert self._hidden is not None
             return self._hidden[None].to(device), embedding, None

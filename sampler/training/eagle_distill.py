@@ -315,6 +315,15 @@ def validate(
     return (totals / max(chunks, 1)).tolist()
 
 
+def teacher_mass(tokens: torch.Tensor, probs: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """(V,) float64: each token's teacher probability summed over positions, from (N, k)
+    int64 ``tokens`` and (N, k) ``probs`` (a top-k law per position). ``mass[S].sum() / N`` is
+    the mean probability on a token set S (``vocabulary_coverage``)."""
+    mass = torch.zeros(vocab_size, dtype=torch.float64)
+    mass.index_add_(0, tokens.flatten(), probs.double().flatten())
+    return mass
+
+
 def draft_vocabulary(data: AnchorData, size: int, vocab_size: int) -> torch.Tensor:
     """(size,) int64 sorted token ids: the ``size`` tokens with the most teacher probability
     (top-k laws at T = 1) summed over ``data``'s positions, a draft vocabulary for
@@ -325,19 +334,17 @@ def draft_vocabulary(data: AnchorData, size: int, vocab_size: int) -> torch.Tens
     """
     if not 1 <= size <= vocab_size:
         raise ValueError(f"draft vocabulary size must be in [1, {vocab_size}], got {size}")
-    mass = torch.zeros(vocab_size, dtype=torch.float64)
-    laws = torch.softmax(data.teacher_logits, -1).double()
-    mass.index_add_(0, data.teacher_tokens.flatten(), laws.flatten())
+    laws = torch.softmax(data.teacher_logits, -1)
+    mass = teacher_mass(data.teacher_tokens, laws, vocab_size)
     return mass.topk(size).indices.sort().values
 
 
 def vocabulary_coverage(data: AnchorData, tokens: torch.Tensor, vocab_size: int) -> float:
     """The mean teacher probability (top-k laws at T = 1) on ``tokens`` over ``data``'s
     positions: an upper bound on a draft of that vocabulary's acceptance there."""
-    inside = torch.zeros(vocab_size, dtype=torch.bool)
-    inside[tokens] = True
-    laws = torch.softmax(data.teacher_logits, -1).double()
-    return float((laws * inside[data.teacher_tokens]).sum(-1).mean())
+    laws = torch.softmax(data.teacher_logits, -1)
+    mass = teacher_mass(data.teacher_tokens, laws, vocab_size)
+    return float(mass[tokens].sum()) / max(data.teacher_tokens.shape[0], 1)
 
 
 def narrowed(head: EagleHead, tokens: torch.Tensor) -> EagleHead:
@@ -355,13 +362,10 @@ def narrowed(head: EagleHead, tokens: torch.Tensor) -> EagleHead:
     vocab = int(head.config.vocab_size)
     own = torch.arange(vocab) if head.draft_tokens is None else head.draft_tokens.cpu()
     tokens = tokens.cpu().long()
-    inside = torch.zeros(vocab, dtype=torch.bool)
-    inside[own] = True
     if (
         tokens.numel() == 0
         or torch.unique(tokens).numel() != tokens.numel()
-        or not bool(((tokens >= 0) & (tokens < vocab)).all())
-        or not bool(inside[tokens].all())
+        or not bool(torch.isin(tokens, own).all())
     ):
         raise ValueError("narrowed: tokens must be distinct ids of the head's draft vocabulary")
     if tokens.numel() >= own.numel():

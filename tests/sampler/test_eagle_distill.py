@@ -6,6 +6,7 @@ held-out acceptance and is reproducible from its seed; a shard round-trips throu
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,8 +16,11 @@ from sampler.training.eagle_distill import (
     AnchorData,
     EagleDistillConfig,
     distill_loss,
+    draft_vocabulary,
     fit,
+    teacher_mass,
     validate,
+    vocabulary_coverage,
 )
 from sampler.training.optimiser import Checkpoint
 from sampler.training.rollouts import RolloutShard, sample_shards
@@ -190,3 +194,28 @@ def test_a_shard_round_trips_through_its_file(shards, tmp_path):
     for a, b in zip(shard.ids + shard.hidden, again.ids + again.hidden, strict=True):
         assert torch.equal(a, b)
     assert not (tmp_path / "s.partial").exists()
+
+
+def test_the_draft_vocabulary_and_its_coverage_read_the_teacher_mass():
+    """``teacher_mass`` sums each token's top-k probability over positions; the draft
+    vocabulary is its ``size`` heaviest tokens and the coverage of a token set is the mean,
+    over positions, of the probability the laws put on it (checked position by position):
+    1 for the whole vocabulary, below it for fewer tokens."""
+    g = torch.Generator().manual_seed(3)
+    n, k = 40, 6
+    tokens = torch.stack([torch.randperm(VOCAB, generator=g)[:k] for _ in range(n)])
+    logits = torch.randn((n, k), generator=g)
+    # the two fields the vocabulary reads of an AnchorData
+    data = SimpleNamespace(teacher_tokens=tokens, teacher_logits=logits)
+    laws = torch.softmax(logits, -1)
+    mass = teacher_mass(tokens, laws, VOCAB)
+    assert mass.shape == (VOCAB,) and abs(float(mass.sum()) - n) < 1e-4
+    chosen = draft_vocabulary(data, 5, VOCAB)  # type: ignore[arg-type]
+    assert set(chosen.tolist()) == set(mass.topk(5).indices.tolist())
+    assert chosen.tolist() == sorted(chosen.tolist())
+    inside = torch.zeros(VOCAB, dtype=torch.bool)
+    inside[chosen] = True
+    by_position = float((laws.double() * inside[tokens]).sum(-1).mean())
+    coverage = vocabulary_coverage(data, chosen, VOCAB)  # type: ignore[arg-type]
+    whole = vocabulary_coverage(data, torch.arange(VOCAB), VOCAB)  # type: ignore[arg-type]
+    assert abs(coverage - by_position) < 1e-9 and abs(whole - 1.0) < 1e-6 and coverage < 1.0
