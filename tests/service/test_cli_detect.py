@@ -102,7 +102,7 @@ def write_corpus(home: Path, key: str) -> Path:
     watermarked."""
     corpus = home / "corpus.jsonl"
     rows = [
-        {"id": "human", "text": "Noted, thanks."},
+        {"id": "human", "text": "Noted, thanks"},  # 4 tokens: none has 4 tokens before it
         {"id": "marked", "token_ids": json.loads(marked_ids(key, seed=5))},
     ]
     corpus.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
