@@ -14,7 +14,7 @@ last's. ``same_logits``: every build's logits of every q equal the first build's
 (a kernel change that claims the same bits must show it here).
 
     python -m bench.gguf_build_ab --build before=/path/to/old/build/bin --build after=installed
-        [--rounds 6] [--calls 60] [--cached 200] --out bench/results/gguf_build_ab.json
+        [--rounds 6] [--calls 60] [--cached 200] [--repack] --out bench/results/gguf_build_ab.json
 """
 
 from __future__ import annotations
@@ -38,15 +38,16 @@ from sampler.models import DEFAULT_MODEL
 SIZES = (1, 2, 3, 5, 9, 17)
 
 
-def _child(calls: int, cached: int) -> dict[str, Any]:
-    """One process: the forward times (ms) of every query size and a digest of its logits."""
+def _child(calls: int, cached: int, repack: bool = False) -> dict[str, Any]:
+    """One process: the forward times (ms) of every query size and a digest of its logits;
+    ``repack``: the weights in llama.cpp's extra CPU buffer types (AMX tiles on a Xeon)."""
     import torch
 
     from sampler.targets.llamacpp import GgufTarget
     from sampler.targets.model_files import gguf_path
 
     torch.set_num_threads(1)  # as precision gguf sets: llama.cpp has its own threads
-    target = GgufTarget(gguf_path(DEFAULT_MODEL), repack=False)
+    target = GgufTarget(gguf_path(DEFAULT_MODEL), repack=repack)
     vocab = target.vocab_size
     cache = target.new_cache()
     cache.extend([(31 * i + 7) % vocab for i in range(cached)])
@@ -73,12 +74,12 @@ def _child(calls: int, cached: int) -> dict[str, Any]:
     }
 
 
-def _run(path: str, calls: int, cached: int) -> dict[str, Any]:
+def _run(path: str, calls: int, cached: int, repack: bool) -> dict[str, Any]:
     env = dict(os.environ)
     env.pop("LLAMA_CPP_LIB_PATH", None)
     if path != "installed":
         env["LLAMA_CPP_LIB_PATH"] = str(Path(path).resolve())
-    code = f"import json, bench.gguf_build_ab as b; print(json.dumps(b._child({calls}, {cached})))"
+    code = f"import json, bench.gguf_build_ab as b; print(json.dumps(b._child({calls}, {cached}, {repack})))"
     out = subprocess.run(
         [sys.executable, "-c", code],
         env=env,
@@ -102,6 +103,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--calls", type=int, default=60)
     parser.add_argument("--cached", type=int, default=200)
+    parser.add_argument(
+        "--repack",
+        action="store_true",
+        help="weights repacked into llama.cpp's extra CPU buffer types (AMX tiles on a Xeon)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "gguf_build_ab.json")
     args = parser.parse_args()
     builds = dict(b.split("=", 1) for b in args.build)
@@ -112,7 +118,7 @@ def main() -> None:
     for r in range(args.rounds):
         order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
-            runs[name].append(_run(builds[name], args.calls, args.cached))
+            runs[name].append(_run(builds[name], args.calls, args.cached, args.repack))
             print(name, {q: round(v, 2) for q, v in runs[name][-1]["median_ms"].items()})
     first = runs[names[0]][0]["logits_sha256"]
     rows: dict[str, Any] = {}
@@ -135,6 +141,7 @@ def main() -> None:
         "model": DEFAULT_MODEL,
         "cpu_flags": cpu_flags(),
         "cached_tokens": args.cached,
+        "repacked": args.repack,
         "calls": args.calls,
         "rounds": args.rounds,
         "llama_cpp_python": importlib.metadata.version("llama_cpp_python"),

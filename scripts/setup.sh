@@ -39,9 +39,14 @@ pipq -e ".[test,bench]"
 # attention kernel over the Q8_0 KV cache that reads only a row's own cells (sequences sharing
 # one context), a row's visible cells listed once for its KV heads and the value sums of small
 # heads held in registers; the version becomes `+poissonmark.amx2.rows`.
+# scripts/llama-cpp-amx-rows.patch: with AMX repacking (a Xeon), 2 to 32 rows of the Q4_1 and
+# Q8_0 weights go through VNNI kernels that read each packed weight block once for up to 8 rows
+# (the tile path cost ~1.45 one-row forwards for 2 rows), each row the bits of the one-row
+# kernel.
 LLAMA_CPP_VERSION=0.3.36
 LLAMA_CPP_BUILD="$LLAMA_CPP_VERSION+poissonmark.amx2.rows"
-LLAMA_CPP_PATCHES=("$PWD/scripts/llama-cpp-amx-tilecfg.patch" "$PWD/scripts/llama-cpp-row-kernels.patch")
+LLAMA_CPP_PATCHES=("$PWD/scripts/llama-cpp-amx-tilecfg.patch" "$PWD/scripts/llama-cpp-row-kernels.patch"
+  "$PWD/scripts/llama-cpp-amx-rows.patch")
 apply_patches() {
   local p
   for p in "${LLAMA_CPP_PATCHES[@]}"; do patch -s -d "$1" -p1 <"$p" || return 1; done

@@ -461,6 +461,29 @@ def test_the_built_llama_cpp_batches_rows_in_one_kernel(target: GgufTarget) -> N
             assert torch.equal(got[k], want[k]), f"step {step}, sequence {k}"
 
 
+def test_repacked_rows_equal_one_row_at_every_kernel_boundary(target: GgufTarget) -> None:
+    """On a CPU with AMX, the build's repacked weights take three kernels by row count
+    (``scripts/llama-cpp-amx-rows.patch``): one row the one-row VNNI kernel, 2 to 32 rows the
+    multi-row VNNI kernel in passes of up to 8 rows, more rows the AMX tiles. A chain of every
+    length at those boundaries decodes to the bits of the same chain token by token."""
+    import llama_cpp
+
+    from sampler.targets.cpu_features import cpu_flags
+
+    if not {"amx_int8", "avx512_vnni"} <= cpu_flags():
+        pytest.skip("no AMX int8 on this CPU: nothing is repacked into AMX tiles")
+    assert "AMX_VNNI_ROWS = 1" in llama_cpp.llama_print_system_info().decode()
+    assert target.repack
+    chain = [(97 * i + 13) % 40000 + 100 for i in range(33)]
+    alone = target.new_cache()
+    alone.extend(PREFIX)
+    one = torch.cat([alone.extend([t]) for t in chain])
+    for q in (2, 3, 8, 9, 16, 17, 32, 33):
+        joint = target.new_cache()
+        joint.extend(PREFIX)
+        assert torch.equal(joint.extend(chain[:q]), one[:q]), f"{q} rows"
+
+
 def test_a_forward_profile_belongs_to_one_llama_cpp_build(target: GgufTarget) -> None:
     """Tree ``auto`` prices trees from a forward profile cached per machine fingerprint; another
     llama.cpp build (other kernels: other forward costs) must not reuse it."""
