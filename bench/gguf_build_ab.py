@@ -35,7 +35,7 @@ from bench.common import RESULTS, environment
 from bench.speed_cpu import cpu_flags
 from sampler.models import DEFAULT_MODEL
 
-SIZES = (1, 2, 3, 5, 9, 17)
+SIZES = (1, 2, 3, 5, 8, 9, 17)
 
 
 def _child(calls: int, cached: int, repack: bool = False) -> dict[str, Any]:
