@@ -79,7 +79,8 @@ def _run(path: str, calls: int, cached: int, repack: bool) -> dict[str, Any]:
     env.pop("LLAMA_CPP_LIB_PATH", None)
     if path != "installed":
         env["LLAMA_CPP_LIB_PATH"] = str(Path(path).resolve())
-    code = f"import json, bench.gguf_build_ab as b; print(json.dumps(b._child({calls}, {cached}, {repack})))"
+    child = f"b._child({calls}, {cached}, {repack})"
+    code = f"import json, bench.gguf_build_ab as b; print(json.dumps({child}))"
     out = subprocess.run(
         [sys.executable, "-c", code],
         env=env,
