@@ -102,6 +102,9 @@ class Job:
     tenant: str = ""
     deadline_s: float | None = None
     """Seconds from submission to the end (None: none)."""
+    stream: bool = True
+    """Whether each step's ``Tokens`` come back; a job that only waits for its end (a
+    non-streamed request) gets its final event alone, so its steps never wake the event loop."""
     submitted: float = field(default_factory=time.monotonic)
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -116,7 +119,10 @@ class Job:
         self.cancelled.set()
 
     def _post(self, event: Event) -> None:
-        if not isinstance(event, Tokens):
+        if isinstance(event, Tokens):
+            if not self.stream:
+                return
+        else:
             self.ended.set()
         # At shutdown the loop may be closed: nobody is listening any more then.
         with contextlib.suppress(RuntimeError):
@@ -233,12 +239,15 @@ class GenerationWorker:
         *,
         tenant: str = "",
         deadline_s: float | None = None,
+        stream: bool = True,
     ) -> Job:
         """Queue ``tenant``'s job (call from the event loop); ``deadline_s``: seconds it may
-        take from now (None: no deadline). Raises ``QueueFull`` or ``NotReady``."""
+        take from now (None: no deadline); ``stream``: post each step's ``Tokens`` (False: the
+        final event only). Raises ``QueueFull`` or ``NotReady``."""
         if not self.alive:
             raise NotReady("the generation worker is stopped")
-        job = Job(prompt, config, source, drafter, asyncio.get_running_loop(), tenant, deadline_s)
+        loop = asyncio.get_running_loop()
+        job = Job(prompt, config, source, drafter, loop, tenant, deadline_s, stream)
         refused = QueueFull(self.queue_size, self.retry_after_s)
         with self._queued:
             queues = self._queues

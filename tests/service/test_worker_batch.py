@@ -93,6 +93,29 @@ def test_concurrent_jobs_batch_and_equal_solo(tiny_loaded) -> None:  # type: ign
     assert max(waiting) >= 1  # some waited for a slot
 
 
+def test_a_job_that_waits_for_its_end_gets_its_end_alone(tiny_loaded) -> None:  # type: ignore[no-untyped-def]
+    """A job submitted with ``stream=False`` (a non-streamed request) is posted no ``Tokens``
+    while it runs beside a streamed one (each step of theirs would wake the event loop): its
+    queue holds the final event alone, with its solo output; the streamed job beside it still
+    gets every token. Both in float64 (``_wide``)."""
+    loaded = _wide(tiny_loaded)
+
+    async def scenario() -> tuple[tuple[list[int], Finished | Failed], ...]:
+        worker = GenerationWorker(loaded, 4, 1, max_batch=2)
+        try:
+            quiet = worker.submit(*JOBS[0][:2], _source(0), JOBS[0][2], stream=False)
+            loud = worker.submit(*JOBS[3][:2], _source(3), JOBS[3][2])
+            return await asyncio.gather(_collect(quiet), _collect(loud))
+        finally:
+            worker.close()
+
+    (quiet_ids, quiet_end), (loud_ids, loud_end) = asyncio.run(scenario())
+    assert quiet_ids == [] and isinstance(quiet_end, Finished)
+    assert quiet_end.result.token_ids == _solo(loaded, 0).token_ids
+    assert isinstance(loud_end, Finished)
+    assert tuple(loud_ids) == loud_end.result.token_ids == _solo(loaded, 3).token_ids
+
+
 def test_cancelled_job_frees_its_slot(tiny_loaded) -> None:  # type: ignore[no-untyped-def]
     """One slot: a long job runs, a short one waits; cancelling the long one lets the short
     one run at the next step (it finishes with its solo output)."""

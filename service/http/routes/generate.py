@@ -56,8 +56,11 @@ _STREAM_DOC = {
 }
 
 
-def submit(worker: GenerationWorker, admitted: AdmittedGeneration, principal: Principal) -> Job:
-    """Queue an admitted generation as the principal's tenant's, with its deadline."""
+def submit(
+    worker: GenerationWorker, admitted: AdmittedGeneration, principal: Principal, stream: bool
+) -> Job:
+    """Queue an admitted generation as the principal's tenant's, with its deadline; ``stream``:
+    its steps' tokens come back as they are made (else its end alone)."""
     return worker.submit(
         admitted.ids,
         admitted.generation.config,
@@ -65,6 +68,7 @@ def submit(worker: GenerationWorker, admitted: AdmittedGeneration, principal: Pr
         admitted.generation.drafter,
         tenant=principal.tenant,
         deadline_s=admitted.deadline_s,
+        stream=stream,
     )
 
 
@@ -133,7 +137,7 @@ async def generate(
 ) -> GenerateResponse | EventStreamResponse:
     """Sample a watermarked completion with the caller's key (an exact sample of the model)."""
     admitted = await admit_generation(body, principal, service)
-    job = submit(service.worker, admitted, principal)
+    job = submit(service.worker, admitted, principal, body.stream)
     generation, metrics = admitted.generation, service.metrics
     tokenizer = service.resources.loaded.tokenizer  # decode only (immutable) on the event loop
     if body.stream:

@@ -153,6 +153,7 @@ async def _start(
     max_name: str,
     principal: Principal,
     service: ServiceDeps,
+    stream: bool,
 ) -> Served:
     """Admit ``wanted`` as ``POST /v1/generate`` does (a limit named by its OpenAI parameter)
     and queue it."""
@@ -164,7 +165,7 @@ async def _start(
         renamed=renamed(max_name),
         prompt_field="prompt" if raw else "messages",
     )
-    job = submit(service.worker, admitted, principal)
+    job = submit(service.worker, admitted, principal, stream)
     resources = service.resources
     model = served_model(resources)
     return Served(admitted.generation, job, len(admitted.ids), model, resources.loaded.tokenizer)
@@ -290,7 +291,7 @@ async def chat_completions(
     wanted = generate_request(
         body, key_id_of(body, request), max_name, max_tokens, messages=messages
     )
-    served = await _start(wanted, False, max_name, principal, service)
+    served = await _start(wanted, False, max_name, principal, service, body.stream)
     return await _answer(
         served, body, request, service.metrics, "chatcmpl", chat_chunk, _chat_reply
     )
@@ -316,7 +317,7 @@ async def completions(
     wanted = generate_request(
         body, key_id_of(body, request), max_name, max_tokens, prompt=body.prompt
     )
-    served = await _start(wanted, True, max_name, principal, service)
+    served = await _start(wanted, True, max_name, principal, service, body.stream)
     return await _answer(
         served, body, request, service.metrics, "cmpl", completion_chunk, _completion_reply
     )
