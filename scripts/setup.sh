@@ -37,8 +37,8 @@ pipq -e ".[test,bench]"
 # tinyBLAS's F32, F16 and BF16 kernels: a GGUF of those types is row-invariant too); with 32
 # vector registers one pass over a weight tile serves up to 12 (Q4_1) or 9 (Q8_0) rows. And an
 # attention kernel over the Q8_0 KV cache that reads only a row's own cells (sequences sharing
-# one context), a row's visible cells listed once for its KV heads and the value sums of small
-# heads held in registers; the version becomes `+poissonmark.amx2.rows`.
+# one context), a row's visible cells listed once for its KV heads, and the scores and value
+# sums of small heads held in registers; the version becomes `+poissonmark.amx2.rows`.
 # scripts/llama-cpp-amx-rows.patch: with AMX repacking (a Xeon), 2 to 32 rows of the Q4_1 and
 # Q8_0 weights go through VNNI kernels that read each packed weight block once for up to 8 rows
 # (the tile path cost ~1.45 one-row forwards for 2 rows), each row the bits of the one-row
