@@ -27,7 +27,8 @@ decoder). It pays where the CPU has batched kernels for the file's types: with
 ``scripts/setup.sh``'s row kernels (``ROW_KERNELS_BUILD``) 8 rows cost ~2.0 one-row forwards and
 9 rows ~2.5 on an AVX-512 AMD EPYC (``bench/results/gguf_forward_costs_zen4_row_kernels.json``),
 with AMX repacking on a Xeon (``scripts/llama-cpp-amx-rows.patch``: VNNI kernels for 2-32 rows)
-2 rows ~1.2 and 9 rows ~2.1 (``gguf_forward_costs_xeon_amx_rows.json``); a build without them
+2 rows ~1.2 and 9 rows ~2.0, not repacked 9 rows ~1.8
+(``gguf_forward_costs_xeon_attention_scores.json``); a build without them
 on AVX2 alone pays ~5.2 for 9 rows (AMD EPYC, ``gguf_forward_costs_amd.json``).
 
 Tree attention maps to llama.cpp's sequence ids (``sampler.targets.llamacpp_kv``).
