@@ -50,6 +50,7 @@ import torch
 
 from sampler.targets.cpu_features import CoreShare
 from sampler.targets.llamacpp_kv import MAX_LEAVES, GgufCache, KvStore, LlamaBackend
+from sampler.targets.profile import library_build
 
 log = logging.getLogger("poissonmark.gguf")
 
@@ -192,8 +193,9 @@ class GgufTarget(LlamaBackend):
         falls back to ``repack=False`` when it fails)."""
         self.lib = _lib()
         # the build's kernels set every forward cost
-        # (``sampler.targets.profile.machine_fingerprint``)
-        self.build = str(getattr(self.lib, "__version__", "?"))
+        # (``sampler.targets.profile.machine_fingerprint``): the libraries llama_cpp loads
+        libraries = os.environ.get("LLAMA_CPP_LIB_PATH") or Path(self.lib.__file__).parent / "lib"
+        self.build = library_build(str(getattr(self.lib, "__version__", "?")), Path(libraries))
         if not path.is_file():
             raise FileNotFoundError(path)
         self.path = path

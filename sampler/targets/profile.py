@@ -117,6 +117,25 @@ def set_profile_dir(target: Target | PreTrainedModel, directory: Path) -> None:
     as_target(target).profile_dir = directory
 
 
+def library_build(version: str, libraries: Path) -> str:
+    """A native build's identity for ``machine_fingerprint``: its package ``version`` and a
+    digest of the shared libraries in ``libraries`` (names and bytes), since one version label
+    may carry other kernels (a rebuilt patch set keeps it); ``version`` alone where the
+    directory holds none or cannot be read."""
+    digest = hashlib.sha256()
+    try:
+        files = sorted(
+            p
+            for p in libraries.iterdir()
+            if p.is_file() and (p.name.endswith((".so", ".dylib", ".dll")) or ".so." in p.name)
+        )
+        for path in files:
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    except OSError:
+        return version
+    return f"{version}:{digest.hexdigest()[:16]}" if files else version
+
+
 def machine_fingerprint(target: Target | PreTrainedModel) -> dict[str, str]:
     """What a forward profile depends on: CPU model and flags, threads, torch, the backend
     (runner, llama.cpp or transformers, dtype), its build where it has one (llama.cpp's

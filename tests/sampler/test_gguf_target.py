@@ -10,6 +10,8 @@ no statistical allowance is needed."""
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -484,14 +486,24 @@ def test_repacked_rows_equal_one_row_at_every_kernel_boundary(target: GgufTarget
         assert torch.equal(joint.extend(chain[:q]), one[:q]), f"{q} rows"
 
 
-def test_a_forward_profile_belongs_to_one_llama_cpp_build(target: GgufTarget) -> None:
+def test_a_forward_profile_belongs_to_one_llama_cpp_build(target: GgufTarget, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Tree ``auto`` prices trees from a forward profile cached per machine fingerprint; another
-    llama.cpp build (other kernels: other forward costs) must not reuse it."""
+    llama.cpp build (other kernels: other forward costs) must not reuse it, also one that keeps
+    the version label: the build names the version and a digest of the loaded libraries, and a
+    copy of those libraries with one byte changed is another build."""
     import llama_cpp
 
-    from sampler.targets.profile import machine_fingerprint
+    from sampler.targets.profile import library_build, machine_fingerprint
 
-    assert target.build == llama_cpp.__version__
+    libraries = Path(llama_cpp.__file__).parent / "lib"
+    assert target.build == library_build(llama_cpp.__version__, libraries)
+    assert target.build.startswith(llama_cpp.__version__ + ":")
+    copy = tmp_path / "lib"
+    shutil.copytree(libraries, copy)
+    assert library_build(llama_cpp.__version__, copy) == target.build
+    changed = next(p for p in sorted(copy.iterdir()) if ".so" in p.name)
+    changed.write_bytes(changed.read_bytes() + b"\0")
+    assert library_build(llama_cpp.__version__, copy) != target.build
     here = machine_fingerprint(target)
     assert here["build"] == target.build
     built = target.build
