@@ -3,9 +3,9 @@ every active request together (continuous batching; docs/design.md §5).
 
 Glossary:
 - **job**: one generation request: prompt ids, ``SamplerConfig``, keyed source, drafter spec.
-  Its events (``Tokens`` per decoding step, then ``Finished`` or ``Failed``) reach the event
-  loop through an ``asyncio.Queue`` fed with ``call_soon_threadsafe``; each job's queue gets
-  only its own tokens.
+  Its events (``Tokens`` per decoding step for a streamed job, then ``Finished`` or
+  ``Failed``) reach the event loop through an ``asyncio.Queue`` fed with
+  ``call_soon_threadsafe``; each job's queue gets only its own tokens.
 - **tenant**: whose job it is (the API token's tenant). Waiting jobs queue per tenant.
 - **queue**: jobs waiting for a slot, at most ``queue_size`` in all; one more is refused at
   once with ``QueueFull`` (the route answers 503 + Retry-After) instead of piling up latency.
