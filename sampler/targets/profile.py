@@ -11,6 +11,7 @@ Shapes: n new tokens of one chain forward.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -121,19 +122,27 @@ def library_build(version: str, libraries: Path) -> str:
     """A native build's identity for ``machine_fingerprint``: its package ``version`` and a
     digest of the shared libraries in ``libraries`` (names and bytes), since one version label
     may carry other kernels (a rebuilt patch set keeps it); ``version`` alone where the
-    directory holds none or cannot be read."""
-    digest = hashlib.sha256()
+    directory holds none or cannot be read. The digest (~40 ms for llama.cpp's ~20 MB) is kept
+    per process while the files' names, sizes and modification times stay the same."""
     try:
-        files = sorted(
-            p
-            for p in libraries.iterdir()
+        files = tuple(
+            (p, p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(libraries.iterdir())
             if p.is_file() and (p.name.endswith((".so", ".dylib", ".dll")) or ".so." in p.name)
         )
-        for path in files:
-            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+        return _library_build(version, files)
     except OSError:
         return version
-    return f"{version}:{digest.hexdigest()[:16]}" if files else version
+
+
+@functools.lru_cache(maxsize=8)
+def _library_build(version: str, files: tuple[tuple[Path, int, int], ...]) -> str:
+    if not files:
+        return version
+    digest = hashlib.sha256()
+    for path, _, _ in files:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return f"{version}:{digest.hexdigest()[:16]}"
 
 
 def machine_fingerprint(target: Target | PreTrainedModel) -> dict[str, str]:
