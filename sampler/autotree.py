@@ -18,13 +18,16 @@ choice is a cost model in the spirit of Sequoia (Chen et al. 2024):
   (a Beta(1, 2) prior, mean 1/3: with Beta(1, 1) every request began by drafting where trees
   cost 1.5 one-token forwards (llama.cpp) until its own rejections said otherwise, ~15 trees of
   2-3 nodes per 128 tokens, 24 % accepted, 3 % slower than ``basic-uwm``, in one-off runs;
-  counted from its
-  steps; a larger B never estimated below a smaller one).
+  counted from its steps; a larger B never estimated below a smaller one).
 - f: the share of the planned B·ℓ nodes the drafter actually proposes (an n-gram drafter with
   no match proposes none), c: drafting seconds per level (0 until measured: the first tree
   with an unmeasured drafter counts as an explore), o: the step's other seconds (walk,
   race, KV keep), s and s₀: its tree and one-token forwards' measured seconds over the
-  profile's (``TreeChooser.forward_scale``); running means of this request's steps.
+  profile's (``TreeChooser.forward_scale``); running means of this request's steps. A
+  forward whose node count differs from the last one's pays for a new compute graph on
+  llama.cpp: that one-off cost is measured apart and spread over the steps the new size is
+  expected to run (at most ``SWITCH_STEPS``), so a size that loses in steady state is
+  left even though leaving costs a rebuild.
 - only where the target's logits do not depend on the tree (``tree_invariant``: the bfloat16
   runner, llama.cpp (precision gguf) or float64); on transformers' float32 ``auto`` drafts
   as ``fixed``.
@@ -42,11 +45,12 @@ choice is a cost model in the spirit of Sequoia (Chen et al. 2024):
   n-gram drafter on chat answers, ~4 % (one-off runs). Explores also stop once their
   measured loss reaches ``EXPLORE_BUDGET`` of the request's time (its steps so far and its
   tokens still to go at the one-token rate): a lone request never pays more than that for them.
-- a process remembers (``TreeMemory``, per target, drafter and processing): every request's
-  steps also count there, and a new request starts from it — the drafter's cost, the forward
-  scales and the other seconds as ``MEMORY_COST_STEPS`` steps of evidence, acceptance and the
-  proposal rate as ``MEMORY_ACCEPTANCE_STEPS`` (they differ more between requests) — instead of
-  from the priors, so its first explore is priced and a drafter that pays is used at once.
+- a process remembers (``sampler.tree_evidence.TreeMemory``, per target, drafter and
+  processing): every request's steps also count there, and a new request starts from it — the
+  drafter's cost, the forward scales and the other seconds as ``MEMORY_COST_STEPS`` steps of
+  evidence, acceptance and the proposal rate as ``MEMORY_ACCEPTANCE_STEPS`` (they differ more
+  between requests) — instead of from the priors, so its first explore is priced and a
+  drafter that pays is used at once.
 - in a batch (``BatchPrice``: R ≥ 2 requests share one forward) a node costs the batch's
   marginal row time, not a lone forward's: a step is worth its expected tokens less the
   seconds it adds to the shared step, s·(t(r + 1 + f·B·ℓ) − t(r + 1)) + ℓ·c (r: the rows the
@@ -59,8 +63,6 @@ Shapes: n tree nodes (root included); B drafts; ℓ depth.
 from __future__ import annotations
 
 import logging
-import threading
-import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Final
@@ -70,6 +72,7 @@ from transformers import PreTrainedModel
 from sampler.targets.base import Target
 from sampler.targets.profile import ForwardProfile
 from sampler.targets.transformers import as_target
+from sampler.tree_evidence import Evidence, TreeMemory
 
 log = logging.getLogger("poissonmark.autotree")
 
@@ -79,8 +82,7 @@ PRIOR_REJECTED: Final = 2.0
 EXPLORE_EVERY: Final = 8
 EXPLORE_MAX: Final = 64
 EXPLORE_BUDGET: Final = 0.02  # explores' expected loss, as a share of decoding time
-MEMORY_COST_STEPS: Final = 64.0  # a new request's start: the process's costs, as this many steps
-MEMORY_ACCEPTANCE_STEPS: Final = 16.0  # ... and its acceptance and proposal rate
+SWITCH_STEPS: Final = EXPLORE_EVERY  # a change of tree size is priced over this many steps
 
 
 def tree_invariant(target: Target | PreTrainedModel) -> bool:
@@ -92,134 +94,6 @@ def tree_invariant(target: Target | PreTrainedModel) -> bool:
     a near-tie between runs of the same request, so ``auto`` drafts as ``fixed`` there
     (``Target.invariant``)."""
     return as_target(target).invariant
-
-
-@dataclass
-class _Mean:
-    """A running mean (``None`` until the first value)."""
-
-    total: float = 0.0
-    count: float = 0.0
-
-    def add(self, value: float) -> None:
-        self.total += value
-        self.count += 1
-
-    def get(self, default: float) -> float:
-        return self.total / self.count if self.count else default
-
-    def capped(self, count: float) -> _Mean:
-        """The same mean, weighing at most ``count`` values."""
-        if self.count <= count:
-            return _Mean(self.total, self.count)
-        return _Mean(self.total * count / self.count, count)
-
-
-@dataclass
-class Evidence:
-    """What tree steps showed: per B the levels reached and accepted, and running means of
-    the drafter's seconds per level, the fill f, the proposal rate π, the other seconds o and
-    the forward scales (module docstring). One request's (``TreeChooser``) or a process's
-    (``TreeMemory``)."""
-
-    reached: dict[int, list[float]] = field(default_factory=dict)
-    accepted: dict[int, list[float]] = field(default_factory=dict)
-    draft_level: _Mean = field(default_factory=_Mean)  # seconds per drafted level
-    fill: _Mean = field(default_factory=_Mean)  # proposed nodes / planned B·ℓ
-    proposing: _Mean = field(default_factory=_Mean)  # tree steps with a proposal: 1, else 0
-    other: _Mean = field(default_factory=_Mean)  # seconds of a step besides forward + drafts
-    scale: dict[tuple[bool, bool], _Mean] = field(
-        default_factory=lambda: {(t, s): _Mean() for t in (False, True) for s in (False, True)}
-    )  # measured / profiled forward seconds by (tree step, node count changed from the last)
-
-    def add(
-        self,
-        profile: ForwardProfile,
-        drafts: int,
-        depth: int,
-        proposed: int,
-        accepted: int,
-        stopped: bool,
-        draft_seconds: float,
-        other_seconds: float,
-        forward_seconds: float | None,
-        max_depth: int,
-        switched: bool = False,
-        drafting: bool = True,
-    ) -> None:
-        """Count one step (``TreeChooser.observe``'s arguments; ``switched``: its node count
-        differs from the step before's; ``drafting`` False: its drafting seconds are a share
-        of a batch's and not counted)."""
-        self.other.add(other_seconds)
-        if forward_seconds is not None:
-            ratio = forward_seconds / profile.cost(1 + proposed)
-            self.scale[(proposed > 0, switched)].add(ratio)
-        if depth == 0:
-            return
-        if drafting:
-            self.draft_level.add(draft_seconds / depth)
-        self.fill.add(proposed / (drafts * depth))
-        self.proposing.add(1.0 if proposed else 0.0)
-        if not proposed:  # nothing to accept: the acceptance rates count proposals only
-            return
-        reached = self.reached.setdefault(drafts, [])
-        hits = self.accepted.setdefault(drafts, [])
-        if len(reached) < max_depth:  # a process's requests may differ in L
-            reached.extend([0.0] * (max_depth - len(reached)))
-            hits.extend([0.0] * (max_depth - len(hits)))
-        for level in range(1, min(accepted + (0 if stopped else 1), depth, max_depth) + 1):
-            reached[level - 1] += 1
-            if level <= accepted:
-                hits[level - 1] += 1
-
-    def seed(self, max_depth: int) -> Evidence:
-        """A new request's start from a process's evidence (module docstring): costs weighing
-        at most ``MEMORY_COST_STEPS`` steps, acceptance and proposal rate
-        ``MEMORY_ACCEPTANCE_STEPS``, levels beyond ``max_depth`` dropped."""
-        out = Evidence(
-            draft_level=self.draft_level.capped(MEMORY_COST_STEPS),
-            fill=self.fill.capped(MEMORY_COST_STEPS),
-            proposing=self.proposing.capped(MEMORY_ACCEPTANCE_STEPS),
-            other=self.other.capped(MEMORY_COST_STEPS),
-            scale={k: v.capped(MEMORY_COST_STEPS) for k, v in self.scale.items()},
-        )
-        for drafts, reached in self.reached.items():
-            weight = min(1.0, MEMORY_ACCEPTANCE_STEPS / reached[0]) if reached[0] else 1.0
-            levels = [0.0] * max_depth
-            hits = [0.0] * max_depth
-            for level in range(min(max_depth, len(reached))):
-                levels[level] = reached[level] * weight
-                hits[level] = self.accepted[drafts][level] * weight
-            out.reached[drafts], out.accepted[drafts] = levels, hits
-        return out
-
-
-@dataclass
-class TreeMemory:
-    """A process's tree evidence for one target, drafter and processing (module docstring);
-    ``memory_for`` gives the shared one. Thread-safe: the service's workers step requests from
-    several threads."""
-
-    evidence: Evidence = field(default_factory=Evidence)
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def seed(self, max_depth: int) -> Evidence:
-        with self.lock:
-            return self.evidence.seed(max_depth)
-
-
-_MEMORIES: weakref.WeakKeyDictionary[object, dict[tuple[object, ...], TreeMemory]] = (
-    weakref.WeakKeyDictionary()
-)
-_MEMORIES_LOCK = threading.Lock()
-
-
-def memory_for(target: object, drafter: str, processing: object) -> TreeMemory:
-    """The process's ``TreeMemory`` for ``target`` (held weakly: it goes with the target),
-    the drafter's name and the request's processing (acceptance moves with T, top-k, top-p)."""
-    with _MEMORIES_LOCK:
-        memories = _MEMORIES.setdefault(target, {})
-        return memories.setdefault((drafter, processing), TreeMemory())
 
 
 @dataclass(frozen=True)
@@ -272,16 +146,23 @@ class TreeChooser:
     def acceptance(self, drafts: int, level: int) -> float:
         """a_level(B): the posterior mean acceptance at ``level`` (1-based) given the level
         before accepted, with ``drafts`` drafts; never below a smaller B's."""
-        best = 0.0
+        b = max(x for x in self.drafts_options if x <= max(drafts, 1))
+        return self._acceptances(level)[b][level - 1]
+
+    def _acceptances(self, depth: int) -> dict[int, list[float]]:
+        """a_s(B) (``acceptance``) for s = 1..``depth``, every candidate B, in one pass."""
+        table: dict[int, list[float]] = {}
+        floor = [0.0] * depth
         for b in self.drafts_options:
-            if b > drafts:
-                break
             reached = self.evidence.reached.get(b, [])
             accepted = self.evidence.accepted.get(b, [])
-            r = reached[level - 1] if level <= len(reached) else 0
-            a = accepted[level - 1] if level <= len(accepted) else 0
-            best = max(best, (a + PRIOR_ACCEPTED) / (r + PRIOR_ACCEPTED + PRIOR_REJECTED))
-        return best
+            for i in range(depth):
+                r = reached[i] if i < len(reached) else 0.0
+                a = accepted[i] if i < len(accepted) else 0.0
+                posterior = (a + PRIOR_ACCEPTED) / (r + PRIOR_ACCEPTED + PRIOR_REJECTED)
+                floor[i] = max(floor[i], posterior)
+            table[b] = list(floor)
+        return table
 
     def proposal_rate(self) -> float:
         """π: the share of this request's tree steps where the drafter proposed a node (1
@@ -291,8 +172,8 @@ class TreeChooser:
     def expected_tokens(self, drafts: int, depth: int) -> float:
         """1 + π·Σ_{s<=ℓ} Π_{j<=s} a_j(B): emitted tokens of a step, the bonus included."""
         total, survive = 1.0, self.proposal_rate()
-        for level in range(1, depth + 1):
-            survive *= self.acceptance(drafts, level)
+        for a in self._acceptances(depth)[drafts] if depth else []:
+            survive *= a
             total += survive
         return total
 
@@ -319,15 +200,41 @@ class TreeChooser:
         explore (``choose``)."""
         return self.evidence.draft_level.get(0.0)
 
-    def expected_seconds(self, drafts: int, depth: int) -> float:
-        """s·t(1 + f·B·ℓ) + ℓ·c + o (module docstring; s: ``forward_scale``)."""
-        other = self.evidence.other.get(0.0)
-        if depth == 0:
-            return self.forward_scale(False, self._switched(1)) * self.profile.cost(1) + other
-        nodes = 1 + self.evidence.fill.get(1.0) * drafts * depth
-        scale = self.forward_scale(True, self._switched(round(nodes)))
-        forward = scale * self.profile.cost(nodes)
-        return forward + depth * self.level_seconds() + other
+    def expected_seconds(self, drafts: int, depth: int, tokens: float | None = None) -> float:
+        """s·t(1 + f·B·ℓ) + ℓ·c + o (module docstring; s: ``forward_scale`` of forwards that
+        keep their node count), plus, where the step changes the node count of the last one,
+        the change's one-off cost spread over the steps the new size is expected to run
+        (the tokens to go at its expected tokens per step, at most ``SWITCH_STEPS``: a size
+        is reconsidered every step, and explores come back to trees every ``EXPLORE_EVERY``
+        steps or later; at least one): a new compute graph is paid once, not on every step
+        of a size, so a size that loses in steady state is left even when leaving costs a
+        rebuild. ``tokens``: ``expected_tokens(drafts, depth)`` where the caller has it."""
+        return self._seconds(self._terms(depth > 0), drafts, depth, tokens)
+
+    def _terms(self, tree: bool) -> tuple[float, float, float, float, float]:
+        """What ``expected_seconds`` reads of the evidence for a tree or a one-token step: the
+        steady forward scale, a change's extra scale, the fill f, c and o."""
+        steady = self.forward_scale(tree, False)
+        extra = max(self.forward_scale(tree, True) - steady, 0.0)
+        e = self.evidence
+        return steady, extra, e.fill.get(1.0), self.level_seconds(), e.other.get(0.0)
+
+    def _seconds(
+        self,
+        terms: tuple[float, float, float, float, float],
+        drafts: int,
+        depth: int,
+        tokens: float | None,
+    ) -> float:
+        steady, extra, fill, level, other = terms
+        nodes = 1 + fill * drafts * depth if depth else 1.0
+        cost = self.profile.cost(nodes)
+        seconds = steady * cost + depth * level + other
+        if extra and self._switched(round(nodes)):
+            if tokens is None:
+                tokens = self.expected_tokens(drafts, depth)
+            seconds += extra * cost / min(max(self._remaining / tokens, 1.0), SWITCH_STEPS)
+        return seconds
 
     def batch_price(self, rows: int, requests: int) -> BatchPrice:
         """The pricing of a step shared by ``requests`` requests whose others put ``rows``
@@ -352,13 +259,14 @@ class TreeChooser:
             fill = self.evidence.fill.get(1.0)
             level_seconds = self.level_seconds()
         best_tree, best_tree_rate = None, -float("inf")
+        acceptances, terms = self._acceptances(depth_cap), self._terms(True)
         for drafts in self.drafts_options:
             tokens, survive = 1.0, self.proposal_rate()
             for depth in range(1, depth_cap + 1):  # the sum of expected_tokens, incrementally
-                survive *= self.acceptance(drafts, depth)
+                survive *= acceptances[drafts][depth - 1]
                 tokens += survive
                 if price is None:
-                    rate = tokens / self.expected_seconds(drafts, depth)
+                    rate = tokens / self._seconds(terms, drafts, depth, tokens)
                 else:
                     rows = price.rows + 1 + fill * drafts * depth
                     added = scale * (self.profile.cost(rows) - base) + depth * level_seconds
@@ -382,15 +290,27 @@ class TreeChooser:
 
     def explore_loss(self) -> float:
         """An explore's expected seconds beyond what its expected tokens cost one at a time:
-        seconds(1, 1) − tokens(1, 1)·seconds(1, 0), at least 0."""
-        step = self.expected_seconds(1, 0)
-        return max(self.expected_seconds(1, 1) - self.expected_tokens(1, 1) * step, 0.0)
+        a one-step excursion to B = ℓ = 1 from one-token steps pays both changes of node count
+        in full (into the tree and back out of it): s_c·t(2) + c + o + (s₀_c − s₀)·t(1) −
+        tokens(1, 1)·(s₀·t(1) + o), at least 0 (``forward_scale``: s of steady forwards,
+        s_c of forwards that change the node count)."""
+        one = self.profile.cost(1)
+        back = max(self.forward_scale(False, True) - self.forward_scale(False, False), 0.0) * one
+        tree = self.forward_scale(True, True) * self.profile.cost(1 + self.evidence.fill.get(1.0))
+        seconds = tree + self.level_seconds() + self.evidence.other.get(0.0) + back
+        return max(seconds - self.expected_tokens(1, 1) * self.one_token_seconds(), 0.0)
+
+    def one_token_seconds(self) -> float:
+        """A one-token step's seconds where the last step was one too: s₀·t(1) + o."""
+        return self.forward_scale(False, False) * self.profile.cost(1) + self.evidence.other.get(
+            0.0
+        )
 
     def explore_fits(self) -> bool:
         """Whether one more explore keeps the request's explores within ``EXPLORE_BUDGET`` of
         its time: their measured loss so far plus this one's expected loss against its steps'
         seconds so far plus its tokens to go at the one-token rate."""
-        total = self._elapsed + self._remaining * self.expected_seconds(1, 0)
+        total = self._elapsed + self._remaining * self.one_token_seconds()
         return self._explore_loss + self.explore_loss() <= EXPLORE_BUDGET * total
 
     def explore_interval(self) -> float:
@@ -401,7 +321,7 @@ class TreeChooser:
         cost one at a time — capped at ``EXPLORE_MAX``. A costly drafter (the heads' pass
         through a float32 LM head after a llama.cpp forward: ~22 ms once timed, two steps) explores
         rarely; a cheap one (n-gram lookup) at the back-off interval."""
-        step = self.expected_seconds(1, 0)
+        step = self.one_token_seconds()
         floor = self.explore_loss() / (EXPLORE_BUDGET * step) if step > 0 else 0.0
         return max(self._explore_every, min(floor, EXPLORE_MAX))
 
@@ -448,7 +368,7 @@ class TreeChooser:
             * self.profile.cost(1 + proposed)
         )
         seconds = draft_seconds + other_seconds + measured
-        one_token = self.expected_seconds(1, 0)
+        one_token = self.one_token_seconds()
         self._elapsed += seconds
         step = (drafts, depth, proposed, accepted, stopped, draft_seconds, other_seconds)
         switched = self._switched(1 + proposed)

@@ -26,7 +26,7 @@ import torch
 from transformers import PreTrainedModel
 
 from keyed import KeyedSource
-from sampler.autotree import BatchPrice, TreeChooser, memory_for, tree_invariant
+from sampler.autotree import BatchPrice, TreeChooser, tree_invariant
 from sampler.drafters import Drafter, draft_law, feed_target_hidden, wants_target_hidden
 from sampler.methods import SamplerConfig
 from sampler.policies import History, KeyedRace, Policy
@@ -36,6 +36,7 @@ from sampler.targets.base import Target, TargetLM
 from sampler.targets.profile import profile_for
 from sampler.targets.transformers import as_target
 from sampler.tree import DraftTree
+from sampler.tree_evidence import memory_for
 
 
 @dataclass

@@ -80,16 +80,22 @@ def prefer_passive_omp_wait() -> bool:
     return True
 
 
-def procs_running(stat: Path = Path("/proc/stat")) -> int | None:
-    """Runnable tasks on the machine at this instant (the reading thread included), from
-    ``/proc/stat``'s ``procs_running``; None where it cannot be read."""
+_OPEN: dict[Path, int] = {}
+
+
+def procs_running(loadavg: Path = Path("/proc/loadavg")) -> int | None:
+    """Runnable tasks on the machine at this instant (the reading thread included): the
+    running count of ``/proc/loadavg``'s fourth field (``running/total``, the same count as
+    ``/proc/stat``'s ``procs_running``), read through a descriptor kept open (~1 µs a
+    reading where opening ``/proc/stat`` and parsing it took ~14 µs, once per decode); None
+    where it cannot be read."""
     try:
-        for line in stat.read_text().splitlines():
-            if line.startswith("procs_running "):
-                return int(line.split()[1])
-    except (OSError, ValueError):
+        fd = _OPEN.get(loadavg)
+        if fd is None:
+            fd = _OPEN.setdefault(loadavg, os.open(loadavg, os.O_RDONLY | os.O_CLOEXEC))
+        return int(os.pread(fd, 256, 0).split()[3].split(b"/")[0])
+    except (OSError, ValueError, IndexError):
         return None
-    return None
 
 
 class CoreShare:

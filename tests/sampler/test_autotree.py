@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from keyed import KeyedSource, Secret
-from sampler import autotree
+from sampler import autotree, tree_evidence
 from sampler.autotree import EXPLORE_EVERY, EXPLORE_MAX, TreeChooser
 from sampler.batch import generate_many
 from sampler.decoder import SamplerConfig, generate
@@ -309,7 +309,7 @@ def test_a_new_request_starts_from_what_the_process_learnt():
     weighed as at most ``MEMORY_COST_STEPS`` / ``MEMORY_ACCEPTANCE_STEPS`` steps; a request
     without the memory starts with a one-token step."""
     profile = ForwardProfile((1, 2, 3), (0.010, 0.014, 0.018))
-    memory = autotree.TreeMemory()
+    memory = tree_evidence.TreeMemory()
     first = TreeChooser(profile, 1, 2, memory)
     assert first.choose(100) == (1, 0)
     for _ in range(200):  # trees every step, all accepted, 1 ms a level
@@ -317,11 +317,11 @@ def test_a_new_request_starts_from_what_the_process_learnt():
     second = TreeChooser(profile, 1, 2, memory)
     assert second.choose(100)[1] > 0
     assert second.evidence.draft_level.get(0.0) == pytest.approx(0.001)
-    assert second.evidence.draft_level.count == autotree.MEMORY_COST_STEPS
-    assert second.evidence.reached[1][0] == autotree.MEMORY_ACCEPTANCE_STEPS
-    accepted = autotree.MEMORY_ACCEPTANCE_STEPS + autotree.PRIOR_ACCEPTED
+    assert second.evidence.draft_level.count == tree_evidence.MEMORY_COST_STEPS
+    assert second.evidence.reached[1][0] == tree_evidence.MEMORY_ACCEPTANCE_STEPS
+    accepted = tree_evidence.MEMORY_ACCEPTANCE_STEPS + autotree.PRIOR_ACCEPTED
     prior = autotree.PRIOR_ACCEPTED + autotree.PRIOR_REJECTED
-    assert second.acceptance(1, 1) == accepted / (autotree.MEMORY_ACCEPTANCE_STEPS + prior)
+    assert second.acceptance(1, 1) == accepted / (tree_evidence.MEMORY_ACCEPTANCE_STEPS + prior)
     assert TreeChooser(profile, 1, 2).choose(100) == (1, 0)
 
 
@@ -334,16 +334,16 @@ def test_the_memory_is_per_target_drafter_and_processing_and_goes_with_the_targe
         pass
 
     target, other = Target(), Target()
-    memory = autotree.memory_for(target, "eagle", Processing())
-    assert autotree.memory_for(target, "eagle", Processing()) is memory
-    assert autotree.memory_for(target, "ngram", Processing()) is not memory
-    assert autotree.memory_for(target, "eagle", Processing(0.7)) is not memory
-    assert autotree.memory_for(other, "eagle", Processing()) is not memory
+    memory = tree_evidence.memory_for(target, "eagle", Processing())
+    assert tree_evidence.memory_for(target, "eagle", Processing()) is memory
+    assert tree_evidence.memory_for(target, "ngram", Processing()) is not memory
+    assert tree_evidence.memory_for(target, "eagle", Processing(0.7)) is not memory
+    assert tree_evidence.memory_for(other, "eagle", Processing()) is not memory
     gc.collect()  # other tests' targets that are garbage already leave first
-    before = len(autotree._MEMORIES)
+    before = len(tree_evidence._MEMORIES)
     del target
     gc.collect()
-    assert len(autotree._MEMORIES) == before - 1
+    assert len(tree_evidence._MEMORIES) == before - 1
 
 
 def test_explores_stay_within_their_budget_of_a_lone_request():
@@ -395,7 +395,7 @@ def test_a_batch_share_of_drafting_stays_out_of_the_process_memory():
     """A batched step's drafting seconds are a share of a level the batch paid once: they
     count for the request, not for the process's memory a lone request starts from."""
     profile = ForwardProfile((1, 2), (0.010, 0.012))
-    memory = autotree.TreeMemory()
+    memory = tree_evidence.TreeMemory()
     chooser = TreeChooser(profile, 1, 1, memory)
     chooser.observe(1, 1, 1, 1, False, 0.004, 0.0, None, batched=False)
     chooser.observe(1, 1, 1, 1, False, 0.0005, 0.0, None, batched=True)
@@ -403,23 +403,43 @@ def test_a_batch_share_of_drafting_stays_out_of_the_process_memory():
     assert chooser.evidence.draft_level.get(0.0) == pytest.approx(0.00225)
 
 
-def test_a_request_keeps_its_tree_size_unless_the_change_pays():
-    """Forwards that change the node count cost 1.3x the profile (a new compute graph), the
-    others as profiled; trees accepted 35 % of the time: a tree (1.35 tokens for 1.3 steps)
-    beats a one-token step only without the change, so after one-token steps the request
-    stays with them, and after a tree it stays with trees."""
-    profile = ForwardProfile((1, 2), (1.0, 1.3))
-    chooser = TreeChooser(profile, 1, 1)
+def _runs_of_each_size(chooser: TreeChooser, profile: ForwardProfile, accepted_of_20: int) -> None:
+    """400 steps in runs of 20 one-token steps and 20 trees (B = ℓ = 1) — few changes, both
+    kinds measured — ending with trees; a forward that changes the node count costs 1.3x the
+    profile (a new compute graph), the others as profiled; ``accepted_of_20`` trees of each
+    run accepted."""
     for step in range(400):
-        tree = step % 40 >= 20  # runs of 20 steps of each kind: few switches, both measured
+        tree = step % 40 >= 20
         nodes = 2 if tree else 1
         changed = chooser._last_nodes is not None and chooser._last_nodes != nodes
         forward = profile.cost(nodes) * (1.3 if changed else 1.0)
-        accepted = 1 if tree and step % 20 < 7 else 0
+        accepted = 1 if tree and step % 20 < accepted_of_20 else 0
         chooser.observe(1, int(tree), int(tree), accepted, False, 0.0, 0.0, forward)
+
+
+def test_a_change_of_tree_size_is_paid_once_not_every_step():
+    """Trees accepted 35 % of the time (1.35 tokens for 1.3 steps) pay in steady state: the
+    request stays with them, and from one-token steps it changes to them where the 0.3-step
+    rebuild is repaid by the tokens to go (100), not with 2 to go."""
+    profile = ForwardProfile((1, 2), (1.0, 1.3))
+    chooser = TreeChooser(profile, 1, 1)
+    _runs_of_each_size(chooser, profile, 7)
     assert chooser.forward_scale(True, True) == pytest.approx(1.3)
     assert chooser.forward_scale(True, False) == pytest.approx(1.0)
     assert chooser._last_nodes == 2
     assert chooser.choose(100) == (1, 1)
     chooser.observe(1, 0, 0, 0, False, 0.0, 0.0, 1.3)  # one one-token step
+    assert chooser.choose(2) == (1, 0)
+    assert chooser.choose(100) == (1, 1)
+
+
+def test_a_losing_tree_size_is_left_even_though_leaving_costs_a_rebuild():
+    """Trees accepted 20 % of the time (1.2 tokens for 1.3 steps) lose in steady state. After
+    a tree the next one-token step pays the rebuild (1.3 steps for 1 token, worse than the
+    tree's 1.08): a chooser that priced the change on one step would stay with losing trees
+    for good; priced over the steps to come, it leaves them."""
+    profile = ForwardProfile((1, 2), (1.0, 1.3))
+    chooser = TreeChooser(profile, 1, 1)
+    _runs_of_each_size(chooser, profile, 4)
+    assert chooser._last_nodes == 2
     assert chooser.choose(100) == (1, 0)

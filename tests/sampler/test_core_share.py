@@ -7,13 +7,18 @@ from pathlib import Path
 from sampler.targets.cpu_features import CoreShare, procs_running
 
 
-def test_procs_running_reads_proc_stat(tmp_path: Path) -> None:
-    stat = tmp_path / "stat"
-    stat.write_text("cpu  1 2 3\nctxt 99\nprocs_running 3\nprocs_blocked 0\n")
-    assert procs_running(stat) == 3
-    stat.write_text("cpu  1 2 3\n")
-    assert procs_running(stat) is None
+def test_procs_running_reads_the_running_count_of_loadavg(tmp_path: Path) -> None:
+    """The running count of ``running/total``, read again at each call (the descriptor stays
+    open); a file without it or no file: None."""
+    loadavg = tmp_path / "loadavg"
+    loadavg.write_text("0.50 0.40 0.30 3/162 12757\n")
+    assert procs_running(loadavg) == 3
+    loadavg.write_text("0.50 0.40 0.30 1/161 12758\n")  # the same inode, read again
+    assert procs_running(loadavg) == 1
+    loadavg.write_text("0.50\n")
+    assert procs_running(loadavg) is None
     assert procs_running(tmp_path / "missing") is None
+    assert isinstance(procs_running(), int)  # this machine's own file
 
 
 def test_the_threads_follow_the_cores_others_leave() -> None:
