@@ -45,6 +45,9 @@ choice is a cost model in the spirit of Sequoia (Chen et al. 2024):
   n-gram drafter on chat answers, ~4 % (one-off runs). Explores also stop once their
   measured loss reaches ``EXPLORE_BUDGET`` of the request's time (its steps so far and its
   tokens still to go at the one-token rate): a lone request never pays more than that for them.
+- a lone request whose best tree is priced below ``HOLD_MARGIN`` of a one-token step keeps
+  that verdict for ``HOLD_STEPS`` steps (an explore that falls due or a tree step ends it):
+  one-token steps move the evidence little, and the choice is ~20 µs of a ~5 ms step.
 - a process remembers (``sampler.tree_evidence.TreeMemory``, per target, drafter and
   processing): every request's steps also count there, and a new request starts from it — the
   drafter's cost, the forward scales and the other seconds as ``MEMORY_COST_STEPS`` steps of
@@ -83,6 +86,8 @@ EXPLORE_EVERY: Final = 8
 EXPLORE_MAX: Final = 64
 EXPLORE_BUDGET: Final = 0.02  # explores' expected loss, as a share of decoding time
 SWITCH_STEPS: Final = EXPLORE_EVERY  # a change of tree size is priced over this many steps
+HOLD_STEPS: Final = 8  # a lone one-token verdict with trees below HOLD_MARGIN of it stands ...
+HOLD_MARGIN: Final = 0.9  # ... this many steps (one-token steps move the evidence little)
 
 
 def tree_invariant(target: Target | PreTrainedModel) -> bool:
@@ -134,6 +139,7 @@ class TreeChooser:
     _explore_loss: float = 0.0  # of them, what its explores cost beyond their tokens
     _remaining: int = 0  # tokens to go at the last choice
     _last_nodes: int | None = None  # the last step's forward nodes
+    _hold: int = 0  # one-token steps the last clear verdict still covers
 
     def __post_init__(self) -> None:
         if self.max_drafts < 1 or self.max_depth < 1:
@@ -249,6 +255,10 @@ class TreeChooser:
         tokens per second; with a ``price`` (a shared batch step), the best expected tokens
         less the seconds the tree adds to the batch's forward at its rate (module docstring)."""
         self._remaining = max(remaining, 0)
+        if price is None and self._hold > 0 and self._since_tree + 1 < self._explore_every:
+            self._hold -= 1  # a clear one-token verdict stands (``HOLD_STEPS``)
+            self._since_tree += 1
+            return (1, 0)
         depth_cap = min(self.max_depth, self._remaining)
         if price is None:
             best, best_rate = (1, 0), 1.0 / self.expected_seconds(1, 0)
@@ -286,6 +296,8 @@ class TreeChooser:
             best = (1, 1)  # explore, cheaply: does the drafter's best guess start to match?
             self._exploring = True
         self._since_tree = 0 if best[1] > 0 else self._since_tree + 1
+        clear = price is None and best == (1, 0) and best_tree_rate < HOLD_MARGIN * best_rate
+        self._hold = HOLD_STEPS - 1 if clear else 0
         return best
 
     def explore_loss(self) -> float:
@@ -373,6 +385,8 @@ class TreeChooser:
         step = (drafts, depth, proposed, accepted, stopped, draft_seconds, other_seconds)
         switched = self._switched(1 + proposed)
         self._last_nodes = 1 + proposed
+        if depth > 0:
+            self._hold = 0
         self.evidence.add(self.profile, *step, forward_seconds, self.max_depth, switched)
         if self.memory is not None:
             with self.memory.lock:

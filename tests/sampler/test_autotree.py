@@ -429,8 +429,8 @@ def test_a_change_of_tree_size_is_paid_once_not_every_step():
     assert chooser._last_nodes == 2
     assert chooser.choose(100) == (1, 1)
     chooser.observe(1, 0, 0, 0, False, 0.0, 0.0, 1.3)  # one one-token step
-    assert chooser.choose(2) == (1, 0)
     assert chooser.choose(100) == (1, 1)
+    assert chooser.choose(2) == (1, 0)
 
 
 def test_a_losing_tree_size_is_left_even_though_leaving_costs_a_rebuild():
@@ -443,3 +443,28 @@ def test_a_losing_tree_size_is_left_even_though_leaving_costs_a_rebuild():
     _runs_of_each_size(chooser, profile, 4)
     assert chooser._last_nodes == 2
     assert chooser.choose(100) == (1, 0)
+
+
+def test_a_clear_one_token_verdict_stands_until_an_explore_or_a_tree():
+    """Trees that lose clearly (a 2-node forward costs 3 one-token ones): the verdict is
+    kept for ``HOLD_STEPS`` steps without pricing the trees again, so evidence that would
+    flip it (a 2-node forward as cheap as one) moves the choice only after the hold;
+    a tree step observed ends a hold at once; explores still fall due on their schedule."""
+    profile = ForwardProfile((1, 2), (1.0, 3.0))
+    chooser = TreeChooser(profile, 1, 1)
+    chooser._explore_every = EXPLORE_MAX  # no explore falls due within the hold
+    for _ in range(3):
+        chooser.observe(1, 1, 1, 0, False, 0.0, 0.0, 3.0)
+    for _ in range(2):
+        chooser.observe(1, 0, 0, 0, False, 0.0, 0.0, 1.0)
+    assert chooser.choose(100) == (1, 0) and chooser._hold == autotree.HOLD_STEPS - 1
+    cheap = ForwardProfile((1, 2), (1.0, 1.0))
+    chooser.profile = cheap  # trees now pay: priced again, they would be chosen
+    held = [chooser.choose(100) for _ in range(autotree.HOLD_STEPS - 1)]
+    assert held == [(1, 0)] * (autotree.HOLD_STEPS - 1)
+    assert chooser.choose(100) == (1, 1)  # the hold is over: priced again
+    chooser.profile = profile
+    chooser.observe(1, 1, 1, 0, False, 0.0, 0.0, 3.0)
+    assert chooser.choose(100) == (1, 0) and chooser._hold > 0
+    chooser.observe(1, 1, 1, 1, False, 0.0, 0.0, 3.0)  # a tree step (an explore) ends it
+    assert chooser._hold == 0
