@@ -345,13 +345,16 @@ def result(seq: SequenceState) -> GenerationResult:
     """The result of a finished sequence: the completion ids (no prompt), finish reason,
     watermark flag and counters."""
     config = seq.config
-    return GenerationResult(
+    out = GenerationResult(
         token_ids=tuple(seq.history.committed[seq.history.prompt_len :]),
         finish_reason=seq.finish or "length",
         method=config.method,
         watermark_applied=config.spec.watermarked and not config.processing.greedy,
         stats=stats(seq),
     )
+    if seq.chooser is not None and seq.chooser.memory is not None:
+        seq.chooser.memory.save()  # after the stats: the write is not decoding time
+    return out
 
 
 def stats(seq: SequenceState) -> GenerationStats:

@@ -1,22 +1,37 @@
 """What tree steps showed, one request's or a process's (``sampler.autotree``): per B the
 levels reached and accepted, and running means of the drafter's seconds per level, the fill,
 the proposal rate, the step's other seconds and the forward scales; a process keeps one
-``TreeMemory`` per target, drafter and processing, from which a new request starts.
+``TreeMemory`` per target, drafter and processing, from which a new request starts, and keeps
+it on disk beside the target's forward profile (``TreeMemory.save``: the evidence a request
+starts from, capped as ``Evidence.seed`` caps it), so that a new process — each command-line
+generation is one — starts from what the machine's last ones learnt instead of the priors.
 
 Shapes: B drafts; levels 1..L (lists indexed by level − 1).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
+import math
+import os
 import threading
+import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Final
+from pathlib import Path
+from typing import Any, Final
 
-from sampler.targets.profile import ForwardProfile
+from sampler.targets.base import Target
+from sampler.targets.profile import ForwardProfile, machine_fingerprint
+
+log = logging.getLogger("poissonmark.autotree")
 
 MEMORY_COST_STEPS: Final = 64.0  # a new request's start: the process's costs, as this many steps
 MEMORY_ACCEPTANCE_STEPS: Final = 16.0  # ... and its acceptance and proposal rate
+SAVE_EVERY_S: Final = 30.0  # a memory is written when a request ends, at most this often
+FILE_FORMAT: Final = "poissonmark-tree-memory/1"
 
 
 @dataclass
@@ -97,6 +112,50 @@ class Evidence:
             if level <= accepted:
                 hits[level - 1] += 1
 
+    def to_json(self) -> dict[str, Any]:
+        """The evidence as JSON (``from_json`` reads it back)."""
+        means = {name: [m.total, m.count] for name, m in self._means().items()}
+        scale = {f"{int(t)}{int(c)}": [m.total, m.count] for (t, c), m in self.scale.items()}
+        return {
+            "means": means,
+            "scale": scale,
+            "reached": {str(b): v for b, v in self.reached.items()},
+            "accepted": {str(b): v for b, v in self.accepted.items()},
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Evidence:
+        """``to_json``'s evidence. Raises ValueError (or KeyError, TypeError) on anything else:
+        a number that is not finite and >= 0, a list of levels of another length, B < 1."""
+
+        def number(value: Any) -> float:
+            x = float(value)
+            if not math.isfinite(x) or x < 0:
+                raise ValueError(f"tree memory: {value!r} is not a finite count or sum")
+            return x
+
+        out = cls()
+        for name, mean in out._means().items():
+            mean.total, mean.count = (number(x) for x in data["means"][name])
+        for key in out.scale:
+            total, count = data["scale"][f"{int(key[0])}{int(key[1])}"]
+            out.scale[key] = _Mean(number(total), number(count))
+        for b, reached in data["reached"].items():
+            hits = data["accepted"][b]
+            if int(b) < 1 or len(hits) != len(reached):
+                raise ValueError("tree memory: malformed levels")
+            out.reached[int(b)] = [number(x) for x in reached]
+            out.accepted[int(b)] = [number(x) for x in hits]
+        return out
+
+    def _means(self) -> dict[str, _Mean]:
+        return {
+            "draft_level": self.draft_level,
+            "fill": self.fill,
+            "proposing": self.proposing,
+            "other": self.other,
+        }
+
     def seed(self, max_depth: int) -> Evidence:
         """A new request's start from a process's evidence (module docstring): costs weighing
         at most ``MEMORY_COST_STEPS`` steps, acceptance and proposal rate
@@ -123,14 +182,55 @@ class Evidence:
 class TreeMemory:
     """A process's tree evidence for one target, drafter and processing (module docstring);
     ``memory_for`` gives the shared one. Thread-safe: the service's workers step requests from
-    several threads."""
+    several threads.
+
+    Attributes:
+        path: its file (``memory_for``), None: kept in memory only.
+    """
 
     evidence: Evidence = field(default_factory=Evidence)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    path: Path | None = None
+    _saved: float | None = None  # time.monotonic() of the last write
 
     def seed(self, max_depth: int) -> Evidence:
         with self.lock:
             return self.evidence.seed(max_depth)
+
+    def save(self) -> None:
+        """Write the evidence a request would start from (``Evidence.seed``) to ``path``, at
+        most every ``SAVE_EVERY_S`` seconds (the first time at once); atomically (a temporary
+        file renamed), so concurrent processes leave one whole file. An unwritable directory
+        keeps the memory in the process (logged)."""
+        now = time.monotonic()
+        if self.path is None or (self._saved is not None and now - self._saved < SAVE_EVERY_S):
+            return
+        self._saved = now
+        with self.lock:
+            depth = max((len(v) for v in self.evidence.reached.values()), default=0)
+            body = {"format": FILE_FORMAT, "evidence": self.evidence.seed(depth).to_json()}
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            temporary = self.path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+            temporary.write_text(json.dumps(body) + "\n")
+            temporary.replace(self.path)
+        except OSError as exc:
+            log.warning("tree memory not saved: %s", exc)
+
+
+def _load(path: Path) -> TreeMemory:
+    """The memory in ``path``; a fresh one where there is none or it does not read back as
+    ``Evidence.to_json`` wrote it (logged)."""
+    try:
+        data = json.loads(path.read_text())
+        if data.get("format") != FILE_FORMAT:
+            raise ValueError(f"format {data.get('format')!r}")
+        return TreeMemory(Evidence.from_json(data["evidence"]), path=path)
+    except FileNotFoundError:
+        return TreeMemory(path=path)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.warning("tree memory %s ignored: %s", path.name, exc)
+        return TreeMemory(path=path)
 
 
 _MEMORIES: weakref.WeakKeyDictionary[object, dict[tuple[object, ...], TreeMemory]] = (
@@ -141,7 +241,28 @@ _MEMORIES_LOCK = threading.Lock()
 
 def memory_for(target: object, drafter: str, processing: object) -> TreeMemory:
     """The process's ``TreeMemory`` for ``target`` (held weakly: it goes with the target),
-    the drafter's name and the request's processing (acceptance moves with T, top-k, top-p)."""
+    the drafter's name and the request's processing (acceptance moves with T, top-k, top-p);
+    where the target has a profile dir (``sampler.targets.profile.set_profile_dir``), first
+    read from the file for this machine fingerprint (``machine_fingerprint``), drafter and
+    processing there."""
     with _MEMORIES_LOCK:
         memories = _MEMORIES.setdefault(target, {})
-        return memories.setdefault((drafter, processing), TreeMemory())
+        memory = memories.get((drafter, processing))
+        if memory is None:
+            path = _memory_path(target, drafter, processing)
+            memory = _load(path) if path is not None else TreeMemory()
+            memories[(drafter, processing)] = memory
+        return memory
+
+
+def _memory_path(target: object, drafter: str, processing: object) -> Path | None:
+    if not isinstance(target, Target) or target.profile_dir is None:
+        return None
+    directory = target.profile_dir
+    key = {
+        "machine": machine_fingerprint(target),
+        "drafter": drafter,
+        "processing": repr(processing),
+    }
+    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    return Path(directory) / f"trees-{name}.json"

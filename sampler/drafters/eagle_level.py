@@ -11,7 +11,9 @@ Python. ``FastLevel`` computes the same function with
 - on the CPU, each matrix as 8-bit integers with a scale per output row, multiplied by torch's
   dynamic-quantised linear (fbgemm / x86 engine: activations quantised per call): ~4× fewer
   bytes, so the head's rows stay in the caches;
-- attention over the path written out (one query per context, its path's s keys).
+- attention over the path written out (one query per context, its path's s keys); at a root
+  (depth 0) the path is the node itself: the softmax over one key is exactly 1, so the level
+  takes only the key and value projections and passes the values through.
 
 The drafter's law moves a little, which can only move acceptance: drafts are MPFR samples of
 whatever law the drafter gives, so the emitted tokens never depend on it (MPFR paper Thm. 5.1;
@@ -126,6 +128,7 @@ class FastLevel:
         self.qkv = _linear(
             torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]), int8
         )
+        self.kv = _linear(torch.cat([attn.k_proj.weight, attn.v_proj.weight]), int8)
         self.o = _linear(attn.o_proj.weight, int8)
         self.gate_up = _linear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), int8)
         self.down = _linear(mlp.down_proj.weight, int8)
@@ -142,6 +145,9 @@ class FastLevel:
         probe = torch.zeros(1, 1, device=self.device)
         cos, sin = head.rotary(probe, positions)  # (1, MAX_DEPTH, D)
         self.cos, self.sin = cos[0].float(), sin[0].float()
+        # the rotary embedding at depth 0 is the identity (cos 1, sin 0) for Llama's tables;
+        # a scaled table (an attention factor) is not, and takes the general path
+        self.root_identity = bool((self.cos[0] == 1).all() and (self.sin[0] == 0).all())
 
     @torch.inference_mode()
     def advance(
@@ -161,21 +167,29 @@ class FastLevel:
             torch.cat([_rms(state.float(), 1e-6), _rms(token_embedding.float(), 1e-6)], -1)
         )
         h = _rms(x, self.layer_eps) * self.input_norm
-        qkv = self.qkv(h)
         hd, hq, hkv = self.head_dim, self.heads, self.kv_heads
-        q = qkv[:, : hq * hd].view(n, hq, 1, hd)
-        k = qkv[:, hq * hd : (hq + hkv) * hd].view(n, hkv, 1, hd)
-        v = qkv[:, (hq + hkv) * hd :].reshape(n, hkv, 1, hd)
-        cos, sin = self.cos[depth], self.sin[depth]  # (D,): every context sits at this depth
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-        if past is not None:
-            k = torch.cat([past[0], k], 2)
-            v = torch.cat([past[1], v], 2)
-        # query head j reads key/value head j // (H / H_kv) (transformers' repeat_kv)
-        grouped = q.view(n, hkv, hq // hkv, hd)
-        scores = torch.matmul(grouped, k.transpose(2, 3)) * self.scaling  # (n, H_kv, H/H_kv, s)
-        attended = torch.matmul(scores.softmax(-1), v)  # (n, H_kv, H/H_kv, D)
+        if past is None and self.root_identity:
+            # a root's path is itself: the softmax over its one key is exactly 1, so each
+            # query head reads its key/value head's value as it is, and no query is needed
+            kv = self.kv(h)
+            k = kv[:, : hkv * hd].reshape(n, hkv, 1, hd)
+            v = kv[:, hkv * hd :].reshape(n, hkv, 1, hd)
+            attended = v.expand(n, hkv, hq // hkv, hd)
+        else:
+            qkv = self.qkv(h)
+            q = qkv[:, : hq * hd].view(n, hq, 1, hd)
+            k = qkv[:, hq * hd : (hq + hkv) * hd].view(n, hkv, 1, hd)
+            v = qkv[:, (hq + hkv) * hd :].reshape(n, hkv, 1, hd)
+            cos, sin = self.cos[depth], self.sin[depth]  # (D,): every context at this depth
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            if past is not None:
+                k = torch.cat([past[0], k], 2)
+                v = torch.cat([past[1], v], 2)
+            # query head j reads key/value head j // (H / H_kv) (transformers' repeat_kv)
+            grouped = q.view(n, hkv, hq // hkv, hd)
+            scores = torch.matmul(grouped, k.transpose(2, 3)) * self.scaling  # (n, H_kv, G, s)
+            attended = torch.matmul(scores.softmax(-1), v)  # (n, H_kv, H/H_kv, D)
         x = x + self.o(attended.reshape(n, hq * hd))
         gate_up = self.gate_up(_rms(x, self.layer_eps) * self.post_norm)
         gate, up = gate_up[:, : self.intermediate], gate_up[:, self.intermediate :]

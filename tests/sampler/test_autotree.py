@@ -468,3 +468,39 @@ def test_a_clear_one_token_verdict_stands_until_an_explore_or_a_tree():
     assert chooser.choose(100) == (1, 0) and chooser._hold > 0
     chooser.observe(1, 1, 1, 1, False, 0.0, 0.0, 3.0)  # a tree step (an explore) ends it
     assert chooser._hold == 0
+
+
+def test_a_new_process_starts_from_the_memory_its_machine_saved(tmp_path):
+    """A request's end writes the process's memory beside the forward profile; a new process
+    (the target's memories dropped) reads it back as the evidence a request starts from: the
+    drafter's cost and the acceptance are known before its first tree. Another drafter or
+    processing has its own file; a file with a NaN or of another format is ignored."""
+    from sampler.processing import Processing
+
+    target = as_target(tiny_llama(3, dtype=torch.float64))
+    set_profile_dir(target, tmp_path)
+    memory = tree_evidence.memory_for(target, "eagle", Processing())
+    profile = ForwardProfile((1, 2, 3), (0.010, 0.012, 0.014))
+    chooser = TreeChooser(profile, 2, 2, memory)
+    for i in range(100):
+        chooser.observe(1, 1, 1, int(i % 3 == 0), False, 0.004, 0.0005, 0.013)
+    memory.save()
+    (saved,) = tmp_path.glob("trees-*.json")
+    del tree_evidence._MEMORIES[target]  # a new process
+    again = tree_evidence.memory_for(target, "eagle", Processing())
+    assert again is not memory and again.path == saved
+    assert again.evidence.to_json() == memory.evidence.seed(2).to_json()
+    fresh = TreeChooser(profile, 2, 2, again)
+    assert fresh.level_seconds() == pytest.approx(0.004)
+    assert fresh.acceptance(1, 1) == TreeChooser(profile, 2, 2, memory).acceptance(1, 1) < 0.5
+    assert tree_evidence.memory_for(target, "ngram", Processing()).evidence.draft_level.count == 0
+    assert tree_evidence.memory_for(target, "eagle", Processing(0.7)).path != saved
+    data = json.loads(saved.read_text())
+    data["evidence"]["means"]["draft_level"][0] = math.nan
+    text = saved.read_text()
+    for broken in (json.dumps(data), text.replace("tree-memory/1", "tree-memory/0")):
+        saved.write_text(broken)
+        del tree_evidence._MEMORIES[target]
+        assert (
+            tree_evidence.memory_for(target, "eagle", Processing()).evidence.draft_level.count == 0
+        )

@@ -92,6 +92,28 @@ def test_the_8bit_level_drafts_near_the_heads_law(target32):
         assert float((wl.argmax(-1) == gl.argmax(-1)).float().mean()) >= 0.8
 
 
+@pytest.mark.parametrize("int8", [False, True])
+def test_a_root_level_passes_the_values_through_as_the_attention_would(target32, int8):
+    """At depth 0 the level takes only the key and value projections (the softmax over a
+    root's one key is exactly 1): the same states and path caches, bit for bit, as the
+    attention written out, and the next level from them the same too."""
+    if int8 and not int8_available(torch.device("cpu")):
+        pytest.skip("no 8-bit engine")
+    head = _head(target32, 4)
+    fast = FastLevel(head, target32, int8=int8)
+    assert fast.root_identity
+    g = torch.Generator().manual_seed(6)
+    state = torch.randn((5, 32), generator=g)
+    embeddings = [target32.model.embed_tokens(torch.tensor([3, 8, 13, 21, 34]) + i) for i in (0, 1)]
+    with torch.inference_mode():
+        short = _levels((fast.advance, fast.draft_logits), state, embeddings)
+        fast.root_identity = False  # the attention written out at the root too
+        written = _levels((fast.advance, fast.draft_logits), state, embeddings)
+    for (ss, sp, sl), (ws, wp, wl) in zip(short, written, strict=True):
+        assert torch.equal(ss, ws) and torch.equal(sl, wl)
+        assert torch.equal(sp[0], wp[0]) and torch.equal(sp[1], wp[1])
+
+
 def test_a_float32_drafter_drafts_through_the_fast_level_and_stays_exact(target32):
     """mpfr with a float32 eagle drafter (8-bit fast level where available) emits basic-uwm's
     tokens for 6 prompts × keys at several B, L; drafts were made; batched equals solo."""
