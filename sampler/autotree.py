@@ -45,6 +45,10 @@ choice is a cost model in the spirit of Sequoia (Chen et al. 2024):
   n-gram drafter on chat answers, ~4 % (one-off runs). Explores also stop once their
   measured loss reaches ``EXPLORE_BUDGET`` of the request's time (its steps so far and its
   tokens still to go at the one-token rate): a lone request never pays more than that for them.
+  The budget is 0.5 %: where no tree pays (Intel Xeon with AMX, the eagle drafter: an explore
+  costs ~0.8 one-token steps beyond its tokens) a budget of 2 % kept the default 1-5 % behind
+  ``basic-uwm`` (bench/results/speed_cpu_xeon_amx_memory.md); at 0.5 % a 128-token request
+  there explores rarely, a longer one about every 160 steps.
 - a lone request whose best tree is priced below ``HOLD_MARGIN`` of a one-token step keeps
   that verdict for ``HOLD_STEPS`` steps (an explore that falls due or a tree step ends it):
   one-token steps move the evidence little, and the choice is ~20 µs of a ~5 ms step.
@@ -84,7 +88,7 @@ PRIOR_ACCEPTED: Final = 1.0  # the Beta prior of each level's acceptance (module
 PRIOR_REJECTED: Final = 2.0
 EXPLORE_EVERY: Final = 8
 EXPLORE_MAX: Final = 64
-EXPLORE_BUDGET: Final = 0.02  # explores' expected loss, as a share of decoding time
+EXPLORE_BUDGET: Final = 0.005  # explores' expected loss, as a share of decoding time
 SWITCH_STEPS: Final = EXPLORE_EVERY  # a change of tree size is priced over this many steps
 HOLD_STEPS: Final = 8  # a lone one-token verdict with trees below HOLD_MARGIN of it stands ...
 HOLD_MARGIN: Final = 0.9  # ... this many steps (one-token steps move the evidence little)
@@ -140,6 +144,7 @@ class TreeChooser:
     _remaining: int = 0  # tokens to go at the last choice
     _last_nodes: int | None = None  # the last step's forward nodes
     _hold: int = 0  # one-token steps the last clear verdict still covers
+    _hold_interval: float = 0.0  # ... while fewer steps than this separate them from a tree
 
     def __post_init__(self) -> None:
         if self.max_drafts < 1 or self.max_depth < 1:
@@ -255,7 +260,7 @@ class TreeChooser:
         tokens per second; with a ``price`` (a shared batch step), the best expected tokens
         less the seconds the tree adds to the batch's forward at its rate (module docstring)."""
         self._remaining = max(remaining, 0)
-        if price is None and self._hold > 0 and self._since_tree + 1 < self._explore_every:
+        if price is None and self._hold > 0 and self._since_tree + 1 < self._hold_interval:
             self._hold -= 1  # a clear one-token verdict stands (``HOLD_STEPS``)
             self._since_tree += 1
             return (1, 0)
@@ -298,6 +303,8 @@ class TreeChooser:
         self._since_tree = 0 if best[1] > 0 else self._since_tree + 1
         clear = price is None and best == (1, 0) and best_tree_rate < HOLD_MARGIN * best_rate
         self._hold = HOLD_STEPS - 1 if clear else 0
+        if clear:  # no explore falls due before this (the interval moves only with evidence)
+            self._hold_interval = self.explore_interval()
         return best
 
     def explore_loss(self) -> float:
@@ -373,17 +380,17 @@ class TreeChooser:
                 share of the drafting does not go into the process's memory (a lone request
                 pays the whole level).
         """
+        switched = self._switched(1 + proposed)
         measured = (
             forward_seconds
             if forward_seconds is not None
-            else self.forward_scale(proposed > 0, self._switched(1 + proposed))
-            * self.profile.cost(1 + proposed)
+            else self.forward_scale(proposed > 0, switched) * self.profile.cost(1 + proposed)
         )
         seconds = draft_seconds + other_seconds + measured
-        one_token = self.one_token_seconds()
+        explored = depth > 0 and self._exploring
+        one_token = self.one_token_seconds() if explored else 0.0  # before this step counts
         self._elapsed += seconds
         step = (drafts, depth, proposed, accepted, stopped, draft_seconds, other_seconds)
-        switched = self._switched(1 + proposed)
         self._last_nodes = 1 + proposed
         if depth > 0:
             self._hold = 0
@@ -393,7 +400,7 @@ class TreeChooser:
                 self.memory.evidence.add(
                     self.profile, *step, forward_seconds, self.max_depth, switched, not batched
                 )
-        if depth > 0 and self._exploring:
+        if explored:
             self._exploring = False
             self._explore_loss += seconds - (accepted + 1) * one_token
             rejected = accepted == 0 and not stopped
