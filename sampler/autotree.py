@@ -70,6 +70,7 @@ Shapes: n tree nodes (root included); B drafts; ℓ depth.
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Final
@@ -304,7 +305,7 @@ class TreeChooser:
         clear = price is None and best == (1, 0) and best_tree_rate < HOLD_MARGIN * best_rate
         self._hold = HOLD_STEPS - 1 if clear else 0
         if clear:  # no explore falls due before this (the interval moves only with evidence)
-            self._hold_interval = self.explore_interval()
+            self._hold_interval = self.explore_interval() if self.explore_fits() else math.inf
         return best
 
     def explore_loss(self) -> float:

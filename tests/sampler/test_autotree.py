@@ -509,3 +509,25 @@ def test_a_new_process_starts_from_the_memory_its_machine_saved(tmp_path):
         assert (
             tree_evidence.memory_for(target, "eagle", Processing()).evidence.draft_level.count == 0
         )
+
+
+def test_a_verdict_past_the_explore_interval_holds_while_no_explore_fits_the_budget():
+    """Explores that cannot fit the budget (a level costing 10 one-token steps) never fall
+    due, so the verdict is priced again once every ``HOLD_STEPS`` steps, not on every step
+    past the explore interval."""
+    profile = ForwardProfile((1, 2), (0.010, 0.030))
+    chooser = TreeChooser(profile, 1, 1)
+    chooser.observe(1, 1, 1, 0, False, 0.1, 0.0, 0.030)
+    priced = 0
+    original = chooser._terms
+
+    def counted(tree: bool) -> tuple[float, float, float, float, float]:
+        nonlocal priced
+        priced += tree  # choose prices the trees once per evaluation
+        return original(tree)
+
+    chooser._terms = counted  # type: ignore[method-assign]
+    for emitted in range(8 * EXPLORE_MAX):
+        assert chooser.choose(8 * EXPLORE_MAX - emitted) == (1, 0)
+        chooser.observe(1, 0, 0, 0, False, 0.0, 0.0, 0.010)
+    assert priced == 8 * EXPLORE_MAX // autotree.HOLD_STEPS
