@@ -506,3 +506,28 @@ def test_sdk_answers_are_detected_with_the_key(real: Service, real_tokenizer: An
     assert math.isclose(by_text["log10_p_value"], by_ids["log10_p_value"], rel_tol=1e-9)
     if canonical == ids:
         assert detect(token_ids=ids)["log10_p_value"] == by_ids["log10_p_value"]
+
+
+def test_each_route_submits_a_job_streamed_only_when_asked(
+    tiny: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``/v1/generate`` and ``/v1/chat/completions`` submit a non-streamed request's job with
+    ``stream=False`` (its end alone: no wake-up of the event loop a step) and a streamed one's
+    with ``stream=True``."""
+    seen: list[bool] = []
+    submit = GenerationWorker.submit
+
+    def spy(self: GenerationWorker, *args: Any, **kwargs: Any) -> Job:
+        seen.append(kwargs["stream"])
+        return submit(self, *args, **kwargs)
+
+    monkeypatch.setattr(GenerationWorker, "submit", spy)
+    user = tiny.token("acme", ("generate", "keys"))
+    key_id = tiny.create_key(user)
+    native = {"key_id": key_id, "prompt": "Write a poem.", "max_new_tokens": 4, "nonce": 3}
+    chat = {"model": "tiny", "messages": CHAT, "max_tokens": 4, "key_id": key_id, **EXTRA}
+    for path, body in (("/v1/generate", native), ("/v1/chat/completions", chat)):
+        for stream in (False, True):
+            r = tiny.client.post(path, json={**body, "stream": stream}, headers=user)
+            assert r.status_code == 200, r.text
+    assert seen == [False, True, False, True]
