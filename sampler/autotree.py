@@ -48,7 +48,7 @@ choice is a cost model in the spirit of Sequoia (Chen et al. 2024):
   The budget is 0.5 %: where no tree pays (Intel Xeon with AMX, the eagle drafter: an explore
   costs ~0.8 one-token steps beyond its tokens) a budget of 2 % kept the default 1-5 % behind
   ``basic-uwm`` (bench/results/speed_cpu_xeon_amx_memory.md); at 0.5 % a 128-token request
-  there explores rarely, a longer one about every 160 steps.
+  there does not explore, a longer one while its explores' loss fits the budget.
 - a lone request whose best tree is priced below ``HOLD_MARGIN`` of a one-token step keeps
   that verdict for ``HOLD_STEPS`` steps (an explore that falls due or a tree step ends it):
   one-token steps move the evidence little, and the choice is ~20 µs of a ~5 ms step.
@@ -192,19 +192,21 @@ class TreeChooser:
     def forward_scale(self, tree: bool, switched: bool = False) -> float:
         """This request's forwards, of one token (``tree`` False) or of a tree with nodes,
         measured against the profile: the mean of seconds / t(nodes) over its steps whose
-        node count did (``switched``) or did not change from the step before, else over the
-        others of the kind, 1 before the first. On llama.cpp a 2-node forward inside requests
-        cost 1.31-1.5 one-token ones (``measure_profile``'s comment), other load on the
-        machine scales every forward, and a forward whose node count differs from the last
-        one's pays for a new compute graph (llama.cpp reuses a graph only for the same shape),
-        so a request stays with a tree size unless another pays for the change."""
+        node count did (``switched``) or did not change from the step before. Unmeasured, a
+        steady scale is the other kind's steady one (the machine's load scales both), else 1,
+        never a changing one (that would charge a rebuild on every step); a changing scale is
+        the steady one of its kind. On llama.cpp a 2-node forward inside requests cost
+        1.31-1.5 one-token ones (``measure_profile``'s comment), other load on the machine
+        scales every forward, and a forward whose node count differs from the last one's pays
+        for a new compute graph (llama.cpp reuses a graph only for the same shape)."""
         scale = self.evidence.scale
-        mean = scale[(tree, switched)]
-        return mean.get(scale[(tree, not switched)].get(1.0))
+        steady = scale[(tree, False)].get(scale[(not tree, False)].get(1.0))
+        return scale[(tree, True)].get(steady) if switched else steady
 
     def _switched(self, nodes: int) -> bool:
-        """Whether a forward of ``nodes`` nodes changes the node count of the last step."""
-        return self._last_nodes is not None and nodes != self._last_nodes
+        """Whether a forward of ``nodes`` nodes changes the node count of the last step (the
+        first step of a request does: the prefill before it had another shape)."""
+        return self._last_nodes is None or nodes != self._last_nodes
 
     def level_seconds(self) -> float:
         """c: the drafter's measured seconds per level, 0 until measured (no tree step yet in
@@ -403,7 +405,9 @@ class TreeChooser:
                 )
         if explored:
             self._exploring = False
-            self._explore_loss += seconds - (accepted + 1) * one_token
+            back = self.forward_scale(False, True) - self.forward_scale(False, False)
+            back = max(back, 0.0) * self.profile.cost(1)  # the next step's rebuild, back out
+            self._explore_loss += seconds + back - (accepted + 1) * one_token
             rejected = accepted == 0 and not stopped
             self._explore_every = (
                 min(2 * self._explore_every, EXPLORE_MAX)

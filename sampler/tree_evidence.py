@@ -11,6 +11,7 @@ Shapes: B drafts; levels 1..L (lists indexed by level − 1).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -32,11 +33,12 @@ MEMORY_COST_STEPS: Final = 64.0  # a new request's start: the process's costs, a
 MEMORY_ACCEPTANCE_STEPS: Final = 16.0  # ... and its acceptance and proposal rate
 SAVE_EVERY_S: Final = 30.0  # a memory is written when a request ends, at most this often
 FILE_FORMAT: Final = "poissonmark-tree-memory/1"
+MAX_FILES: Final = 64  # memories kept on disk per profile dir (clients choose the processing)
 
 
 @dataclass
 class _Mean:
-    """A running mean (``None`` until the first value)."""
+    """A running mean (``get``'s default until the first value)."""
 
     total: float = 0.0
     count: float = 0.0
@@ -141,11 +143,12 @@ class Evidence:
             total, count = data["scale"][f"{int(key[0])}{int(key[1])}"]
             out.scale[key] = _Mean(number(total), number(count))
         for b, reached in data["reached"].items():
-            hits = data["accepted"][b]
-            if int(b) < 1 or len(hits) != len(reached):
+            levels, hits = [number(x) for x in reached], [number(x) for x in data["accepted"][b]]
+            if int(b) < 1 or not levels or len(hits) != len(levels):
                 raise ValueError("tree memory: malformed levels")
-            out.reached[int(b)] = [number(x) for x in reached]
-            out.accepted[int(b)] = [number(x) for x in hits]
+            if any(h > r for h, r in zip(hits, levels, strict=True)):
+                raise ValueError("tree memory: more accepted than reached")
+            out.reached[int(b)], out.accepted[int(b)] = levels, hits
         return out
 
     def _means(self) -> dict[str, _Mean]:
@@ -209,12 +212,21 @@ class TreeMemory:
         with self.lock:
             depth = max((len(v) for v in self.evidence.reached.values()), default=0)
             body = {"format": FILE_FORMAT, "evidence": self.evidence.seed(depth).to_json()}
+        temporary = self.path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            temporary = self.path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+            if (
+                not self.path.exists()
+                and len(list(self.path.parent.glob("trees-*.json"))) >= MAX_FILES
+            ):
+                log.warning(
+                    "tree memory not saved: %d files in %s already", MAX_FILES, self.path.parent
+                )
+                return
             temporary.write_text(json.dumps(body) + "\n")
             temporary.replace(self.path)
         except OSError as exc:
+            temporary.unlink(missing_ok=True)
             log.warning("tree memory not saved: %s", exc)
 
 
@@ -259,10 +271,19 @@ def _memory_path(target: object, drafter: str, processing: object) -> Path | Non
     if not isinstance(target, Target) or target.profile_dir is None:
         return None
     directory = target.profile_dir
+    fields = (
+        dataclasses.asdict(processing)
+        if dataclasses.is_dataclass(processing) and not isinstance(processing, type)
+        else {}
+    )
+    settings = {  # 1 and 1.0 are one setting
+        k: float(v) if isinstance(v, int | float) and not isinstance(v, bool) else repr(v)
+        for k, v in sorted(fields.items())
+    }
     key = {
         "machine": machine_fingerprint(target),
         "drafter": drafter,
-        "processing": repr(processing),
+        "processing": settings or repr(processing),
     }
     name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
     return Path(directory) / f"trees-{name}.json"

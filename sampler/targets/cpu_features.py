@@ -92,7 +92,10 @@ def procs_running(loadavg: Path = Path("/proc/loadavg")) -> int | None:
     try:
         fd = _OPEN.get(loadavg)
         if fd is None:
-            fd = _OPEN.setdefault(loadavg, os.open(loadavg, os.O_RDONLY | os.O_CLOEXEC))
+            opened = os.open(loadavg, os.O_RDONLY | os.O_CLOEXEC)
+            fd = _OPEN.setdefault(loadavg, opened)
+            if fd != opened:  # another thread's came first
+                os.close(opened)
         return int(os.pread(fd, 256, 0).split()[3].split(b"/")[0])
     except (OSError, ValueError, IndexError):
         return None

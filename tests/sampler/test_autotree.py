@@ -233,6 +233,7 @@ def test_measured_forwards_scale_the_profile():
     chooser = TreeChooser(ForwardProfile((1, 2), (1.0, 1.3)), 1, 1)
     for _ in range(4):
         chooser.observe(1, 0, 0, 0, False, 0.0, 0.0, forward_seconds=1.0)
+    for _ in range(4):
         chooser.observe(1, 1, 1, 0, False, 0.0, 0.0, forward_seconds=1.5 * 1.3)
     assert chooser.forward_scale(False) == 1.0 and chooser.forward_scale(True) == 1.5
     assert chooser.expected_seconds(1, 1) == 1.5 * 1.3 and chooser.expected_seconds(1, 0) == 1.0
@@ -454,7 +455,7 @@ def test_a_clear_one_token_verdict_stands_until_an_explore_or_a_tree():
     """Trees that lose clearly (a 2-node forward costs 3 one-token ones): the verdict is
     kept for ``HOLD_STEPS`` steps without pricing the trees again, so evidence that would
     flip it (a 2-node forward as cheap as one) moves the choice only after the hold;
-    a tree step observed ends a hold at once; explores still fall due on their schedule."""
+    a tree step observed ends a hold at once."""
     profile = ForwardProfile((1, 2), (1.0, 3.0))
     chooser = TreeChooser(profile, 1, 1)
     chooser._explore_every = EXPLORE_MAX  # no explore falls due within the hold
@@ -502,8 +503,13 @@ def test_a_new_process_starts_from_the_memory_its_machine_saved(tmp_path):
     assert tree_evidence.memory_for(target, "eagle", Processing(0.7)).path != saved
     data = json.loads(saved.read_text())
     data["evidence"]["means"]["draft_level"][0] = math.nan
+    empty = json.loads(saved.read_text())
+    empty["evidence"]["reached"]["1"] = empty["evidence"]["accepted"]["1"] = []
+    over = json.loads(saved.read_text())
+    over["evidence"]["accepted"]["1"][0] = over["evidence"]["reached"]["1"][0] + 1
     text = saved.read_text()
-    for broken in (json.dumps(data), text.replace("tree-memory/1", "tree-memory/0")):
+    kinds = (json.dumps(data), json.dumps(empty), json.dumps(over))
+    for broken in (*kinds, text.replace("tree-memory/1", "tree-memory/0")):
         saved.write_text(broken)
         del tree_evidence._MEMORIES[target]
         assert (
@@ -531,3 +537,20 @@ def test_a_verdict_past_the_explore_interval_holds_while_no_explore_fits_the_bud
         assert chooser.choose(8 * EXPLORE_MAX - emitted) == (1, 0)
         chooser.observe(1, 0, 0, 0, False, 0.0, 0.0, 0.010)
     assert priced == 8 * EXPLORE_MAX // autotree.HOLD_STEPS
+
+
+def test_a_request_whose_first_step_is_a_tree_does_not_keep_drafting():
+    """No memory, the first step a tree (priced before the drafter was measured), every tree
+    rejected, a 2-node forward 1.3 one-token ones and a change of node count 1.3x more: the
+    one-token steps after it are priced at their steady cost (never at a changing one's
+    while no steady one is measured), so the request leaves trees and stays out."""
+    profile = ForwardProfile((1, 2), (1.0, 1.3))
+    chooser = TreeChooser(profile, 1, 1)
+    trees = 0
+    for emitted in range(128):
+        drafts, depth = chooser.record(*chooser.choose(128 - emitted))
+        nodes = 1 + depth
+        forward = profile.cost(nodes) * (1.3 if chooser._switched(nodes) else 1.0)
+        trees += depth
+        chooser.observe(drafts, depth, depth, 0, False, 0.0, 0.0, forward)
+    assert 1 <= trees <= 4
