@@ -45,13 +45,14 @@ choice is a cost model in the spirit of Sequoia (Chen et al. 2024):
   n-gram drafter on chat answers, ~4 % (one-off runs). Explores also stop once their
   measured loss reaches ``EXPLORE_BUDGET`` of the request's time (its steps so far and its
   tokens still to go at the one-token rate): a lone request never pays more than that for them.
-  The budget is 0.5 %: where no tree pays (Intel Xeon with AMX, the eagle drafter: an explore
-  costs ~0.8 one-token steps beyond its tokens) a budget of 2 % kept the default 1-5 % behind
-  ``basic-uwm`` (bench/results/speed_cpu_xeon_amx_memory.md); at 0.5 % a 128-token request
+  The budget is 0.5 %: where no tree pays (Intel Xeon with AMX, the eagle drafter: a one-draft
+  step 8.29 ms for 1.42 tokens against 4.71 ms a token) a budget of 2 % kept the default 2-5 %
+  behind ``basic-uwm`` (bench/results/speed_cpu_xeon_amx_memory.md); at 0.5 % a 128-token request
   there does not explore, a longer one while its explores' loss fits the budget.
 - a lone request whose best tree is priced below ``HOLD_MARGIN`` of a one-token step keeps
   that verdict for ``HOLD_STEPS`` steps (an explore that falls due or a tree step ends it):
-  one-token steps move the evidence little, and the choice is ~20 µs of a ~5 ms step.
+  one-token steps move the evidence little, so pricing every tree again on each of them is
+  Python the step pays for nothing.
 - a process remembers (``sampler.tree_evidence.TreeMemory``, per target, drafter and
   processing): every request's steps also count there, and a new request starts from it — the
   drafter's cost, the forward scales and the other seconds as ``MEMORY_COST_STEPS`` steps of
@@ -228,10 +229,14 @@ class TreeChooser:
     def _terms(self, tree: bool) -> tuple[float, float, float, float, float]:
         """What ``expected_seconds`` reads of the evidence for a tree or a one-token step: the
         steady forward scale, a change's extra scale, the fill f, c and o."""
-        steady = self.forward_scale(tree, False)
-        extra = max(self.forward_scale(tree, True) - steady, 0.0)
         e = self.evidence
+        steady, extra = self.forward_scale(tree, False), self._change_extra(tree)
         return steady, extra, e.fill.get(1.0), self.level_seconds(), e.other.get(0.0)
+
+    def _change_extra(self, tree: bool) -> float:
+        """The scale a forward of its kind adds when it changes the node count (a rebuilt
+        compute graph), at least 0."""
+        return max(self.forward_scale(tree, True) - self.forward_scale(tree, False), 0.0)
 
     def _seconds(
         self,
@@ -268,16 +273,14 @@ class TreeChooser:
             self._since_tree += 1
             return (1, 0)
         depth_cap = min(self.max_depth, self._remaining)
+        acceptances, terms = self._acceptances(depth_cap), self._terms(True)
+        scale, _, fill, level_seconds, _ = terms
         if price is None:
             best, best_rate = (1, 0), 1.0 / self.expected_seconds(1, 0)
         else:
             best, best_rate = (1, 0), 1.0
             base = self.profile.cost(price.rows + 1)
-            scale = self.forward_scale(True, False)
-            fill = self.evidence.fill.get(1.0)
-            level_seconds = self.level_seconds()
         best_tree, best_tree_rate = None, -float("inf")
-        acceptances, terms = self._acceptances(depth_cap), self._terms(True)
         for drafts in self.drafts_options:
             tokens, survive = 1.0, self.proposal_rate()
             for depth in range(1, depth_cap + 1):  # the sum of expected_tokens, incrementally
@@ -316,17 +319,15 @@ class TreeChooser:
         in full (into the tree and back out of it): s_c·t(2) + c + o + (s₀_c − s₀)·t(1) −
         tokens(1, 1)·(s₀·t(1) + o), at least 0 (``forward_scale``: s of steady forwards,
         s_c of forwards that change the node count)."""
-        one = self.profile.cost(1)
-        back = max(self.forward_scale(False, True) - self.forward_scale(False, False), 0.0) * one
+        back = self._change_extra(False) * self.profile.cost(1)
         tree = self.forward_scale(True, True) * self.profile.cost(1 + self.evidence.fill.get(1.0))
         seconds = tree + self.level_seconds() + self.evidence.other.get(0.0) + back
         return max(seconds - self.expected_tokens(1, 1) * self.one_token_seconds(), 0.0)
 
     def one_token_seconds(self) -> float:
         """A one-token step's seconds where the last step was one too: s₀·t(1) + o."""
-        return self.forward_scale(False, False) * self.profile.cost(1) + self.evidence.other.get(
-            0.0
-        )
+        steady, _, _, _, other = self._terms(False)
+        return steady * self.profile.cost(1) + other
 
     def explore_fits(self) -> bool:
         """Whether one more explore keeps the request's explores within ``EXPLORE_BUDGET`` of
@@ -405,8 +406,7 @@ class TreeChooser:
                 )
         if explored:
             self._exploring = False
-            back = self.forward_scale(False, True) - self.forward_scale(False, False)
-            back = max(back, 0.0) * self.profile.cost(1)  # the next step's rebuild, back out
+            back = self._change_extra(False) * self.profile.cost(1)  # the rebuild back out
             self._explore_loss += seconds + back - (accepted + 1) * one_token
             rejected = accepted == 0 and not stopped
             self._explore_every = (

@@ -12,11 +12,9 @@ Shapes: B drafts; levels 1..L (lists indexed by level − 1).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import math
-import os
 import threading
 import time
 import weakref
@@ -24,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from sampler.processing_config import Processing
 from sampler.targets.base import Target
-from sampler.targets.profile import ForwardProfile, machine_fingerprint
+from sampler.targets.profile import ForwardProfile, cache_path, machine_fingerprint, write_json
 
 log = logging.getLogger("poissonmark.autotree")
 
@@ -212,22 +211,10 @@ class TreeMemory:
         with self.lock:
             depth = max((len(v) for v in self.evidence.reached.values()), default=0)
             body = {"format": FILE_FORMAT, "evidence": self.evidence.seed(depth).to_json()}
-        temporary = self.path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            if (
-                not self.path.exists()
-                and len(list(self.path.parent.glob("trees-*.json"))) >= MAX_FILES
-            ):
-                log.warning(
-                    "tree memory not saved: %d files in %s already", MAX_FILES, self.path.parent
-                )
-                return
-            temporary.write_text(json.dumps(body) + "\n")
-            temporary.replace(self.path)
-        except OSError as exc:
-            temporary.unlink(missing_ok=True)
-            log.warning("tree memory not saved: %s", exc)
+        if not self.path.exists() and len(list(self.path.parent.glob("trees-*.json"))) >= MAX_FILES:
+            log.warning("tree memory not saved: %d files in %s", MAX_FILES, self.path.parent)
+            return
+        write_json(self.path, body, "tree memory")
 
 
 def _load(path: Path) -> TreeMemory:
@@ -251,7 +238,7 @@ _MEMORIES: weakref.WeakKeyDictionary[object, dict[tuple[object, ...], TreeMemory
 _MEMORIES_LOCK = threading.Lock()
 
 
-def memory_for(target: object, drafter: str, processing: object) -> TreeMemory:
+def memory_for(target: object, drafter: str, processing: Processing) -> TreeMemory:
     """The process's ``TreeMemory`` for ``target`` (held weakly: it goes with the target),
     the drafter's name and the request's processing (acceptance moves with T, top-k, top-p);
     where the target has a profile dir (``sampler.targets.profile.set_profile_dir``), first
@@ -267,23 +254,12 @@ def memory_for(target: object, drafter: str, processing: object) -> TreeMemory:
         return memory
 
 
-def _memory_path(target: object, drafter: str, processing: object) -> Path | None:
-    if not isinstance(target, Target) or target.profile_dir is None:
+def _memory_path(target: object, drafter: str, processing: Processing) -> Path | None:
+    if not isinstance(target, Target):
         return None
-    directory = target.profile_dir
-    fields = (
-        dataclasses.asdict(processing)
-        if dataclasses.is_dataclass(processing) and not isinstance(processing, type)
-        else {}
-    )
     settings = {  # 1 and 1.0 are one setting
         k: float(v) if isinstance(v, int | float) and not isinstance(v, bool) else repr(v)
-        for k, v in sorted(fields.items())
+        for k, v in dataclasses.asdict(processing).items()
     }
-    key = {
-        "machine": machine_fingerprint(target),
-        "drafter": drafter,
-        "processing": settings or repr(processing),
-    }
-    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
-    return Path(directory) / f"trees-{name}.json"
+    key = {"machine": machine_fingerprint(target), "drafter": drafter, "processing": settings}
+    return cache_path(target, "trees", key)

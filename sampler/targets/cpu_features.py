@@ -86,9 +86,9 @@ _OPEN: dict[Path, int] = {}
 def procs_running(loadavg: Path = Path("/proc/loadavg")) -> int | None:
     """Runnable tasks on the machine at this instant (the reading thread included): the
     running count of ``/proc/loadavg``'s fourth field (``running/total``, the same count as
-    ``/proc/stat``'s ``procs_running``), read through a descriptor kept open (~1 µs a
-    reading where opening ``/proc/stat`` and parsing it took ~14 µs, once per decode); None
-    where it cannot be read."""
+    ``/proc/stat``'s ``procs_running``), read through a descriptor kept open: it runs
+    before every decode, and a pread of one short line is cheaper than opening and parsing
+    ``/proc/stat``; None where it cannot be read."""
     try:
         fd = _OPEN.get(loadavg)
         if fd is None:

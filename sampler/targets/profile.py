@@ -19,7 +19,9 @@ import math
 import os
 import platform
 import statistics
+import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -174,9 +176,7 @@ def profile_for(target: Target | PreTrainedModel) -> ForwardProfile:
     if isinstance(cached, ForwardProfile):
         return cached
     fingerprint = machine_fingerprint(served)
-    directory = served.profile_dir
-    name = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:24]
-    path = Path(directory) / f"forward-{name}.json" if directory is not None else None
+    path = cache_path(served, "forward", fingerprint)
     profile = _read_profile(path) if path is not None else None
     if profile is None:
         profile = measure_profile(served)
@@ -196,11 +196,31 @@ def _read_profile(path: Path) -> ForwardProfile | None:
 
 
 def _write_profile(path: Path, profile: ForwardProfile, fingerprint: dict[str, str]) -> None:
+    body = {"nodes": profile.nodes, "seconds": profile.seconds, "fingerprint": fingerprint}
+    write_json(path, body, "forward profile")
+
+
+def cache_path(target: Target, kind: str, key: Mapping[str, object]) -> Path | None:
+    """``<profile dir>/<kind>-<digest of key>.json``: a file of what was measured on this
+    machine (``key`` holds ``machine_fingerprint`` and what else the measurement depends on);
+    None without a profile dir (``set_profile_dir``)."""
+    if target.profile_dir is None:
+        return None
+    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    return Path(target.profile_dir) / f"{kind}-{name}.json"
+
+
+def write_json(path: Path, body: object, what: str) -> bool:
+    """Write ``body`` as JSON to ``path`` atomically (a temporary file renamed: concurrent
+    processes leave one whole file); False, logged as ``what`` not saved, where the directory
+    is not writable (what was measured stays in memory)."""
+    temporary = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        body = {"nodes": profile.nodes, "seconds": profile.seconds, "fingerprint": fingerprint}
-        temporary = path.with_suffix(f".{os.getpid()}.tmp")
         temporary.write_text(json.dumps(body, indent=1) + "\n")
         temporary.replace(path)
-    except OSError as exc:  # a read-only data dir: the profile stays in memory
-        log.warning("forward profile not saved: %s", exc)
+        return True
+    except OSError as exc:
+        temporary.unlink(missing_ok=True)
+        log.warning("%s not saved: %s", what, exc)
+        return False

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sampler.targets import cpu_features
 from sampler.targets.cpu_features import CoreShare, procs_running
 
 
@@ -13,8 +14,9 @@ def test_procs_running_reads_the_running_count_of_loadavg(tmp_path: Path) -> Non
     loadavg = tmp_path / "loadavg"
     loadavg.write_text("0.50 0.40 0.30 3/162 12757\n")
     assert procs_running(loadavg) == 3
+    kept = cpu_features._OPEN[loadavg]
     loadavg.write_text("0.50 0.40 0.30 1/161 12758\n")  # the same inode, read again
-    assert procs_running(loadavg) == 1
+    assert procs_running(loadavg) == 1 and cpu_features._OPEN[loadavg] == kept
     loadavg.write_text("0.50\n")
     assert procs_running(loadavg) is None
     assert procs_running(tmp_path / "missing") is None
