@@ -30,6 +30,7 @@ from keyed.philox import (
     PHILOX_W0,
     PHILOX_W1,
     TWO_POW_53,
+    uniforms_numpy,
 )
 from keyed.prf import as_int64_words, uniforms_cpu
 
@@ -138,18 +139,42 @@ def clock_uniforms(keys: torch.Tensor, tokens: torch.Tensor, num_arrivals: int) 
     if num_arrivals < 1:
         raise ValueError(f"expected num_arrivals >= 1, got {num_arrivals}")
     if tokens.device.type == "cpu":
-        kernels = _kernel_loader.kernels_for(tokens.numel() * num_arrivals)
-        if kernels is not None:  # one call, no broadcasting (~20 NumPy calls otherwise)
-            out = np.empty((*tokens.shape, num_arrivals), dtype=np.float64)
-            kernels.clock_uniforms_into(
-                as_int64_words(keys.cpu().numpy()), as_int64_words(tokens.numpy()), out
-            )
-            return torch.from_numpy(out)
+        return torch.from_numpy(
+            clock_uniforms_cpu(keys.cpu().numpy(), tokens.numpy(), num_arrivals)
+        )
     keys = keys.to(tokens.device)
     j = torch.arange(1, num_arrivals + 1, dtype=torch.int64, device=tokens.device)
     return uniforms_from_keys(
         keys[:, 0, None, None], keys[:, 1, None, None], tokens[:, :, None], j[None, None, :]
     )  # (N, K, B)
+
+
+def clock_uniforms_cpu(keys: np.ndarray, tokens: np.ndarray, num_arrivals: int) -> np.ndarray:
+    """``clock_uniforms`` on NumPy arrays: the compiled kernel in one call when it serves
+    (``keyed._kernel_loader``), else the NumPy Philox over the broadcast grid; the same bits.
+
+    Args:
+        keys: (N, 2) integer context keys. tokens: (N, K) integer token ids. num_arrivals: B >= 1.
+    Returns:
+        (N, K, B) float64 uniforms.
+    """
+    n, k = tokens.shape
+    kernels = _kernel_loader.kernels_for(n * k * num_arrivals)
+    if kernels is not None:  # one call, no broadcasting (~20 NumPy calls otherwise)
+        out = np.empty((n, k, num_arrivals), dtype=np.float64)
+        kernels.clock_uniforms_into(as_int64_words(keys), as_int64_words(tokens), out)
+        return out
+    shape = (n, k, num_arrivals)
+    grid = [
+        np.broadcast_to(words, shape).reshape(-1)
+        for words in (
+            tokens[:, :, None],
+            np.arange(1, num_arrivals + 1, dtype=np.int64)[None, None, :],
+            keys[:, None, None, 0],
+            keys[:, None, None, 1],
+        )
+    ]
+    return uniforms_numpy(*grid).reshape(shape)
 
 
 def exponential_clocks(keys: torch.Tensor, tokens: torch.Tensor, num_arrivals: int) -> torch.Tensor:

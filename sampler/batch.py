@@ -49,6 +49,7 @@ from sampler.loop import (
     new_tree,
     result,
     start_many,
+    targets_many,
     tree_inputs,
 )
 from sampler.methods import SamplerConfig
@@ -143,10 +144,14 @@ def step_many(seqs: list[SequenceState], node_budget: int | None = None) -> list
     shared = time.perf_counter() - began  # each request waited for the whole forward
     for s in seqs:
         s.timing.forward += shared
+    # 3. every request's target tokens: the keyed races in one pass (``loop.targets_many``)
+    targets, shares = targets_many(seqs, trees, logits)
     # 3.-4. walk, KV keep and drafter finish, per request
     return [
-        finish_step(s, tree, rows, depth, seconds, batched=len(seqs) > 1)
-        for s, tree, rows, depth, seconds in zip(seqs, trees, logits, depths, drafting, strict=True)
+        finish_step(s, tree, rows, depth, seconds, len(seqs) > 1, target=target, share=share)
+        for s, tree, rows, depth, seconds, target, share in zip(
+            seqs, trees, logits, depths, drafting, targets, shares, strict=True
+        )
     ]
 
 

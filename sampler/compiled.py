@@ -6,7 +6,8 @@ Two policies, by what a kernel may change:
   warmed up (``sampler.models.load_model`` warms it beside the model load) and torch runs
   until then: the first generation of a process never waits for a compile, and the switch
   changes no result;
-- the log-softmax of ``sampler.processing.process`` and the race of ``sampler.race.race_winner``
+- the log-softmax of ``sampler.processing.process`` and the race of
+  ``sampler.race.race_winner_of_uniforms``
   compute the same law as their torch paths but not always the same bits (another
   ``exp``/``log`` and summation order: a log-probability may move in its last bit, and a slot
   whose better slots' mass lies within a rounding of top-p may fall on the other side of the

@@ -29,8 +29,8 @@ from keyed import KeyedSource
 from sampler.autotree import BatchPrice, TreeChooser, tree_invariant
 from sampler.drafters import Drafter, draft_law, feed_target_hidden, wants_target_hidden
 from sampler.methods import SamplerConfig
-from sampler.policies import History, KeyedRace, Policy
-from sampler.processing import process
+from sampler.policies import History, KeyedRace, Policy, race_targets
+from sampler.processing import Support, process
 from sampler.stats import FinishReason, GenerationResult, GenerationStats, StepSeconds, count_at
 from sampler.targets.base import Target, TargetLM
 from sampler.targets.profile import profile_for
@@ -246,19 +246,24 @@ def finish_step(
     draft_seconds: float = 0.0,
     forward_seconds: float | None = None,
     batched: bool = False,
+    target: Callable[[int], int] | None = None,
+    share: float = 0.0,
 ) -> list[int]:
     """Steps 3-4 after the verification forward's (len(tree), V) ``logits``: the walk, the KV
     keep, the drafter's finish; returns the ids the step emitted (EOS excluded). A
     ``chooser`` is told the step's outcome (``draft_seconds``: the step's drafting time;
     ``forward_seconds``: its own verification forward's, None when it shared one; ``batched``:
-    the step was one of a batch's)."""
+    the step was one of a batch's). ``target``: the policy's token per node when a batch
+    computed it (``targets_many``; ``share``: this sequence's seconds of that), else
+    it is computed here from ``logits``."""
     began = time.perf_counter()
-    committed, config = seq.history.committed, seq.config
+    committed = seq.history.committed
     base = len(committed) - 1
-    p = process(logits, config.processing)  # (n, K)
+    if target is None:
+        target = seq.policy.targets(tree, process(logits, seq.config.processing), seq.history)
     # 3. walk the realised target path; emit target tokens while they were drafted
     emitted_before = len(committed)
-    visited = walk(seq, tree, seq.policy.targets(tree, p, seq.history), depth)
+    visited = walk(seq, tree, target, depth)
     # 4. KV cache: keep only the realised path (the last emitted token is the next root);
     # visited[k] holds token k of the path root, y1, ..., so the cache keeps committed[:-1]
     # (after EOS the sequence is done and the cache no longer matters).
@@ -266,7 +271,7 @@ def finish_step(
     if seq.drafter is not None:
         seq.drafter.finish_step(tree, visited, committed)
         feed_target_hidden(seq.drafter, seq.lm, visited[-1])
-    walking = time.perf_counter() - began
+    walking = time.perf_counter() - began + share
     seq.timing.draft += draft_seconds
     seq.timing.walk += walking
     if seq.chooser is not None:
@@ -275,6 +280,42 @@ def finish_step(
             draft_seconds, walking, forward_seconds, batched,
         )  # fmt: skip
     return committed[emitted_before:]
+
+
+def targets_many(
+    seqs: list[SequenceState], trees: list[DraftTree], logits: list[torch.Tensor]
+) -> tuple[list[Callable[[int], int]], list[float]]:
+    """The policy's token per node of each sequence's tree, from its (len(tree), V) logits, as
+    ``finish_step`` computes it alone: each sequence's logits processed with its own
+    processing, and the keyed races of all keyed-race sequences of one support width K in one
+    pass (``policies.race_targets``: the same bits as each alone).
+
+    Returns:
+        Per sequence, node -> target token, and its share of the seconds spent here.
+    """
+    began = time.perf_counter()
+    out: list[Callable[[int], int] | None] = [None] * len(seqs)
+    laws = [process(rows, s.config.processing) for s, rows in zip(seqs, logits, strict=True)]
+    groups: dict[int, list[int]] = {}  # keyed-race sequences by support width K
+    for i, s in enumerate(seqs):
+        if isinstance(s.policy, KeyedRace):
+            groups.setdefault(laws[i].tokens.shape[1], []).append(i)
+    for raced in groups.values():
+        joint = Support(
+            torch.cat([laws[i].tokens for i in raced]), torch.cat([laws[i].logp for i in raced])
+        )
+        items = []
+        for i in raced:
+            policy = seqs[i].policy
+            assert isinstance(policy, KeyedRace)
+            items.append((policy, trees[i], seqs[i].history))
+        for i, target in zip(raced, race_targets(items, joint), strict=True):
+            out[i] = target
+    for i, s in enumerate(seqs):
+        if out[i] is None:
+            out[i] = s.policy.targets(trees[i], laws[i], s.history)
+    share = (time.perf_counter() - began) / max(len(seqs), 1)
+    return [t for t in out if t is not None], [share] * len(seqs)
 
 
 def grow_tree(seq: SequenceState, tree: DraftTree, depth: int) -> None:

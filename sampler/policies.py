@@ -20,16 +20,17 @@ Shapes: n tree contexts, K support slots, B drafts.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from keyed import KeyedSource, Label, label_at
-from keyed.tensor import exponential_clocks
+from keyed.tensor import clock_uniforms, clock_uniforms_cpu, exponential_clocks
 from sampler.processing import Support
-from sampler.race import mpfr_samples, race_winner
+from sampler.race import mpfr_samples, race_winner_of_uniforms, race_winners_of_uniforms
 from sampler.tree import DraftTree
 
 
@@ -77,6 +78,13 @@ def context_keys(
     Returns:
         (n, 2) int64, one (κ0, κ1) per entry of ``nodes``.
     """
+    return torch.from_numpy(np.array(_key_list(tree, nodes, source, history), dtype=np.int64))
+
+
+def _key_list(
+    tree: DraftTree, nodes: list[int] | range, source: KeyedSource, history: History
+) -> list[tuple[int, int]]:
+    """``context_keys`` as a list of (κ0, κ1) (at least one node)."""
     width, emitted = history.width, history.emitted
     tail = history.committed[-width:]  # enough for every label of the tree (padding included)
     keys: list[tuple[int, int]] = []
@@ -89,7 +97,46 @@ def context_keys(
         earlier = along[max(width - emitted, 0) : depth]  # ancestors' labels past the window
         repeated = label in history.used or label in earlier
         keys.append(source.context_key(label, emitted + depth, repeated))
-    return torch.tensor(keys, dtype=torch.int64)
+    return keys
+
+
+def race_targets(
+    items: Sequence[tuple[KeyedRace, DraftTree, History]], p: Support
+) -> list[Callable[[int], int]]:
+    """``KeyedRace.targets`` of several trees in one pass: one clock-uniform call and one race
+    (``race.race_winner_of_uniforms``: slot by slot, row by row) over all their nodes, whose
+    processed laws are the consecutive row blocks of ``p`` (each tree's nodes in node order,
+    the trees in ``items``' order): a node's winner is the same bits in any batch.
+
+    Args:
+        items: (policy, tree, history) per tree.
+        p: (Σ n_i, K) processed target laws.
+    Returns:
+        Per tree, node -> the token its keyed race emits (−1: no support).
+    Raises:
+        ValueError: ``p``'s rows are not the trees' nodes.
+    """
+    sizes = [len(tree) for _, tree, _ in items]
+    if sum(sizes) != p.tokens.shape[0]:
+        raise ValueError(f"expected {sum(sizes)} rows of target laws, got {p.tokens.shape[0]}")
+    keys: list[tuple[int, int]] = []
+    for policy, tree, history in items:
+        keys.extend(_key_list(tree, range(len(tree)), policy.source, history))
+    words = np.array(keys, dtype=np.int64)
+    winners: list[int]
+    if p.tokens.device.type == "cpu":  # NumPy arrays throughout: a few µs of glue, not ~20 ops
+        tokens = p.tokens.numpy()
+        u = clock_uniforms_cpu(words, tokens, 1)[..., 0]
+        winners = race_winners_of_uniforms(p.logp.numpy(), tokens, u).tolist()
+    else:
+        u_t = clock_uniforms(torch.from_numpy(words), p.tokens, 1)[..., 0]
+        winners = race_winner_of_uniforms(p.logp, p.tokens, u_t).tolist()
+    out: list[Callable[[int], int]] = []
+    start = 0
+    for size in sizes:
+        out.append(winners[start : start + size].__getitem__)
+        start += size
+    return out
 
 
 class Policy(Protocol):
@@ -128,10 +175,7 @@ class KeyedRace:
         return mpfr_samples(q.logp, q.tokens, clocks, counts)
 
     def targets(self, tree: DraftTree, p: Support, history: History) -> Callable[[int], int]:
-        keys = context_keys(tree, list(range(len(tree))), self.source, history)
-        clocks = exponential_clocks(keys.to(p.tokens.device), p.tokens, 1)[..., 0]  # (n, K)
-        winners: list[int] = race_winner(p.logp, p.tokens, clocks).tolist()
-        return winners.__getitem__
+        return race_targets([(self, tree, history)], p)[0]
 
 
 class Multinomial:

@@ -25,7 +25,8 @@ from sampler import compiled
 
 
 def race_winner(logp: torch.Tensor, tokens: torch.Tensor, clocks: torch.Tensor) -> torch.Tensor:
-    """Keyed race winner per context (PFR, MPFR paper Alg. 2/3).
+    """Keyed race winner per context (PFR, MPFR paper Alg. 2/3) from given clocks: the law in
+    torch ops (the decoder's race takes the uniforms: ``race_winner_of_uniforms``).
 
     Args:
         logp: (N, K) float64 processed log-probabilities, -inf off the support.
@@ -39,16 +40,6 @@ def race_winner(logp: torch.Tensor, tokens: torch.Tensor, clocks: torch.Tensor) 
             f"expected equal (N, K) shapes, got {tuple(logp.shape)}, {tuple(tokens.shape)}, "
             f"{tuple(clocks.shape)}"
         )
-    kernel = _race_kernel() if clocks.device.type == "cpu" else None
-    if kernel is not None:  # one compiled pass (sampler.compiled: fixed per process)
-        winners = np.empty(logp.shape[0], dtype=np.int64)
-        kernel(
-            logp.detach().to(torch.float64).contiguous().numpy(),
-            tokens.to(torch.int64).contiguous().numpy(),
-            clocks.detach().to(torch.float64).contiguous().numpy(),
-            winners,
-        )
-        return torch.from_numpy(winners)
     return _torch_race_winner(logp, tokens, clocks)
 
 
@@ -64,29 +55,82 @@ def _torch_race_winner(
 RaceKernel = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]
 
 
+def race_winner_of_uniforms(
+    logp: torch.Tensor, tokens: torch.Tensor, uniforms: torch.Tensor
+) -> torch.Tensor:
+    """``race_winner`` with the clocks given as their uniforms, E = −ln U: one compiled pass
+    per row takes E and the race together (``sampler.compiled``, decided once per process;
+    torch otherwise), each slot's arithmetic the same wherever it sits in the call.
+
+    Args:
+        logp: (N, K) float64 processed log-probabilities, -inf off the support.
+        tokens: (N, K) int64 token ids of the slots.
+        uniforms: (N, K) float64 first-arrival uniforms U in (0, 1) of those tokens
+            (``keyed.tensor.clock_uniforms``).
+    Returns:
+        (N,) int64 winning token ids; -1 for a row with empty support.
+    """
+    if not (logp.shape == tokens.shape == uniforms.shape):
+        raise ValueError(
+            f"expected equal (N, K) shapes, got {tuple(logp.shape)}, {tuple(tokens.shape)}, "
+            f"{tuple(uniforms.shape)}"
+        )
+    if uniforms.device.type == "cpu" and _race_kernel() is not None:
+        return torch.from_numpy(
+            race_winners_of_uniforms(
+                logp.detach().to(torch.float64).contiguous().numpy(),
+                tokens.to(torch.int64).contiguous().numpy(),
+                uniforms.detach().to(torch.float64).contiguous().numpy(),
+            )
+        )
+    return _torch_race_winner(logp, tokens, -torch.log(uniforms))
+
+
+def race_winners_of_uniforms(
+    logp: np.ndarray, tokens: np.ndarray, uniforms: np.ndarray
+) -> np.ndarray:
+    """``race_winner_of_uniforms`` on CPU arrays ((N, K) float64, int64, float64 -> (N,)
+    int64): the compiled pass, or the torch path where it does not serve."""
+    kernel = _race_kernel()
+    if kernel is None:
+        won = _torch_race_winner(
+            torch.from_numpy(logp), torch.from_numpy(tokens), -torch.log(torch.from_numpy(uniforms))
+        )
+        return won.numpy()
+    winners = np.empty(logp.shape[0], dtype=np.int64)
+    kernel(
+        np.ascontiguousarray(logp, dtype=np.float64),
+        np.ascontiguousarray(tokens, dtype=np.int64),
+        np.ascontiguousarray(uniforms, dtype=np.float64),
+        winners,
+    )
+    return winners
+
+
 def _race_kernel() -> RaceKernel | None:
-    """``sampler._kernels.race_winners_into`` once it passes its check, or None (torch),
-    decided on the first call of the process (``sampler.compiled.once``)."""
+    """``sampler._kernels.race_winners_of_uniforms_into`` once it passes its check, or None
+    (torch), decided on the first call of the process (``sampler.compiled.once``)."""
     return compiled.once("race", _get_race, _race_agrees)
 
 
 def _get_race(module: ModuleType) -> RaceKernel:
-    kernel: RaceKernel = module.race_winners_into
+    kernel: RaceKernel = module.race_winners_of_uniforms_into
     return kernel
 
 
 def _race_agrees(kernel: RaceKernel) -> bool:
     """The kernel's winners equal the torch path's on 64 random rows of 50 slots (some -inf,
     one empty row)."""
-    generator = torch.Generator().manual_seed(0)
+    generator = torch.Generator().manual_seed(1)
     logp = torch.log_softmax(torch.randn((64, 50), generator=generator, dtype=torch.float64), -1)
     logp[3, 20:] = -torch.inf
     logp[5] = -torch.inf
     tokens = torch.randperm(64 * 50, generator=generator).reshape(64, 50)
-    clocks = torch.empty((64, 50), dtype=torch.float64).exponential_(generator=generator)
+    uniforms = torch.rand((64, 50), generator=generator, dtype=torch.float64).clamp_(min=1e-300)
     winners = np.empty(64, dtype=np.int64)
-    kernel(logp.numpy(), tokens.numpy(), clocks.numpy(), winners)
-    return bool(np.array_equal(winners, _torch_race_winner(logp, tokens, clocks).numpy()))
+    kernel(logp.numpy(), tokens.numpy(), uniforms.numpy(), winners)
+    expected = _torch_race_winner(logp, tokens, -torch.log(uniforms))
+    return bool(np.array_equal(winners, expected.numpy()))
 
 
 def mpfr_scores(logp: torch.Tensor, clocks: torch.Tensor) -> torch.Tensor:

@@ -49,9 +49,9 @@ def test_the_compiled_race_is_the_torch_race(kernels):
     logp[::11, 25:] = -torch.inf
     logp[7] = -torch.inf
     tokens = torch.randint(0, 49152, (2000, 50), generator=generator)
-    clocks = torch.empty((2000, 50), dtype=torch.float64).exponential_(generator=generator)
-    got = race.race_winner(logp, tokens, clocks)
-    assert torch.equal(got, race._torch_race_winner(logp, tokens, clocks))
+    uniforms = torch.rand((2000, 50), generator=generator, dtype=torch.float64).clamp_(min=1e-300)
+    got = race.race_winner_of_uniforms(logp, tokens, uniforms)
+    assert torch.equal(got, race.race_winner(logp, tokens, -torch.log(uniforms)))
     assert int(got[7]) == -1
 
 
@@ -61,15 +61,14 @@ def test_a_row_is_the_same_bits_alone_and_in_a_batch(kernels):
     logits = 3 * torch.randn((9, 4096), generator=torch.Generator().manual_seed(3))
     setting = Processing(0.8, 50, 0.9)
     together = process(logits, setting)
-    clocks = torch.empty((9, 50), dtype=torch.float64).exponential_(
-        generator=torch.Generator().manual_seed(4)
-    )
-    won = race.race_winner(together.logp, together.tokens, clocks)
+    uniforms = torch.rand((9, 50), generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    won = race.race_winner_of_uniforms(together.logp, together.tokens, uniforms)
     for i in range(9):
         alone = process(logits[i : i + 1], setting)
         assert torch.equal(alone.logp, together.logp[i : i + 1])
         assert torch.equal(alone.tokens, together.tokens[i : i + 1])
-        assert int(race.race_winner(alone.logp, alone.tokens, clocks[i : i + 1])[0]) == won[i]
+        one = race.race_winner_of_uniforms(alone.logp, alone.tokens, uniforms[i : i + 1])
+        assert int(one[0]) == won[i]
 
 
 def test_process_takes_the_compiled_path_on_the_cpu(kernels, monkeypatch):
@@ -84,16 +83,17 @@ def test_process_takes_the_compiled_path_on_the_cpu(kernels, monkeypatch):
     assert (support.logp == -1.5).all()
 
 
-def test_race_winner_takes_the_compiled_path_on_the_cpu(kernels, monkeypatch):
-    """As for ``process``: with the kernel replaced by a marker, ``race_winner`` returns what
-    the kernel wrote (the fast path is not a silent torch fallback)."""
+def test_the_race_takes_the_compiled_path_on_the_cpu(kernels, monkeypatch):
+    """As for ``process``: with the kernel replaced by a marker, ``race_winner_of_uniforms``
+    returns what the kernel wrote (the fast path is not a silent torch fallback)."""
 
-    def marker(logp, tokens, clocks, winners):  # type: ignore[no-untyped-def]
+    def marker(logp, tokens, uniforms, winners):  # type: ignore[no-untyped-def]
         winners[:] = 777
 
     monkeypatch.setattr(race, "_race_kernel", lambda: marker)
     logp = torch.log_softmax(torch.randn((3, 5), dtype=torch.float64), -1)
-    won = race.race_winner(logp, torch.arange(15).reshape(3, 5), torch.ones((3, 5)).double())
+    uniforms = torch.full((3, 5), 0.5, dtype=torch.float64)
+    won = race.race_winner_of_uniforms(logp, torch.arange(15).reshape(3, 5), uniforms)
     assert won.tolist() == [777, 777, 777]
 
 
@@ -101,8 +101,10 @@ def test_a_tied_race_goes_to_the_first_slot_as_in_torch(kernels):
     logp = torch.log(torch.tensor([[0.25, 0.25, 0.5], [0.5, 0.25, 0.25]], dtype=torch.float64))
     clocks = torch.tensor([[1.0, 1.0, 2.0], [2.0, 1.0, 1.0]], dtype=torch.float64)  # all tied
     tokens = torch.tensor([[10, 11, 12], [20, 21, 22]])
+    uniforms = torch.exp(-clocks)  # exp(-1), exp(-2): ln(-ln U) gives back 0 and ln 2 exactly
+    assert torch.equal(-torch.log(uniforms), clocks)
+    assert race.race_winner_of_uniforms(logp, tokens, uniforms).tolist() == [10, 20]
     assert race.race_winner(logp, tokens, clocks).tolist() == [10, 20]
-    assert race._torch_race_winner(logp, tokens, clocks).tolist() == [10, 20]
 
 
 def test_top_p_keeps_the_slots_whose_better_mass_is_below_p(kernels):
@@ -129,10 +131,12 @@ def test_a_kernel_that_disagrees_with_torch_is_not_used(monkeypatch, caplog):
     def wrong_norm(values, temperature, top_p, out):  # type: ignore[no-untyped-def]
         out[:] = values / temperature  # no log-softmax
 
-    def last_slot(logp, tokens, clocks, winners):  # type: ignore[no-untyped-def]
+    def last_slot(logp, tokens, uniforms, winners):  # type: ignore[no-untyped-def]
         winners[:] = tokens[:, -1]
 
-    fake = types.SimpleNamespace(support_logp_into=wrong_norm, race_winners_into=last_slot)
+    fake = types.SimpleNamespace(
+        support_logp_into=wrong_norm, race_winners_of_uniforms_into=last_slot
+    )
     monkeypatch.setattr(compiled, "module", lambda: fake)
     with caplog.at_level("WARNING", logger="sampler.compiled"):
         assert (
@@ -166,7 +170,9 @@ def test_the_decision_is_made_once_for_every_thread(monkeypatch):
 
     def ask() -> None:
         gate.wait()
-        answers.append(compiled.once("probe", lambda module: module.race_winners_into, agrees))
+        answers.append(
+            compiled.once("probe", lambda module: module.race_winners_of_uniforms_into, agrees)
+        )
 
     threads = [threading.Thread(target=ask) for _ in range(8)]
     for thread in threads:
@@ -174,7 +180,7 @@ def test_the_decision_is_made_once_for_every_thread(monkeypatch):
     for thread in threads:
         thread.join()
     assert len(calls) == 1 and len(answers) == 8 and len(set(map(id, answers))) == 1
-    compiled.once("probe", lambda module: module.race_winners_into, agrees)
+    compiled.once("probe", lambda module: module.race_winners_of_uniforms_into, agrees)
     assert len(calls) == 1
 
 

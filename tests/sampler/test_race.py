@@ -9,10 +9,12 @@ import pytest
 import torch
 from scipy import stats
 
-from keyed import Secret, label_key
+from keyed import KeyedSource, Secret, label_key
 from keyed.tensor import exponential_clocks, keys_tensor
-from sampler.processing import Processing, process
+from sampler.policies import History, KeyedRace, context_keys, race_targets
+from sampler.processing import Processing, Support, process
 from sampler.race import acceptance_lower_bound, mpfr_samples, race_winner
+from sampler.tree import DraftTree
 from tests.sampler.conftest import C10_CASES
 
 N_KEYS = 20_000
@@ -131,3 +133,41 @@ def test_acceptance_bound_values():
     assert acceptance_lower_bound(same, same, 4) == pytest.approx(1 - 1 / 16)
     disjoint = torch.tensor([1.0, 0.0], dtype=torch.float64)
     assert acceptance_lower_bound(disjoint, torch.tensor([0.0, 1.0]), 3) == pytest.approx(0.0)
+
+
+def test_race_targets_of_several_trees_are_each_trees_alone():
+    """``policies.race_targets`` races the nodes of several trees (a lone root, a chain, a
+    branching tree; masking on, one history inside the prompt window) in one pass: every
+    node's winner is the one its tree gets alone, and the law with torch's clocks agrees."""
+    lone = DraftTree(5, 1)
+    chain = DraftTree(7, 1)
+    chain.add_drafts(0, [8])
+    chain.add_drafts(1, [9])
+    branching = DraftTree(3, 3)
+    branching.add_drafts(0, [4, 6, 4])
+    histories = [
+        History([1, 2, 3, 4, 5, 6, 7, 5], 3, 4),
+        History([9, 9, 7], 2, 4),  # inside the prompt window: the nonce stream
+        History([2, 4, 6, 8, 10, 12, 3], 1, 4),
+    ]
+    trees = [lone, chain, branching]
+    policies = [KeyedRace(KeyedSource(Secret(bytes([i]) * 32), 4, True, 40 + i)) for i in range(3)]
+    rows = sum(len(t) for t in trees)
+    laws = process(torch.randn((rows, 500), generator=torch.Generator().manual_seed(9)),
+                   Processing(1.0, 50, 1.0))  # fmt: skip
+    together = race_targets(list(zip(policies, trees, histories, strict=True)), laws)
+    start = 0
+    for policy, tree, history, target in zip(policies, trees, histories, together, strict=True):
+        alone = Support(
+            laws.tokens[start : start + len(tree)], laws.logp[start : start + len(tree)]
+        )
+        by_itself = policy.targets(tree, alone, history)
+        for node in range(len(tree)):
+            assert target(node) == by_itself(node)
+            keys = context_keys(tree, [node], policy.source, history)
+            clocks = exponential_clocks(keys, alone.tokens[node : node + 1], 1)[..., 0]
+            expected = race_winner(
+                alone.logp[node : node + 1], alone.tokens[node : node + 1], clocks
+            )
+            assert target(node) == int(expected[0])
+        start += len(tree)

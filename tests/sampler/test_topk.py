@@ -138,3 +138,46 @@ def test_the_kernel_accepts_exactly_the_rows_whose_top_k_is_unique(kernel, k):
             assert np.array_equal(values, expected.values.numpy())
             assert np.array_equal(indices, expected.indices.numpy())
     assert accepted > 0  # the grid leaves some rows unique, so both answers are exercised
+
+
+def _unique_top(row: torch.Tensor, k: int) -> bool:
+    ordered = row.sort(descending=True).values
+    return bool((ordered[: k - 1] > ordered[1:k]).all()) and bool(ordered[k - 1] > ordered[k])
+
+
+@pytest.mark.parametrize("k", [1, 50])
+def test_long_rows_skip_blocks_without_missing_a_tie(kernel, k):
+    """49,152-wide rows (768 blocks of 64, most passed over by the kernel): coarse grids whose
+    k-th value ties an entry of another block in some rows, a +0.0 k-th value tied by a -0.0
+    elsewhere, a copy of the k-th value planted in another block, an ascending row (every
+    candidate in the last blocks) and a row whose width is not a multiple of the block: the
+    kernel answers True exactly when the top k is unique, and then what torch.topk does."""
+    generator = torch.Generator().manual_seed(10 + k)
+    width = 49152
+    cases = []
+    for levels in (3000, 30000, 300000):
+        grid = (torch.rand((6, width), generator=generator) * (2 * levels + 1)).floor() - levels
+        cases.extend(grid / 4)
+    zeros = -1 - torch.rand(width, generator=generator)
+    zeros[torch.arange(k - 1) * 700] = torch.arange(k - 1, 0, -1).float()
+    zeros[40000], zeros[9] = 0.0, -0.0
+    cases.append(zeros)
+    planted = torch.randn(width, generator=generator)
+    top = torch.topk(planted, k)
+    planted[(int(top.indices[-1]) + width // 2) % width] = top.values[-1]
+    cases.append(planted)
+    cases.append(torch.arange(width).float())
+    cases.append(torch.randn(width - 37, generator=generator))
+    answers = []
+    for row in cases:
+        values, indices = np.empty((1, k), np.float32), np.empty((1, k), np.int64)
+        got = kernel(row[None].contiguous().numpy(), values, indices)
+        assert got == _unique_top(row, k)
+        answers.append(got)
+        if got:
+            expected = torch.topk(row[None], k, dim=-1)
+            assert np.array_equal(values, expected.values.numpy())
+            assert np.array_equal(indices, expected.indices.numpy())
+    assert not answers[-4] and not answers[-3]  # the signed zeros and the planted copy tie
+    assert answers[-2] and answers[-1]
+    assert any(answers[:18]) and not all(answers[:18])
