@@ -50,6 +50,7 @@ import torch
 
 from sampler.targets.cpu_features import CoreShare
 from sampler.targets.llamacpp_kv import MAX_LEAVES, GgufCache, KvStore, LlamaBackend
+from sampler.targets.llamacpp_tree import Plan
 from sampler.targets.profile import library_build
 
 log = logging.getLogger("poissonmark.gguf")
@@ -342,34 +343,82 @@ class GgufTarget(LlamaBackend):
                 out[k] = logits
         return [logits for logits in out if logits is not None]
 
+    def prefill(self, caches: list[GgufCache], chains: list[list[int]]) -> None:
+        """``Target.prefill``: each chain a causal forward into its empty cache, the caches of
+        one context in ONE llama.cpp decode that computes no output (no LM head, no logits'
+        copy: llama.cpp's embeddings are switched off for it, as they force every output).
+        A cache that keeps hidden states gets its last token's in a second decode of those
+        last tokens. The cells are the bits one full forward writes (every row's kernels and
+        attention are the same alone or beside others: ``probe``)."""
+        tails = [
+            cache.keep_hidden and len(chain) > 1
+            for cache, chain in zip(caches, chains, strict=True)
+        ]
+        bodies = [chain[:-1] if tail else chain for chain, tail in zip(chains, tails, strict=True)]
+        self._run_plans(
+            caches, [c.plan_chain(b) for c, b in zip(caches, bodies, strict=True)], False
+        )
+        last = [k for k, tail in enumerate(tails) if tail]
+        if last:
+            plans = [caches[k].plan_chain(chains[k][-1:]) for k in last]
+            self._run_plans([caches[k] for k in last], plans, True)
+
+    def _run_plans(self, caches: list[GgufCache], plans: list[Plan], outputs: bool) -> None:
+        """Decode ``plans`` on their stores, the caches of one store together; without
+        ``outputs`` llama.cpp computes none (its embeddings off for the call)."""
+        stores: dict[int, list[int]] = {}
+        for k, cache in enumerate(caches):
+            stores.setdefault(id(cache.store), []).append(k)
+        for members in stores.values():
+            store = caches[members[0]].store
+            with self.decoding:
+                if not outputs:
+                    self.lib.llama_set_embeddings(store.ctx, False)
+                try:
+                    store.run([(caches[k], plans[k]) for k in members], outputs)
+                finally:
+                    if not outputs:
+                        self.lib.llama_set_embeddings(store.ctx, True)
+
     def decode(
-        self, ctx: Any, rows: list[tuple[int, int, list[int]]], hidden: bool = False
+        self,
+        ctx: Any,
+        rows: list[tuple[int, int, list[int]]],
+        hidden: bool = False,
+        outputs: list[bool] | None = None,
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """Decode ``rows`` (token, position, sequence ids; the first id is the one the token's
         attention reads) in micro-batches of ``micro_batch``.
 
+        Args:
+            outputs: per row, whether llama.cpp computes its output (None: every row); the
+                others only write their cells (a prefill's chain).
         Returns:
-            (len(rows), V) float32 logits and, with ``hidden``, the (len(rows), d) float32
-            final normed hidden states (llama.cpp's ``result_norm``), else None.
+            (n, V) float32 logits and, with ``hidden``, the (n, d) float32 final normed hidden
+            states (llama.cpp's ``result_norm``), else None, for the n output rows in order.
 
         Raises:
             RuntimeError: llama.cpp's decode failed (no KV slot, or an error code).
         """
-        vocab = self.vocab_size
-        out = np.empty((len(rows), vocab), dtype=np.float32)
-        states = np.empty((len(rows), self.hidden_size), dtype=np.float32) if hidden else None
+        marks = outputs if outputs is not None else [True] * len(rows)
+        count = sum(marks)
+        out = np.empty((count, self.vocab_size), dtype=np.float32)
+        states = np.empty((count, self.hidden_size), dtype=np.float32) if hidden else None
         with self.decoding:
             threads = self._pinned or (self.share.threads() if self.share else self.threads)
             self.lib.llama_set_n_threads(ctx, threads, threads)
-            step = self.micro_batch
+            step, done = self.micro_batch, 0
             for start in range(0, len(rows), step):
-                self._decode_part(ctx, rows[start : start + step], start, out, states)
+                part = marks[start : start + step]
+                self._decode_part(ctx, rows[start : start + step], part, done, out, states)
+                done += sum(part)
         return out, states
 
     def _decode_part(
         self,
         ctx: Any,
         part: list[tuple[int, int, list[int]]],
+        marks: list[bool],
         start: int,
         out: np.ndarray,
         states: np.ndarray | None,
@@ -383,14 +432,17 @@ class GgufTarget(LlamaBackend):
             ids = batch.seq_id[i]
             for j, seq in enumerate(seqs):
                 ids[j] = seq
-            batch.logits[i] = 1
+            batch.logits[i] = 1 if marks[i] else 0
         code = lib.llama_decode(ctx, batch)
         if code != 0:
             raise RuntimeError(f"llama.cpp decode failed (code {code})")
+        rows = sum(marks)
+        if rows == 0:
+            return
         # one memmove each into the C-contiguous outputs: np.ctypeslib.as_array builds a new
         # ctypes array type per call, 77 µs a token right after a forward (AMD EPYC, one-off)
         # against ~30 µs for the copy itself
-        rows, logits = len(part), lib.llama_get_logits(ctx)
+        logits = lib.llama_get_logits(ctx)
         if not logits:
             raise RuntimeError("llama.cpp returned no logits")
         ctypes.memmove(out[start:].ctypes.data, logits, rows * vocab * 4)

@@ -74,10 +74,14 @@ class LlamaBackend(Target):
         raise NotImplementedError
 
     def decode(
-        self, ctx: Any, rows: list[tuple[int, int, list[int]]], hidden: bool = False
+        self,
+        ctx: Any,
+        rows: list[tuple[int, int, list[int]]],
+        hidden: bool = False,
+        outputs: list[bool] | None = None,
     ) -> tuple[np.ndarray, np.ndarray | None]:
-        """Decode ``rows`` (token, position, sequence ids) on ``ctx``: their logits, and
-        their hidden states where ``hidden``."""
+        """Decode ``rows`` (token, position, sequence ids) on ``ctx``: the logits, and the
+        hidden states where ``hidden``, of the rows ``outputs`` marks (None: all)."""
         raise NotImplementedError
 
 
@@ -188,15 +192,19 @@ class KvStore:
     # decoding ---------------------------------------------------------------------------
 
     def run(
-        self, members: list[tuple[GgufCache, Plan]]
+        self, members: list[tuple[GgufCache, Plan]], outputs: bool = True
     ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """Decode the planned forwards of ``members`` (caches of this store) in one llama.cpp
         call (micro-batched) and record them; caches that do not fit (ids or cells) move to a
         private store first and decode there.
 
+        Args:
+            outputs: False: llama.cpp computes no output (a prefill's chains, whose caller
+                switched its embeddings off; the cells are the same bits).
         Returns:
-            Per member, (q, V) float32 logits and, when its ``keep_hidden`` is set, its (q, d)
-            float32 final normed hidden states, else None.
+            Per member, (q, V) float32 logits ((0, V) without ``outputs``) and, when its
+            ``keep_hidden`` is set (and ``outputs``), its (q, d) float32 final normed hidden
+            states, else None.
         """
         target = self.target
         with target.decoding:
@@ -212,7 +220,7 @@ class KvStore:
                     extra > self.free_ids() or self.used + len(plan.tokens) > self.cells
                 ):
                     cache._move_to(KvStore(target, shared=False))
-                    out[k] = cache.store.run([(cache, plan)])[0]
+                    out[k] = cache.store.run([(cache, plan)], outputs)[0]
                     continue
                 for _ in range(extra):
                     cache._lend(self.take_id())
@@ -222,12 +230,13 @@ class KvStore:
                 raise RuntimeError("llama.cpp context is full")  # a private store: never
             rows = [row for cache, plan in here for row in cache._rows(plan)]
             hidden = any(cache.keep_hidden for cache, _ in here)
-            logits, states = target.decode(self.ctx, rows, hidden)
+            marks = None if outputs else [False] * len(rows)
+            logits, states = target.decode(self.ctx, rows, hidden and outputs, marks)
             start = 0
             for k, (cache, plan) in enumerate(members):
                 if k in out:
                     continue
-                q = len(plan.tokens)
+                q = len(plan.tokens) if outputs else 0
                 block = torch.from_numpy(logits[start : start + q])
                 state = None
                 if states is not None and cache.keep_hidden:

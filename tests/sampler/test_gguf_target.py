@@ -571,3 +571,29 @@ def test_repacked_batches_survive_another_amx_user_on_the_thread() -> None:
     )
     assert run.returncode == 0, run.stderr[-2000:]
     assert "survived" in run.stdout
+
+
+@pytest.mark.parametrize("hidden", [False, True], ids=["logits_only", "keep_hidden"])
+def test_a_prefill_without_outputs_leaves_the_cells_of_a_full_forward(
+    target: GgufTarget, hidden: bool
+) -> None:
+    """``GgufTarget.prefill`` decodes a prompt with no output rows (embeddings off for the
+    call) and, for a cache that keeps hidden states, its last token again for its hidden
+    state: alone and two caches of the shared context together, the next step's logits and
+    the last hidden state are the bits a full ``extend`` of the same chain leaves."""
+    chain = [(17 * j + 3) % 900 + 20 for j in range(90)]
+    full = [target.new_cache(), target.new_cache(), target.new_cache()]
+    fast = [target.new_cache(), target.new_batch_cache(), target.new_batch_cache()]
+    chains = [chain[:70], chain[:40], chain[25:90]]
+    for cache in full + fast:
+        cache.keep_hidden = hidden
+    for cache, tokens in zip(full, chains, strict=True):
+        cache.extend(tokens)
+    target.prefill(fast[:1], chains[:1])
+    target.prefill(fast[1:], chains[1:])
+    for a, b, tokens in zip(full, fast, chains, strict=True):
+        assert b.cached == a.cached == len(tokens) and b.tokens == tokens
+        if hidden:
+            assert a.last_hidden is not None and b.last_hidden is not None
+            assert torch.equal(a.last_hidden[-1], b.last_hidden[-1])
+        assert torch.equal(a.extend([11]), b.extend([11]))
