@@ -14,6 +14,7 @@ Shapes: n contexts of a level, V target vocabulary.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -93,11 +94,26 @@ def wants_target_hidden(drafter: Drafter | None) -> bool:
     return bool(getattr(drafter, "uses_target_hidden", False))
 
 
+@dataclass(frozen=True)
+class HiddenRow:
+    """The target's final (normed) hidden state at the token before the next root: row ``row``
+    of its latest forward's (q, d) ``states`` (``row`` None: ``states`` is that (d,) row),
+    indexed only when a drafter reads it — a one-token step never does, and a tensor index
+    right after a forward costs tens of µs."""
+
+    states: torch.Tensor
+    row: int | None = None
+
+    def get(self) -> torch.Tensor:
+        """(d,) the hidden state."""
+        return self.states if self.row is None else self.states[self.row]
+
+
 def feed_target_hidden(drafter: Drafter | None, lm: TargetLM, row: int) -> None:
     """Hand row ``row`` of the target's latest final hidden states (the token before the next
     step's root) to a drafter that reads them; a no-op for every other drafter."""
     if wants_target_hidden(drafter) and lm.last_hidden is not None:
-        drafter.see_target_hidden(lm.last_hidden[row])  # type: ignore[union-attr]
+        drafter.see_target_hidden(lm.last_hidden, row)  # type: ignore[union-attr]
 
 
 def fresh_drafter(drafter: Drafter) -> Drafter:

@@ -42,6 +42,7 @@ from transformers import DynamicCache, LlamaConfig, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
+from sampler.drafters.base import HiddenRow
 from sampler.drafters.eagle_level import MAX_DEPTH, FastLevel, int8_available
 from sampler.drafters.heads import (
     find_trained,
@@ -289,7 +290,7 @@ class EagleDrafter:
         self.vocab_size = self.target.vocab_size
         self.name = name
         self.calls = 0
-        self._hidden: torch.Tensor | None = None
+        self._hidden: HiddenRow | None = None
         self._level: dict[int, int] = {}  # node of the last drafted level -> its row
         self._states: torch.Tensor | None = None  # (n, d) of the last drafted level
         self._paths: PathCache | None = None
@@ -308,9 +309,10 @@ class EagleDrafter:
     def _forget(self) -> None:
         self._level, self._states, self._paths, self._primed = {}, None, None, None
 
-    def see_target_hidden(self, hidden: torch.Tensor) -> None:
-        """(d,) the target's final (normed) hidden state at the token before the next root."""
-        self._hidden = hidden
+    def see_target_hidden(self, hidden: torch.Tensor, row: int | None = None) -> None:
+        """(d,) the target's final (normed) hidden state at the token before the next root,
+        or row ``row`` of (q, d) ones (``HiddenRow``: indexed when a level reads it)."""
+        self._hidden = HiddenRow(hidden, row)
         self._forget()
 
     @torch.inference_mode()
@@ -389,7 +391,7 @@ class EagleDrafter:
         embedding = self.target.model.get_input_embeddings()(tokens)
         if level == 1:
             assert self._hidden is not None
-            return self._hidden[None].to(device), embedding, None
+            return self._hidden.get()[None].to(device), embedding, None
         assert self._states is not None and self._paths is not None, "levels in order"
         rows = torch.tensor([self._level[tree.nodes[i].parent] for i in nodes], device=device)
         past = (self._paths[0].index_select(0, rows), self._paths[1].index_select(0, rows))

@@ -42,6 +42,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import PreTrainedModel
 
+from sampler.drafters.base import HiddenRow
 from sampler.targets.base import Target
 from sampler.targets.transformers import as_target
 from sampler.tree import DraftTree
@@ -280,16 +281,17 @@ class HeadsDrafter:
         self.vocab_size = self.target.vocab_size
         self.name = name
         self.calls = 0
-        self._hidden: torch.Tensor | None = None
+        self._hidden: HiddenRow | None = None
         self._laws: torch.Tensor | None = None  # (L, V) logits of this step
 
     def start(self, prompt: list[int]) -> None:
         self._hidden = None
         self._laws = None
 
-    def see_target_hidden(self, hidden: torch.Tensor) -> None:
-        """(d,) the target's final (normed) hidden state at the token before the next root."""
-        self._hidden = hidden
+    def see_target_hidden(self, hidden: torch.Tensor, row: int | None = None) -> None:
+        """(d,) the target's final (normed) hidden state at the token before the next root,
+        or row ``row`` of (q, d) ones (``HiddenRow``: indexed when the heads read it)."""
+        self._hidden = HiddenRow(hidden, row)
         self._laws = None
 
     @torch.inference_mode()
@@ -299,8 +301,8 @@ class HeadsDrafter:
         if self._hidden is None or level > self.heads.config.lookahead:
             return torch.full((n, self.vocab_size), -torch.inf, dtype=torch.float32)
         if self._laws is None:
-            root = torch.tensor([committed[-1]], device=self._hidden.device)
-            self._laws = self.heads.logits(self.target, self._hidden[None], root)[0]
+            root = torch.tensor([committed[-1]], device=self._hidden.states.device)
+            self._laws = self.heads.logits(self.target, self._hidden.get()[None], root)[0]
         return self._laws[level - 1].expand(n, -1)
 
     def finish_step(self, tree: DraftTree, visited: list[int], committed: list[int]) -> None:
@@ -326,7 +328,7 @@ def prime_heads(drafters: list[HeadsDrafter], roots: list[int]) -> None:
         if len(members) == 1:
             continue  # its own propose computes the same row
         head = members[0][0]
-        hidden = torch.stack([d._hidden for d, _ in members if d._hidden is not None])
+        hidden = torch.stack([d._hidden.get() for d, _ in members if d._hidden is not None])
         tokens = torch.tensor([root for _, root in members], device=hidden.device)
         laws = head.heads.logits(head.target, hidden, tokens)  # (n, L, V)
         for row, (drafter, _) in enumerate(members):

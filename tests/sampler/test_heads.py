@@ -77,7 +77,7 @@ class _Recording(HeadsDrafter):
                 assert len(committed) == 1  # only a one-token prompt has no state to hand over
             else:
                 want = hidden_states(self.target.model, Rollout("x", 0, tuple(committed)))[-2]
-                got = self._hidden.to(torch.float16)
+                got = self._hidden.get().to(torch.float16)
                 assert torch.allclose(got, want, atol=1e-2), len(committed)
                 self.checked += 1
         return super().propose(tree, level, committed)
