@@ -293,20 +293,12 @@ class GgufTarget(LlamaBackend):
 
     def _run_plans(self, caches: list[GgufCache], plans: list[Plan], outputs: bool) -> None:
         """Decode ``plans`` on their stores, the caches of one store together; without
-        ``outputs`` llama.cpp computes none (its embeddings off for the call)."""
+        ``outputs`` llama.cpp computes none (``KvStore.run``)."""
         stores: dict[int, list[int]] = {}
         for k, cache in enumerate(caches):
             stores.setdefault(id(cache.store), []).append(k)
         for members in stores.values():
-            store = caches[members[0]].store
-            with self.decoding:
-                if not outputs:
-                    self.lib.llama_set_embeddings(store.ctx, False)
-                try:
-                    store.run([(caches[k], plans[k]) for k in members], outputs)
-                finally:
-                    if not outputs:
-                        self.lib.llama_set_embeddings(store.ctx, True)
+            caches[members[0]].store.run([(caches[k], plans[k]) for k in members], outputs)
 
     def decode(
         self,

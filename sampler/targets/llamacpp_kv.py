@@ -199,8 +199,9 @@ class KvStore:
         private store first and decode there.
 
         Args:
-            outputs: False: llama.cpp computes no output (a prefill's chains, whose caller
-                switched its embeddings off; the cells are the same bits).
+            outputs: False: llama.cpp computes no output (a prefill's chains; its embeddings,
+                which force every row to be one, are off for the call): the cells are the
+                same bits.
         Returns:
             Per member, (q, V) float32 logits ((0, V) without ``outputs``) and, when its
             ``keep_hidden`` is set (and ``outputs``), its (q, d) float32 final normed hidden
@@ -231,7 +232,13 @@ class KvStore:
             rows = [row for cache, plan in here for row in cache._rows(plan)]
             hidden = any(cache.keep_hidden for cache, _ in here)
             marks = None if outputs else [False] * len(rows)
-            logits, states = target.decode(self.ctx, rows, hidden and outputs, marks)
+            if not outputs:  # llama.cpp's embeddings make every row an output
+                target.lib.llama_set_embeddings(self.ctx, False)
+            try:
+                logits, states = target.decode(self.ctx, rows, hidden and outputs, marks)
+            finally:
+                if not outputs:
+                    target.lib.llama_set_embeddings(self.ctx, True)
             start = 0
             for k, (cache, plan) in enumerate(members):
                 if k in out:
