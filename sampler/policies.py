@@ -124,7 +124,7 @@ def race_targets(
         keys.extend(_key_list(tree, range(len(tree)), policy.source, history))
     words = np.array(keys, dtype=np.int64)
     winners: list[int]
-    if p.tokens.device.type == "cpu":  # NumPy arrays throughout: a few µs of glue, not ~20 ops
+    if p.tokens.device.type == "cpu":  # NumPy arrays throughout: no torch op per node or tree
         tokens = p.tokens.numpy()
         u = clock_uniforms_cpu(words, tokens, 1)[..., 0]
         winners = race_winners_of_uniforms(p.logp.numpy(), tokens, u).tolist()

@@ -98,8 +98,7 @@ def wants_target_hidden(drafter: Drafter | None) -> bool:
 class HiddenRow:
     """The target's final (normed) hidden state at the token before the next root: row ``row``
     of its latest forward's (q, d) ``states`` (``row`` None: ``states`` is that (d,) row),
-    indexed only when a drafter reads it — a one-token step never does, and a tensor index
-    right after a forward costs tens of µs."""
+    indexed only when a drafter reads it: a one-token step never does."""
 
     states: torch.Tensor
     row: int | None = None
