@@ -278,15 +278,14 @@ class GgufTarget(LlamaBackend):
         A cache that keeps hidden states gets its last token's in a second decode of those
         last tokens. The cells are the bits one full forward writes (every row's kernels and
         attention are the same alone or beside others: ``probe``)."""
-        tails = [
-            cache.keep_hidden and len(chain) > 1
-            for cache, chain in zip(caches, chains, strict=True)
+        bodies = [
+            chain[:-1] if c.keep_hidden else chain for c, chain in zip(caches, chains, strict=True)
         ]
-        bodies = [chain[:-1] if tail else chain for chain, tail in zip(chains, tails, strict=True)]
-        self._run_plans(
-            caches, [c.plan_chain(b) for c, b in zip(caches, bodies, strict=True)], False
-        )
-        last = [k for k, tail in enumerate(tails) if tail]
+        some = [k for k, body in enumerate(bodies) if body]
+        if some:
+            plans = [caches[k].plan_chain(bodies[k]) for k in some]
+            self._run_plans([caches[k] for k in some], plans, False)
+        last = [k for k, cache in enumerate(caches) if cache.keep_hidden and chains[k]]
         if last:
             plans = [caches[k].plan_chain(chains[k][-1:]) for k in last]
             self._run_plans([caches[k] for k in last], plans, True)

@@ -578,13 +578,15 @@ def test_a_prefill_without_outputs_leaves_the_cells_of_a_full_forward(
     target: GgufTarget, hidden: bool
 ) -> None:
     """``GgufTarget.prefill`` decodes a prompt with no output rows (embeddings off for the
-    call) and, for a cache that keeps hidden states, its last token again for its hidden
-    state: alone and two caches of the shared context together, the next step's logits and
-    the last hidden state are the bits a full ``extend`` of the same chain leaves."""
+    call) and, for a cache that keeps hidden states, its last token in a second decode for its
+    hidden state: alone and three caches of the shared context together (one chain of a single
+    token), the next step's logits and the last hidden state are the bits a full ``extend`` of
+    the same chain leaves."""
     chain = [(17 * j + 3) % 900 + 20 for j in range(90)]
-    full = [target.new_cache(), target.new_cache(), target.new_cache()]
+    full = [target.new_cache() for _ in range(4)]
     fast = [target.new_cache(), target.new_batch_cache(), target.new_batch_cache()]
-    chains = [chain[:70], chain[:40], chain[25:90]]
+    fast.append(target.new_batch_cache())
+    chains = [chain[:70], chain[:40], chain[25:90], chain[5:6]]  # the last: a 2-token prompt's
     for cache in full + fast:
         cache.keep_hidden = hidden
     for cache, tokens in zip(full, chains, strict=True):
