@@ -9,7 +9,8 @@
 2. verification: ONE target forward over all requests' trees (``targets.transformers.forward_many``:
    per-request KV rows padded to a common length, a block-diagonal tree-attention mask,
    per-request position ids); the logits are split back per request.
-3.-4. walk, KV keep, drafter finish per request (``loop.finish_step``), exactly as ``step``.
+3.-4. every request's keyed races in one pass (``loop.targets_many``), then walk, KV keep,
+   drafter finish per request (``loop.finish_step``), exactly as ``step``.
 
 Each request keeps its own key, nonce, method, processing, B, L and stop condition; requests
 join (``Batch.add_many``: the joiners' prefills in one forward) and leave (``Batch.remove``,
@@ -145,12 +146,12 @@ def step_many(seqs: list[SequenceState], node_budget: int | None = None) -> list
     for s in seqs:
         s.timing.forward += shared
     # 3. every request's target tokens: the keyed races in one pass (``loop.targets_many``)
-    targets, shares = targets_many(seqs, trees, logits)
+    targets, share = targets_many(seqs, trees, logits)
     # 3.-4. walk, KV keep and drafter finish, per request
     return [
         finish_step(s, tree, rows, depth, seconds, len(seqs) > 1, target=target, share=share)
-        for s, tree, rows, depth, seconds, target, share in zip(
-            seqs, trees, logits, depths, drafting, targets, shares, strict=True
+        for s, tree, rows, depth, seconds, target in zip(
+            seqs, trees, logits, depths, drafting, targets, strict=True
         )
     ]
 

@@ -284,14 +284,14 @@ def finish_step(
 
 def targets_many(
     seqs: list[SequenceState], trees: list[DraftTree], logits: list[torch.Tensor]
-) -> tuple[list[Callable[[int], int]], list[float]]:
+) -> tuple[list[Callable[[int], int]], float]:
     """The policy's token per node of each sequence's tree, from its (len(tree), V) logits, as
     ``finish_step`` computes it alone: each sequence's logits processed with its own
     processing, and the keyed races of all keyed-race sequences of one support width K in one
     pass (``policies.race_targets``: the same bits as each alone).
 
     Returns:
-        Per sequence, node -> target token, and its share of the seconds spent here.
+        Per sequence, node -> target token; and each sequence's share of the seconds spent here.
     """
     began = time.perf_counter()
     out: list[Callable[[int], int] | None] = [None] * len(seqs)
@@ -315,7 +315,7 @@ def targets_many(
         if out[i] is None:
             out[i] = s.policy.targets(trees[i], laws[i], s.history)
     share = (time.perf_counter() - began) / max(len(seqs), 1)
-    return [t for t in out if t is not None], [share] * len(seqs)
+    return [t for t in out if t is not None], share
 
 
 def grow_tree(seq: SequenceState, tree: DraftTree, depth: int) -> None:

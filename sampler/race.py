@@ -75,12 +75,12 @@ def race_winner_of_uniforms(
             f"expected equal (N, K) shapes, got {tuple(logp.shape)}, {tuple(tokens.shape)}, "
             f"{tuple(uniforms.shape)}"
         )
-    if uniforms.device.type == "cpu" and _race_kernel() is not None:
+    if uniforms.device.type == "cpu":
         return torch.from_numpy(
             race_winners_of_uniforms(
-                logp.detach().to(torch.float64).contiguous().numpy(),
-                tokens.to(torch.int64).contiguous().numpy(),
-                uniforms.detach().to(torch.float64).contiguous().numpy(),
+                logp.detach().to(torch.float64).numpy(),
+                tokens.to(torch.int64).numpy(),
+                uniforms.detach().to(torch.float64).numpy(),
             )
         )
     return _torch_race_winner(logp, tokens, -torch.log(uniforms))
