@@ -35,7 +35,10 @@ pipq -e ".[test,bench]"
 # CPUs (tinyBLAS has no Q4_1 one: without it a forward of q rows costs ~q one-row forwards),
 # taken for one row too so that a row's logits are the same bits alone or in a batch (so are
 # tinyBLAS's F32, F16 and BF16 kernels: a GGUF of those types is row-invariant too); with 32
-# vector registers one pass over a weight tile serves up to 12 (Q4_1) or 9 (Q8_0) rows. And an
+# vector registers one pass over a weight tile serves up to 12 (Q4_1) or 9 (Q8_0) rows, with 16
+# (AVX2) a pass of more than 4 rows keeps its sums in memory and loads each tile block once for
+# up to 16 rows, and without a dot-product instruction Q4_1's products add up in int16 (exact
+# for 4-bit weights) before one widening. And an
 # attention kernel over the Q8_0 KV cache that reads only a row's own cells (sequences sharing
 # one context), a row's visible cells listed once for its KV heads, and the scores and value
 # sums of small heads held in registers; the version becomes `+poissonmark.amx2.rows`.

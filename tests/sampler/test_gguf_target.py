@@ -463,6 +463,26 @@ def test_the_built_llama_cpp_batches_rows_in_one_kernel(target: GgufTarget) -> N
             assert torch.equal(got[k], want[k]), f"step {step}, sequence {k}"
 
 
+def test_rows_equal_one_row_at_every_pass_boundary(target: GgufTarget) -> None:
+    """The row kernels (``scripts/llama-cpp-row-kernels.patch``) take a product in passes by
+    column count: up to 12 (Q4_1) or 9 (Q8_0) columns a pass with 32 vector registers; with 16
+    (AVX2) up to 4 columns with the sums in registers and, beyond that, passes of up to 16 with
+    the sums in memory. A chain of every length at those boundaries decodes to the bits of the
+    same chain token by token."""
+    from sampler.targets.cpu_features import cpu_flags
+
+    if not {"avx2", "fma"} <= cpu_flags():
+        pytest.skip("the matrix kernels are built for AVX2 + FMA CPUs")
+    chain = [(89 * i + 29) % 40000 + 100 for i in range(33)]
+    alone = target.new_cache()
+    alone.extend(PREFIX)
+    one = torch.cat([alone.extend([t]) for t in chain])
+    for q in (2, 4, 5, 9, 10, 12, 13, 16, 17, 32, 33):
+        joint = target.new_cache()
+        joint.extend(PREFIX)
+        assert torch.equal(joint.extend(chain[:q]), one[:q]), f"{q} rows"
+
+
 def test_repacked_rows_equal_one_row_at_every_kernel_boundary(target: GgufTarget) -> None:
     """On a CPU with AMX, the build's repacked weights take three kernels by row count
     (``scripts/llama-cpp-amx-rows.patch``): one row the one-row VNNI kernel, 2 to 32 rows the
