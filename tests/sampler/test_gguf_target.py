@@ -463,6 +463,20 @@ def test_the_built_llama_cpp_batches_rows_in_one_kernel(target: GgufTarget) -> N
             assert torch.equal(got[k], want[k]), f"step {step}, sequence {k}"
 
 
+def _assert_chains_equal_token_by_token(
+    target: GgufTarget, chain: list[int], sizes: tuple[int, ...]
+) -> None:
+    """Each prefix chain[:q] (q in ``sizes``) decoded at once after ``PREFIX`` gives the bits of
+    the same tokens decoded one at a time."""
+    alone = target.new_cache()
+    alone.extend(PREFIX)
+    one = torch.cat([alone.extend([t]) for t in chain])
+    for q in sizes:
+        joint = target.new_cache()
+        joint.extend(PREFIX)
+        assert torch.equal(joint.extend(chain[:q]), one[:q]), f"{q} rows"
+
+
 def test_rows_equal_one_row_at_every_pass_boundary(target: GgufTarget) -> None:
     """The row kernels (``scripts/llama-cpp-row-kernels.patch``) take a product in passes by
     column count: up to 12 (Q4_1) or 9 (Q8_0) columns a pass with 32 vector registers; with 16
@@ -474,13 +488,7 @@ def test_rows_equal_one_row_at_every_pass_boundary(target: GgufTarget) -> None:
     if not {"avx2", "fma"} <= cpu_flags():
         pytest.skip("the matrix kernels are built for AVX2 + FMA CPUs")
     chain = [(89 * i + 29) % 40000 + 100 for i in range(33)]
-    alone = target.new_cache()
-    alone.extend(PREFIX)
-    one = torch.cat([alone.extend([t]) for t in chain])
-    for q in (2, 4, 5, 9, 10, 12, 13, 16, 17, 32, 33):
-        joint = target.new_cache()
-        joint.extend(PREFIX)
-        assert torch.equal(joint.extend(chain[:q]), one[:q]), f"{q} rows"
+    _assert_chains_equal_token_by_token(target, chain, (2, 4, 5, 9, 10, 12, 13, 16, 17, 32, 33))
 
 
 def test_repacked_rows_equal_one_row_at_every_kernel_boundary(target: GgufTarget) -> None:
@@ -497,13 +505,7 @@ def test_repacked_rows_equal_one_row_at_every_kernel_boundary(target: GgufTarget
     assert "AMX_VNNI_ROWS = 1" in llama_cpp.llama_print_system_info().decode()
     assert target.repack
     chain = [(97 * i + 13) % 40000 + 100 for i in range(33)]
-    alone = target.new_cache()
-    alone.extend(PREFIX)
-    one = torch.cat([alone.extend([t]) for t in chain])
-    for q in (2, 3, 4, 5, 7, 8, 9, 16, 17, 32, 33):
-        joint = target.new_cache()
-        joint.extend(PREFIX)
-        assert torch.equal(joint.extend(chain[:q]), one[:q]), f"{q} rows"
+    _assert_chains_equal_token_by_token(target, chain, (2, 3, 4, 5, 7, 8, 9, 16, 17, 32, 33))
 
 
 def test_a_forward_profile_belongs_to_one_llama_cpp_build(target: GgufTarget, tmp_path) -> None:  # type: ignore[no-untyped-def]
