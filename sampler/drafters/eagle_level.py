@@ -39,6 +39,7 @@ from transformers import PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from sampler.drafters.heads import output_head
+from sampler.targets.cpu_features import cpu_flags
 
 Linear = Callable[[torch.Tensor], torch.Tensor]
 PathCache = tuple[torch.Tensor, torch.Tensor]
@@ -74,11 +75,22 @@ def int8_available(device: torch.device) -> bool:
     return device.type == "cpu" and torch.backends.quantized.engine in ("x86", "fbgemm")
 
 
+def exact_int8_sums(flags: frozenset[str] | None = None) -> bool:
+    """Whether fbgemm's 8-bit kernels on this CPU sum unsigned × signed byte products exactly
+    at full activation range: with AVX-512 VNNI (``vpdpbusd`` adds them in int32). Without it
+    they pair products in int16 (``vpmaddubsw``), which saturates once two products of
+    activations up to 255 exceed 32,767; ``flags``: the CPU's (default: this one's)."""
+    return "avx512_vnni" in (cpu_flags() if flags is None else flags)
+
+
 def _linear(weight: torch.Tensor, int8: bool) -> Linear:
     """x ↦ x·weightᵀ for (out, in) ``weight``: float32, or 8-bit weights with a scale per
-    output row (symmetric, zero point 0) against activations quantised per call over their
-    full 8-bit range (``reduce_range`` off: finer activations; where a kernel's 16-bit sums
-    saturate, only the drafter's law moves, never the emitted tokens)."""
+    output row (symmetric, zero point 0) against activations quantised per call, over their
+    full 8-bit range where the kernel's sums are exact (``exact_int8_sums``: finer
+    activations), else over 7 bits (``reduce_range``: no int16 pair of products saturates).
+    Either way only the drafter's law moves, never the emitted tokens; without VNNI the full
+    range's saturated sums moved the level's law away from the float head's by more than
+    ``tests/sampler/test_eagle_level.py`` allows, 7 bits well within it."""
     weight = weight.detach().float().contiguous()
     if not int8:
         w = weight
@@ -91,7 +103,8 @@ def _linear(weight: torch.Tensor, int8: bool) -> Linear:
         )
         packed = torch.ops.quantized.linear_prepack(q, None)
     dynamic = torch.ops.quantized.linear_dynamic.default
-    return lambda x: dynamic(x, packed, False)
+    reduce_range = not exact_int8_sums()
+    return lambda x: dynamic(x, packed, reduce_range)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

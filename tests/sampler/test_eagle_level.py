@@ -14,7 +14,7 @@ from sampler.batch import generate_many
 from sampler.decoder import SamplerConfig, generate
 from sampler.drafters import fresh_drafter
 from sampler.drafters.eagle import EagleDrafter, EagleHead, new_eagle
-from sampler.drafters.eagle_level import FastLevel, int8_available
+from sampler.drafters.eagle_level import FastLevel, exact_int8_sums, int8_available
 from sampler.processing import Processing, dense_logp, process
 from sampler.tree import DraftTree
 from tests.sampler.conftest import VOCAB, tiny_llama
@@ -70,12 +70,21 @@ def test_the_float_level_is_the_heads_level(target32):
         torch.testing.assert_close(gl, wl, atol=1e-4, rtol=1e-4)
 
 
+def test_activations_take_the_full_8_bits_only_where_the_sums_are_exact() -> None:
+    """fbgemm adds byte products in int32 with AVX-512 VNNI only; elsewhere its int16 pairs
+    saturate at full activation range, so the level quantises activations to 7 bits there."""
+    assert exact_int8_sums(frozenset({"avx2", "fma", "avx512f", "avx512_vnni"}))
+    assert not exact_int8_sums(frozenset({"avx2", "fma", "avx512f", "avx512bw"}))
+    assert not exact_int8_sums(frozenset({"avx2", "fma", "avx_vnni"}))
+
+
 @pytest.mark.skipif(not int8_available(torch.device("cpu")), reason="no 8-bit engine")
 def test_the_8bit_level_drafts_near_the_heads_law(target32):
     """8-bit weights: at each of 3 levels over 64 contexts the law is within 0.15 of the float
     head's in mean total variation, and its most likely token agrees on >= 80 % of them (the
     shipped head measured 0.08; a bound this loose still fails on a wrong row order, a missing
-    norm gain or a swapped projection, which land near 0.5-0.9)."""
+    norm gain or a swapped projection, which land near 0.5-0.9). At this CPU's activation range
+    (``exact_int8_sums``): on a CPU without VNNI the full 8 bits fail it (saturated sums)."""
     head = _head(target32, 3)
     fast = FastLevel(head, target32, int8=True)
     g = torch.Generator().manual_seed(5)
