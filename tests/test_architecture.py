@@ -160,10 +160,16 @@ def test_targets_never_import_drafters_the_loop_the_decoder_or_the_chooser() -> 
     assert wrong == []
 
 
-DRAFTERS_REACH_TARGETS_THROUGH = {"sampler.targets.base", "sampler.targets.transformers"}
-"""``targets.base`` (``Target``, ``TargetLM``), and ``targets.transformers`` because a drafter
+DRAFTERS_REACH_TARGETS_THROUGH = {
+    "sampler.targets.base",
+    "sampler.targets.transformers",
+    "sampler.targets.cpu_features",
+}
+"""``targets.base`` (``Target``, ``TargetLM``), ``targets.transformers`` because a drafter
 accepts a bare transformers model as its target (``as_target`` wraps it there) and a model
-drafter runs on transformers' ``CachedLM``; never a backend of its own choosing."""
+drafter runs on transformers' ``CachedLM``, and ``targets.cpu_features`` (the CPU's flags read
+from ``/proc/cpuinfo``, no backend: the eagle level's 8-bit kernels depend on them too); never
+a backend of its own choosing."""
 
 
 def test_drafters_import_targets_only_through_base() -> None:
