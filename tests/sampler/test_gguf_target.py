@@ -606,8 +606,7 @@ def test_a_prefill_without_outputs_leaves_the_cells_of_a_full_forward(
     the same chain leaves."""
     chain = [(17 * j + 3) % 900 + 20 for j in range(90)]
     full = [target.new_cache() for _ in range(4)]
-    fast = [target.new_cache(), target.new_batch_cache(), target.new_batch_cache()]
-    fast.append(target.new_batch_cache())
+    fast = [target.new_cache(), *(target.new_batch_cache() for _ in range(3))]
     chains = [chain[:70], chain[:40], chain[25:90], chain[5:6]]  # the last: a 2-token prompt's
     for cache in full + fast:
         cache.keep_hidden = hidden
